@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv and install the harness with the workload half and
+# the development tools. torch is pinned to the CPU build on purpose: an
+# unpinned torch pulls several GB of CUDA wheels.
+#   ci/bootstrap.sh          workload + dev (default)
+#   ci/bootstrap.sh light    the gate half only (no torch, no ray)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+VENV_PY=.venv/bin/python
+"$VENV_PY" -m pip install -q --upgrade pip >/dev/null
+case "${1:-full}" in
+    light) "$VENV_PY" -m pip install -q -e '.[dev]' ;;
+    full)  "$VENV_PY" -m pip install -q 'torch==2.13.0' -e '.[workload,dev]' ;;
+    *) echo "usage: ci/bootstrap.sh [full|light]" >&2; exit 2 ;;
+esac
+echo "bootstrap: $("$VENV_PY" --version), harness installed in .venv"
