@@ -1,0 +1,57 @@
+"""Run-directory layout: the relative paths both halves agree on.
+
+Every path here is relative to the run directory and uses ``/`` separators, so
+it can be stored in ``run.json`` and in manifests unchanged. Pure: no torch,
+no ray, no filesystem access.
+"""
+
+from __future__ import annotations
+
+import re
+
+RUN_JSON = "run.json"
+METRICS = "metrics.jsonl"
+ROLLOUTS = "rollouts.jsonl"
+DATAPLANE = "dataplane.sqlite"
+LEDGER = "ledger.sqlite"
+MANIFEST = "manifest.json"
+SURFACES_DIR = "surfaces"
+ARTIFACTS_DIR = "artifacts"
+
+TRACE_ROLES = ("policy", "rollout")
+TRACE_SUFFIX = ".trace.jsonl"
+
+_TRACE_RE = re.compile(r"^artifacts/(policy|rollout)/rank(\d{5,})\.trace\.jsonl$")
+
+
+def trace_path(role: str, rank: int) -> str:
+    """``artifacts/{role}/rank{rank:05d}.trace.jsonl`` for ``role`` in TRACE_ROLES."""
+    if role not in TRACE_ROLES:
+        raise ValueError(f"trace role must be one of {TRACE_ROLES}, got {role!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"trace rank must be a non-negative int, got {rank!r}")
+    return f"{ARTIFACTS_DIR}/{role}/rank{rank:05d}{TRACE_SUFFIX}"
+
+
+def policy_trace_path(rank: int) -> str:
+    """Trace artifact of policy rank ``rank`` (global training rank)."""
+    return trace_path("policy", rank)
+
+
+def rollout_trace_path(rank: int) -> str:
+    """Trace artifact of rollout profiler instance ``rank`` (dense rollout rank)."""
+    return trace_path("rollout", rank)
+
+
+def parse_trace_path(rel_path: str) -> tuple[str, int]:
+    """Inverse of :func:`trace_path`: ``(role, rank)``; ValueError for any other path."""
+    match = _TRACE_RE.match(rel_path)
+    if match is None:
+        raise ValueError(f"not a trace artifact path: {rel_path!r}")
+    return match.group(1), int(match.group(2))
+
+
+def section_name(role: str, rank: int) -> str:
+    """Surface section of a per-rank artifact, e.g. ``policy/rank00003``."""
+    trace_path(role, rank)  # validates
+    return f"{role}/rank{rank:05d}"

@@ -1,0 +1,183 @@
+"""The capture ledger: durable, token-free rows per model call (SQLite).
+
+Tables:
+  admissions  one row per admitted call (the `CaptureAdmission`, token-free
+              form), numbered by a global `admission_seq` (admission order).
+  calls       at most one outcome per call: `committed` (a `CallRecord`
+              written only after the staged row was acknowledged durable) or
+              `failed` (a poison row). An outcome is final: a committed call
+              cannot later fail, a failed call can never commit, and a failed
+              call is never resolved as a parent.
+
+Every write is its own `BEGIN IMMEDIATE` transaction under
+`synchronous=FULL`, so a row that a method returned from survives SIGKILL.
+Several processes may write (engine owners, the trainer's admitter).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from harness.capture.records import CallRecord, CaptureAdmission, CaptureValidationError
+from harness.dataplane.store import _backup, _immediate, _restore_file
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS admissions (
+    admission_seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    rollout_id    TEXT NOT NULL,
+    model_call_id TEXT NOT NULL,
+    body          TEXT NOT NULL,
+    UNIQUE (rollout_id, model_call_id)
+);
+CREATE TABLE IF NOT EXISTS calls (
+    rollout_id    TEXT NOT NULL,
+    model_call_id TEXT NOT NULL,
+    status        TEXT NOT NULL CHECK (status IN ('committed', 'failed')),
+    body          TEXT NOT NULL,
+    PRIMARY KEY (rollout_id, model_call_id)
+);
+"""
+
+
+class LedgerError(RuntimeError):
+    """A ledger write broke the outcome rules; the message names the call."""
+
+
+class CaptureLedger:
+    """SQLite ledger of admissions and call outcomes. One instance per process."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.executescript(_SCHEMA)
+
+    # -- writes ------------------------------------------------------------
+    def admit(self, admission: CaptureAdmission) -> int:
+        """Record an admission; return its `admission_seq` (the admission's own
+        field is ignored and replaced). Re-admitting a call id is refused."""
+        body = admission.to_dict()
+        body.pop("required_prefix_token_ids", None)  # the ledger stays token-free
+        with _immediate(self._db):
+            try:
+                cur = self._db.execute(
+                    "INSERT INTO admissions(rollout_id, model_call_id, body) VALUES (?,?,?)",
+                    (admission.rollout_id, admission.model_call_id, json.dumps(body, sort_keys=True)),
+                )
+            except sqlite3.IntegrityError:
+                raise LedgerError(
+                    f"call {admission.rollout_id}/{admission.model_call_id} was already admitted"
+                ) from None
+            return int(cur.lastrowid)
+
+    def record(self, call: CallRecord) -> None:
+        """Write a committed row. Call only after the staged row is durable."""
+        if not call.committed:
+            raise LedgerError(f"record() takes committed rows; use record_failure for {call.rollout_id}/{call.model_call_id}")
+        self._write_outcome(call)
+
+    def record_failure(self, rollout_id: str, model_call_id: str, reason: str, *,
+                       parent_call_id: str | None = None, admission_seq: int | None = None) -> CallRecord:
+        """Write a poison row. Idempotent for a call that already failed (the
+        first reason is kept); refused for a committed call."""
+        if admission_seq is None:
+            admission_seq = self.admission_seq(rollout_id, model_call_id)
+        row = CallRecord(rollout_id=rollout_id, model_call_id=model_call_id, status="failed",
+                         parent_call_id=parent_call_id, admission_seq=admission_seq, failure_reason=reason)
+        existing = self.get(rollout_id, model_call_id)
+        if existing is not None and not existing.committed:
+            return existing
+        self._write_outcome(row)
+        return row
+
+    def _write_outcome(self, call: CallRecord) -> None:
+        body = json.dumps(call.to_dict(), sort_keys=True)
+        with _immediate(self._db):
+            got = self._db.execute(
+                "SELECT status, body FROM calls WHERE rollout_id=? AND model_call_id=?",
+                (call.rollout_id, call.model_call_id),
+            ).fetchone()
+            if got is not None:
+                if got[1] == body:
+                    return
+                raise LedgerError(
+                    f"call {call.rollout_id}/{call.model_call_id} already has outcome {got[0]!r}; "
+                    f"refusing to write {call.status!r}"
+                )
+            self._db.execute(
+                "INSERT INTO calls(rollout_id, model_call_id, status, body) VALUES (?,?,?,?)",
+                (call.rollout_id, call.model_call_id, call.status, body),
+            )
+
+    # -- reads -------------------------------------------------------------
+    def get(self, rollout_id: str, model_call_id: str) -> CallRecord | None:
+        got = self._db.execute(
+            "SELECT body FROM calls WHERE rollout_id=? AND model_call_id=?", (rollout_id, model_call_id)
+        ).fetchone()
+        return None if got is None else _load_record(got[0])
+
+    def admission_seq(self, rollout_id: str, model_call_id: str) -> int | None:
+        got = self._db.execute(
+            "SELECT admission_seq FROM admissions WHERE rollout_id=? AND model_call_id=?",
+            (rollout_id, model_call_id),
+        ).fetchone()
+        return None if got is None else int(got[0])
+
+    def admitted(self, rollout_id: str) -> list[CaptureAdmission]:
+        rows = self._db.execute(
+            "SELECT admission_seq, body FROM admissions WHERE rollout_id=? ORDER BY admission_seq", (rollout_id,)
+        ).fetchall()
+        out = []
+        for seq, body in rows:
+            data = json.loads(body)
+            data["admission_seq"] = int(seq)
+            out.append(CaptureAdmission.from_dict(data))
+        return out
+
+    def manifest(self, rollout_id: str) -> list[CallRecord]:
+        """All outcomes of a rollout (committed and failed), in admission order
+        (calls never admitted through this ledger sort last, by id)."""
+        rows = self._db.execute("SELECT body FROM calls WHERE rollout_id=?", (rollout_id,)).fetchall()
+        records = [_load_record(b) for (b,) in rows]
+        big = 1 << 62
+        records.sort(key=lambda c: (c.admission_seq if c.admission_seq is not None else big, c.model_call_id))
+        return records
+
+    def rollout_ids(self) -> list[str]:
+        rows = self._db.execute(
+            "SELECT rollout_id FROM admissions UNION SELECT rollout_id FROM calls ORDER BY rollout_id"
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    # -- checkpoints -------------------------------------------------------
+    def snapshot(self, dest: str | os.PathLike[str]) -> None:
+        _backup(self._db, dest)
+
+    @classmethod
+    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> "CaptureLedger":
+        _restore_file(snapshot, path)
+        return cls(path)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "CaptureLedger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _load_record(body: str) -> CallRecord:
+    data: dict[str, Any] = json.loads(body)
+    try:
+        return CallRecord.from_dict(data)
+    except CaptureValidationError as exc:
+        raise LedgerError(f"ledger row is invalid: {exc}") from None

@@ -1,0 +1,47 @@
+"""``golden doctor WORKLOAD``: do the configured plugins import in every worker environment?
+
+Run before a workload: a plugin class that is missing from a worker's
+environment would otherwise fail that worker at start-up. Exit 0 when every
+configured plugin imports, 1 when one does not (with the install hint), 2 for
+an unusable spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "check that configured plugins import in every worker environment"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workload", help="workload name under goldens/ or a path to workload.yaml")
+    parser.add_argument(
+        "--override", "-o", action="append", default=[], metavar="KEY=VALUE",
+        help="spec override, e.g. plugins.policy_profiler=null (repeatable)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.plugins.environments import check_plugins
+    from harness.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.workload, args.override)
+    except (SpecError, OSError) as exc:
+        print(f"golden doctor: {exc}", file=sys.stderr)
+        return 2
+    plugins = spec.get("plugins") or {}
+    for key in ("policy_profiler", "rollout_profiler"):
+        if not plugins.get(key):
+            print(f"{key}: not configured (nothing to check)")
+    failures = 0
+    for check in check_plugins(spec):
+        where = check.environment.label
+        if check.ok:
+            print(f"{check.environment.plugin_key}: {check.class_path} imports in the {where}: ok")
+        else:
+            failures += 1
+            print(f"{check.environment.plugin_key}: {check.class_path} FAILS in the {where}: {check.error}")
+            print(f"  hint: {check.hint}")
+    return 1 if failures else 0

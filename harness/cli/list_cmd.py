@@ -1,0 +1,89 @@
+"""``golden list [--json]``: workloads, their scheduled platforms, stored goldens.
+
+A golden for (workload, platform) exists when
+``goldens/<workload>/<platform>/manifest.json`` exists. A workload with
+``platform.platforms: []`` is *planned only* (e.g. a GPU-cluster job that
+``golden plan`` lays out but no CI runs). Stored goldens for a platform the
+workload does not schedule are listed as ``unscheduled``. Exit 0, or 2 when a
+workload.yaml does not load (the others are still listed).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "list golden workloads and their platforms"
+
+MANIFEST = "manifest.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the listing as JSON")
+    parser.add_argument("--goldens-root", default=None, help="folder holding the workloads (default: $GOLDEN_ROOT or the repo's goldens/)")
+
+
+def collect(root) -> list[dict]:
+    """One entry per workload folder: name, platforms, stored/missing/unscheduled
+    goldens, description, error (``None`` when the spec loads)."""
+    from harness.spec import SpecError, list_workloads, load_spec
+
+    entries = []
+    for name in list_workloads(root):
+        folder = root / name
+        stored = sorted(p.name for p in folder.iterdir() if (p / MANIFEST).is_file())
+        entry = {"workload": name, "platforms": [], "stored": [], "missing": [], "unscheduled": stored,
+                 "description": "", "error": None}
+        try:
+            spec = load_spec(name, goldens_root=root)
+        except SpecError as exc:
+            entry["error"] = str(exc)
+            entries.append(entry)
+            continue
+        platforms = list(spec["platform"]["platforms"])
+        entry.update(
+            platforms=platforms,
+            stored=[p for p in platforms if p in stored],
+            missing=[p for p in platforms if p not in stored],
+            unscheduled=[p for p in stored if p not in platforms],
+            description=" ".join(spec["description"].split()),
+        )
+        entries.append(entry)
+    return entries
+
+
+def _status(entry: dict) -> str:
+    if entry["error"]:
+        return "INVALID: " + entry["error"]
+    parts = [f"{p}: golden" for p in entry["stored"]] + [f"{p}: MISSING" for p in entry["missing"]]
+    parts += [f"{p}: golden (unscheduled)" for p in entry["unscheduled"]]
+    if not entry["platforms"]:
+        parts.insert(0, "planned only")
+    return ", ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from harness.spec import default_goldens_root
+
+    root = Path(args.goldens_root) if args.goldens_root else default_goldens_root()
+    if not root.is_dir():
+        print(f"golden list: goldens root {root} is not a directory", file=sys.stderr)
+        return 2
+    entries = collect(root)
+    if args.json:
+        print(json.dumps({"goldens_root": str(root), "workloads": entries}, indent=1, sort_keys=True))
+    else:
+        width = max([len("WORKLOAD")] + [len(e["workload"]) for e in entries])
+        pwidth = max([len("PLATFORMS")] + [len(",".join(e["platforms"]) or "-") for e in entries])
+        print(f"{'WORKLOAD'.ljust(width)}  {'PLATFORMS'.ljust(pwidth)}  GOLDENS")
+        for e in entries:
+            print(f"{e['workload'].ljust(width)}  {(','.join(e['platforms']) or '-').ljust(pwidth)}  {_status(e)}")
+        print(f"{len(entries)} workloads in {root}")
+    bad = [e["workload"] for e in entries if e["error"]]
+    if bad:
+        print(f"golden list: invalid workload spec(s): {', '.join(bad)}", file=sys.stderr)
+        return 2
+    return 0

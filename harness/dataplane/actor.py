@@ -1,0 +1,119 @@
+"""The data plane as a named Ray actor, and a blocking client for it.
+
+`DataPlaneActor` owns one `DataPlaneStore` (a single writer process, so SQLite
+lock contention never arises between engines). `DataPlaneClient` exposes the
+store's methods with the same signatures; each call blocks on `ray.get`, so
+`client.stage(...)` returning still means "durable". Use
+`start_dataplane_actor(name, path)` from the driver and `DataPlaneClient(name)`
+anywhere in the cluster (Ray actors, engine processes attached to Ray).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import ray
+
+from harness.dataplane.store import DataPlaneStore
+
+
+@ray.remote(num_cpus=0)
+class DataPlaneActor:
+    """Ray actor wrapper around `DataPlaneStore(path)`; methods mirror the store."""
+
+    def __init__(self, path: str):
+        import torch
+
+        torch.set_num_threads(1)
+        self._store = DataPlaneStore(path)
+
+    def path(self) -> str:
+        return str(self._store.path)
+
+    def stage(self, key: str, row: Mapping[str, Any]) -> str:
+        return self._store.stage(key, row)
+
+    def fetch(self, key: str) -> dict[str, Any]:
+        return self._store.fetch(key)
+
+    def fetch_many(self, keys: list[str]) -> list[dict[str, Any]]:
+        return self._store.fetch_many(keys)
+
+    def digest(self, key: str) -> str | None:
+        return self._store.digest(key)
+
+    def has(self, key: str) -> bool:
+        return self._store.has(key)
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return self._store.keys(prefix)
+
+    def put_tensors(self, key: str, tensors: Mapping[str, Any]) -> str:
+        return self._store.put_tensors(key, tensors)
+
+    def get_tensors(self, key: str) -> dict[str, Any]:
+        return self._store.get_tensors(key)
+
+    def tensor_keys(self, prefix: str = "") -> list[str]:
+        return self._store.tensor_keys(prefix)
+
+    def delete_prefix(self, prefix: str) -> int:
+        return self._store.delete_prefix(prefix)
+
+    def snapshot(self, dest: str) -> None:
+        self._store.snapshot(dest)
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def start_dataplane_actor(name: str, path: str, *, namespace: str | None = None) -> Any:
+    """Start (or reuse) the named data-plane actor over the SQLite file `path`."""
+    handle = DataPlaneActor.options(name=name, namespace=namespace, get_if_exists=True).remote(str(path))
+    actual = ray.get(handle.path.remote())
+    if actual != str(path):
+        raise ValueError(f"data plane actor {name!r} already serves {actual}, not {path}")
+    return handle
+
+
+class DataPlaneClient:
+    """Blocking client with `DataPlaneStore`'s interface, over a Ray actor.
+
+    `target` is an actor handle or the actor's registered name.
+    """
+
+    def __init__(self, target: Any, *, namespace: str | None = None):
+        self._actor = ray.get_actor(target, namespace=namespace) if isinstance(target, str) else target
+
+    def stage(self, key: str, row: Mapping[str, Any]) -> str:
+        return ray.get(self._actor.stage.remote(key, dict(row)))
+
+    def fetch(self, key: str) -> dict[str, Any]:
+        return ray.get(self._actor.fetch.remote(key))
+
+    def fetch_many(self, keys: Iterable[str]) -> list[dict[str, Any]]:
+        return ray.get(self._actor.fetch_many.remote(list(keys)))
+
+    def digest(self, key: str) -> str | None:
+        return ray.get(self._actor.digest.remote(key))
+
+    def has(self, key: str) -> bool:
+        return ray.get(self._actor.has.remote(key))
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return ray.get(self._actor.keys.remote(prefix))
+
+    def put_tensors(self, key: str, tensors: Mapping[str, Any]) -> str:
+        return ray.get(self._actor.put_tensors.remote(key, dict(tensors)))
+
+    def get_tensors(self, key: str) -> dict[str, Any]:
+        return ray.get(self._actor.get_tensors.remote(key))
+
+    def tensor_keys(self, prefix: str = "") -> list[str]:
+        return ray.get(self._actor.tensor_keys.remote(prefix))
+
+    def delete_prefix(self, prefix: str) -> int:
+        return ray.get(self._actor.delete_prefix.remote(prefix))
+
+    def snapshot(self, dest: str) -> None:
+        ray.get(self._actor.snapshot.remote(str(dest)))

@@ -1,0 +1,155 @@
+"""The GRPO step shared by all trainers.
+
+One step: (attempts of) rollouts -> rewards -> samples -> policy and reference
+logprobs -> advantages -> train -> refit. The trainers differ only in how the
+train batch travels and how training is driven:
+
+* ``sync``       data passed directly, monolithic ``train`` ("legacy");
+* ``dataplane``  bulk tensors staged in the durable data plane, only keys
+                 passed to the policy ("TransferQueue");
+* ``streaming``  prompt groups fed to the split train API as they are ready.
+
+Every rollout attempt is wrapped in the rollout profiler window
+``step{N}/attempt{M}`` on every rollout worker; a failing attempt is aborted
+with reason ``grpo_rollout_error`` and the original error re-raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ray
+import torch
+
+from harness.algos.advantages import compute_advantages
+from harness.grpo.batch import build_train_batch, prompt_rows
+from harness.grpo.rollouts import AttemptResult, RolloutDriver
+
+
+@dataclass
+class StepOutput:
+    step: int
+    metrics: dict[str, float]
+    timings: dict[str, float]
+    summaries: list[dict] = field(default_factory=list)
+
+
+class Trainer:
+    """Owns the step loop; subclasses implement :meth:`train_phase`."""
+
+    name = "base"
+
+    def __init__(self, spec: dict, policy, workers: list, driver: RolloutDriver, loader, tokenizer,
+                 env, refit: Callable[[int], dict], dataplane=None) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.workers = workers
+        self.driver = driver
+        self.loader = loader
+        self.tokenizer = tokenizer
+        self.env = env
+        self.refit = refit
+        self.dataplane = dataplane
+        g = spec["grpo"]
+        self.G = int(g["generations_per_prompt"])
+        self.seq_len = int(spec["policy"]["seq_len"])
+
+    # -- rollouts ---------------------------------------------------------
+    @contextlib.contextmanager
+    def rollout_window(self, step_id: str):
+        ray.get([w.begin_rollout.remote(step_id) for w in self.workers])
+        try:
+            yield
+        except BaseException as exc:
+            try:
+                ray.get([w.abort_rollout.remote("grpo_rollout_error") for w in self.workers])
+            except Exception as abort_exc:  # never mask the original error
+                exc.add_note(f"abort_rollout also failed: {abort_exc!r}")
+            raise
+        ray.get([w.finish_rollout.remote() for w in self.workers])
+
+    def rollouts(self, step: int, prompts: list) -> tuple[AttemptResult, int]:
+        g = self.spec["grpo"]
+        attempts = int(g["max_attempts"]) if g["dynamic_sampling"] else 1
+        result = None
+        for attempt in range(1, attempts + 1):
+            with self.rollout_window(f"step{step}/attempt{attempt}"):
+                result = self.driver.run_attempt(prompts, step, attempt)
+            if _has_signal(result.rewards, self.G):
+                break
+        return result, attempt
+
+    # -- one step ----------------------------------------------------------
+    def step(self, step: int) -> StepOutput:
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        prompts = self.loader.next_batch()
+        result, attempts = _timed(timings, "generation", lambda: self.rollouts(step, prompts))
+        pad = int(self.tokenizer.pad_token_id)
+        batch = build_train_batch(result.samples, seq_len=self.seq_len, pad_token_id=pad)
+        rows = prompt_rows(
+            [self.tokenizer.apply_chat_template(self.env.reset(p), add_generation_prompt=True) for p in prompts],
+            self.G, pad,
+        )
+        rewards = torch.tensor(result.rewards, dtype=torch.float32)
+        g = self.spec["grpo"]
+        adv = compute_advantages(rows, rewards, leave_one_out=bool(g["leave_one_out"]),
+                                 normalize=bool(g["normalize_rewards"]))
+        batch["advantages"] = adv[:, None] * batch["token_mask"]
+        train_metrics = _timed(timings, "policy_training", lambda: self.train_phase(step, batch, timings))
+        _timed(timings, "refit", lambda: self.refit(step))
+        timings["total_step_time"] = time.perf_counter() - t0
+        metrics = dict(train_metrics)
+        metrics.update(result.metrics)
+        metrics.update(_rollout_metrics(rewards, batch, adv, self.G))
+        metrics["dynamic_sampling_num_gen_batches"] = float(attempts)
+        return StepOutput(step, metrics, timings, result.summaries)
+
+    def logprobs(self, batch: dict, timings: dict) -> None:
+        """Fill ``prev_logprobs`` and ``reference_policy_logprobs`` in place."""
+        t = time.perf_counter()
+        batch["prev_logprobs"] = self.policy.get_logprobs(batch)
+        batch["reference_policy_logprobs"] = self.policy.get_reference_logprobs(batch)
+        timings["policy_and_reference_logprobs"] = time.perf_counter() - t
+
+    def train_phase(self, step: int, batch: dict, timings: dict) -> dict[str, float]:
+        raise NotImplementedError
+
+
+def _timed(timings: dict, name: str, fn: Callable[[], Any]) -> Any:
+    t = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        timings[name] = time.perf_counter() - t
+
+
+def _has_signal(rewards: list[float], G: int) -> bool:
+    """True when some prompt group has rewards that differ (non-zero std)."""
+    return any(len(set(rewards[i : i + G])) > 1 for i in range(0, len(rewards), G))
+
+
+def _rollout_metrics(rewards: torch.Tensor, batch: dict, adv: torch.Tensor, G: int) -> dict[str, float]:
+    mask = batch["token_mask"]
+    valid = mask.sum(dim=1)
+    gen_tokens = valid[batch["sample_mask"] > 0]
+    groups = rewards.view(-1, G)
+    all0 = (groups == 0).all(dim=1).float().mean().item()
+    all1 = (groups == 1).all(dim=1).float().mean().item()
+    tok_adv = adv[:, None].expand_as(mask)[mask > 0]
+    out = {
+        "reward": rewards.mean().item(),
+        "baseline_reward/pct_0": all0,
+        "baseline_reward/pct_1": all1,
+        "baseline_reward/pct_mixed": 1.0 - all0 - all1,
+        "mean_gen_tokens_per_sample": gen_tokens.mean().item() if gen_tokens.numel() else 0.0,
+        "max_gen_tokens_per_sample": gen_tokens.max().item() if gen_tokens.numel() else 0.0,
+        "total_num_tokens": float(batch["input_lengths"].sum().item()),
+    }
+    if tok_adv.numel():
+        out.update({"advantages/mean": tok_adv.mean().item(), "advantages/min": tok_adv.min().item(),
+                    "advantages/max": tok_adv.max().item()})
+    return out

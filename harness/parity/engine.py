@@ -1,0 +1,251 @@
+"""The parity engine: golden vs actual surface documents -> Verdict.
+
+Algorithm
+---------
+1. Per surface present on either side: a surface missing on one side is one finding.
+2. Both sides are normalised (volatile keys dropped) and the envelope (version,
+   workload) compared.
+3. Fast path: sha256 of each section's canonical bytes. Equal digests mean equal
+   sections and cost no further work; only differing sections are diffed.
+4. A differing section is diffed with DeepDiff (lists compared index by index, so
+   the diff of (a, b) mirrors the diff of (b, a)); records of *atomic lists* (a
+   collective ``[op, group_kind, dtype, numel]``) are compared whole, so one
+   changed collective is one finding. Anything DeepDiff considers equal but the
+   canonical bytes do not (``-0.0`` vs ``0.0``) is still reported.
+5. Each leaf difference is classified into a lane and a status (``findings``).
+
+Invariants (property-tested in suites/property/test_parity_props.py): comparing a
+document with itself yields no findings; findings of (g, a) and (a, g) correspond
+one to one with golden/actual and added/removed exchanged; loosening a tolerance
+never turns a pass into a failure; a section is diffed iff its digests differ.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+from harness.parity.findings import Finding, SurfaceResult, Verdict, _MISSING
+from harness.parity.tolerances import ToleranceTable
+from harness.surfaces.canonical import canonical_bytes, json_pointer
+from harness.surfaces.digest import section_digests
+from harness.surfaces.registry import SURFACES, ToleranceRule, normalise
+
+__all__ = ["compare", "compare_surface"]
+
+# Lists whose items are records compared as a whole: (surface, key of the list).
+_ATOMIC_LISTS = {("collectives", "collectives")}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _coords(*sections: Any) -> dict | None:
+    for section in sections:
+        if isinstance(section, Mapping) and isinstance(section.get("coords"), Mapping):
+            return dict(section["coords"])
+    return None
+
+
+def _phase_and_key(surface: str, section_id: str, path: tuple, golden_section: Any) -> tuple[str | None, str]:
+    """Split a path inside a section into (phase or step, JSON pointer of the rest)."""
+    if len(path) >= 2 and path[0] == "phases":
+        return str(path[1]), json_pointer(path[2:])
+    if surface == "training":
+        return section_id, json_pointer(path)
+    if len(path) >= 2 and path[0] == "events" and isinstance(path[1], int):
+        events = golden_section.get("events") if isinstance(golden_section, Mapping) else None
+        if isinstance(events, list) and path[1] < len(events) and isinstance(events[path[1]], Mapping):
+            phase = events[path[1]].get("phase")
+            return (str(phase) if phase is not None else None), json_pointer(path)
+    return None, json_pointer(path)
+
+
+def _get(node: Any, path: tuple) -> Any:
+    for part in path:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            return _MISSING
+    return node
+
+
+def _atomise(surface: str, section: Any) -> Any:
+    """Copy of a section where records of atomic lists become strings (compared whole)."""
+    if not isinstance(section, Mapping):
+        return section
+    phases = section.get("phases")
+    if not isinstance(phases, Mapping):
+        return section
+    out = dict(section)
+    new_phases = {}
+    for phase, body in phases.items():
+        if isinstance(body, Mapping):
+            body = dict(body)
+            for (surf, key) in _ATOMIC_LISTS:
+                if surf == surface and isinstance(body.get(key), list):
+                    body[key] = [json.dumps(r, sort_keys=True) if isinstance(r, (list, dict)) else r for r in body[key]]
+        new_phases[phase] = body
+    out["phases"] = new_phases
+    return out
+
+
+def _atomic_prefix(surface: str, path: tuple) -> tuple:
+    """Cut a path inside an atomic record back to the record itself."""
+    if len(path) > 4 and path[0] == "phases" and (surface, path[2]) in _ATOMIC_LISTS:
+        return path[:4]
+    return path
+
+
+def _deepdiff_paths(golden: Any, actual: Any) -> list[tuple[str, tuple]]:
+    """(report kind, path) for every difference DeepDiff sees; lists by index."""
+    from deepdiff import DeepDiff  # imported only when a section differs
+
+    diff = DeepDiff(golden, actual, view="tree", verbose_level=2, zip_ordered_iterables=True,
+                    threshold_to_diff_deeper=0)
+    out = []
+    for report, levels in diff.items():
+        for level in levels:
+            out.append((report, tuple(level.path(output_format="list"))))
+    return out
+
+
+def _canonical_residuals(golden: Any, actual: Any, path: tuple = ()) -> list[tuple]:
+    """Paths of leaves Python considers equal but whose canonical bytes differ (``-0.0``)."""
+    if isinstance(golden, Mapping) and isinstance(actual, Mapping):
+        return [p for key in golden if key in actual for p in _canonical_residuals(golden[key], actual[key], path + (key,))]
+    if isinstance(golden, list) and isinstance(actual, list):
+        return [p for i, (g, a) in enumerate(zip(golden, actual)) for p in _canonical_residuals(g, a, path + (i,))]
+    if canonical_bytes(golden) != canonical_bytes(actual):
+        return [path]
+    return []
+
+
+_REPORT_KIND = {
+    "values_changed": "changed",
+    "type_changes": "type",
+    "dictionary_item_added": "added",
+    "iterable_item_added": "added",
+    "attribute_added": "added",
+    "dictionary_item_removed": "removed",
+    "iterable_item_removed": "removed",
+    "attribute_removed": "removed",
+}
+
+
+def _classify(*, surface: str, gated: bool, section: str, path: tuple, kind: str, golden: Any, actual: Any,
+              coords: dict | None, phase: str | None, key: str, table: ToleranceTable,
+              deterministic: bool) -> Finding | None:
+    """Lane and status of one leaf difference; None when a tolerance lane passes it."""
+    base = dict(surface=surface, section=section, path=path, kind=kind, coords=coords, phase=phase, key=key,
+                golden=golden, actual=actual)
+    failed = "fail" if gated else "info"
+    if kind in ("added", "removed") or not (_is_number(golden) and _is_number(actual)):
+        return Finding(lane="exact", status=failed, **base)
+    if kind == "type" and type(golden) is type(actual):
+        kind = base["kind"] = "changed"
+    abs_err = abs(actual - golden)
+    abs_err = abs_err if math.isfinite(abs_err) else None
+    rel_err = (abs_err / abs(golden)) if (abs_err is not None and golden != 0) else None
+    base.update(abs_err=abs_err, rel_err=rel_err)
+    rule: ToleranceRule | None = table.lookup(surface, section, ".".join(str(p) for p in path))
+    if rule is None:
+        return Finding(lane="exact", status=failed, **base)
+    inside = rule.passes(golden, actual)
+    band = {"abs": rule.abs, "rel": rule.rel, "when": rule.when, "reason": rule.reason, "inside": inside}
+    if rule.when == "always" or not deterministic:
+        return None if inside else Finding(lane="tolerance", status=failed, tolerance=band, **base)
+    if inside and gated:
+        return Finding(lane="exact", status="stale", tolerance=band,
+                       note="exact lane fails, tolerance lane passes: probable stale golden", **base)
+    return Finding(lane="exact", status=failed, tolerance=band, **base)
+
+
+def _diff_section(surface: str, gated: bool, section_id: str, golden: Any, actual: Any,
+                  table: ToleranceTable, deterministic: bool) -> list[Finding]:
+    coords = _coords(golden, actual)
+    reported: dict[tuple, str] = {}
+    for report, path in _deepdiff_paths(_atomise(surface, golden), _atomise(surface, actual)):
+        kind = _REPORT_KIND.get(report)
+        if kind is None:
+            raise RuntimeError(f"unexpected DeepDiff report {report!r} at {path} in {surface}:{section_id}")
+        reported.setdefault(_atomic_prefix(surface, path), kind)
+    if not reported:
+        for path in _canonical_residuals(golden, actual):
+            reported[path] = "type" if type(_get(golden, path)) is not type(_get(actual, path)) else "changed"
+    findings = []
+    for path, kind in reported.items():
+        phase, key = _phase_and_key(surface, section_id, path, golden)
+        finding = _classify(surface=surface, gated=gated, section=section_id, path=path, kind=kind,
+                            golden=_get(golden, path), actual=_get(actual, path), coords=coords, phase=phase,
+                            key=key, table=table, deterministic=deterministic)
+        if finding is not None:
+            findings.append(finding)
+    return findings
+
+
+def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping[str, Any] | None, *,
+                    tolerances: "ToleranceTable | Sequence[ToleranceRule] | None" = None,
+                    deterministic: bool = True, normalised: bool = False) -> SurfaceResult:
+    """Compare one surface (either side may be None: the surface is missing there)."""
+    if name not in SURFACES:
+        raise ValueError(f"unknown surface {name!r}; known: {', '.join(SURFACES)}")
+    table = ToleranceTable.coerce(tolerances)
+    gated = SURFACES[name].gated
+    result = SurfaceResult(name=name, gated=gated)
+    failed = "fail" if gated else "info"
+    if golden is None or actual is None:
+        kind = "removed" if actual is None else "added"
+        result.findings.append(Finding(surface=name, section=None, kind=kind, lane="exact", status=failed,
+                                       golden=name if golden is not None else _MISSING,
+                                       actual=name if actual is not None else _MISSING,
+                                       note=f"surface {name} is missing from the {'actual run' if actual is None else 'golden'}"))
+        return result
+    for side, doc in (("golden", golden), ("actual", actual)):
+        if doc.get("surface") != name:
+            raise ValueError(f"{side} document for surface {name!r} says surface={doc.get('surface')!r}")
+    if not normalised:
+        golden, actual = normalise(golden), normalise(actual)
+    for field in ("version", "workload"):
+        if golden.get(field) != actual.get(field):
+            result.findings.append(Finding(surface=name, section=None, kind="changed", lane="exact", status=failed,
+                                           key=f"/{field}", path=(field,), golden=golden.get(field, _MISSING),
+                                           actual=actual.get(field, _MISSING)))
+    g_digests, a_digests = section_digests(golden), section_digests(actual)
+    g_sections, a_sections = golden["sections"], actual["sections"]
+    for section_id in sorted(set(g_digests) | set(a_digests)):
+        result.sections_compared += 1
+        if g_digests.get(section_id) == a_digests.get(section_id):
+            continue
+        result.sections_differing += 1
+        if section_id not in a_digests or section_id not in g_digests:
+            present = g_sections.get(section_id, a_sections.get(section_id))
+            result.findings.append(Finding(
+                surface=name, section=section_id, kind="removed" if section_id not in a_digests else "added",
+                lane="exact", status=failed, coords=_coords(present),
+                golden=section_id if section_id in g_digests else _MISSING,
+                actual=section_id if section_id in a_digests else _MISSING,
+                note=f"section {section_id} is missing from the {'actual run' if section_id not in a_digests else 'golden'}"))
+            continue
+        result.findings.extend(_diff_section(name, gated, section_id, g_sections[section_id],
+                                             a_sections[section_id], table, deterministic))
+    result.findings.sort(key=Finding.sort_key)
+    return result
+
+
+def compare(golden_docs: Mapping[str, Mapping[str, Any]], actual_docs: Mapping[str, Mapping[str, Any]], *,
+            tolerances: "ToleranceTable | Sequence[ToleranceRule] | None" = None,
+            deterministic: bool = True) -> Verdict:
+    """Compare surfaces by name. Unknown surface names or a document whose ``surface``
+    field disagrees with its name raise ValueError (unusable input); documents must be
+    free of NaN/inf (NonFiniteError otherwise)."""
+    table = ToleranceTable.coerce(tolerances)
+    surfaces = {}
+    for name in sorted(set(golden_docs) | set(actual_docs)):
+        surfaces[name] = compare_surface(name, golden_docs.get(name), actual_docs.get(name),
+                                         tolerances=table, deterministic=deterministic)
+    return Verdict(deterministic=deterministic, surfaces=surfaces)

@@ -1,0 +1,398 @@
+"""`PolicyEngine`: one policy rank's model, optimizer and train step, without Ray.
+
+`PolicyWorker` (Ray actor) wraps it; tests can drive it directly from
+`torch.multiprocessing` ranks. The default process group must already be
+initialised over the policy world (`init_distributed`).
+
+Train contract (NeMo RL):
+- the batch a rank receives is its DP shard of one global batch; it is cut
+  into microbatches of `policy.micro_batch_size` run through the pipeline
+  schedule; one AdamW step per global batch;
+- the loss of each microbatch is normalised by *global* valid sequence/token
+  counts (summed over microbatches and DP ranks), so gradients add up to the
+  whole-batch gradient; gradients are then summed over DP (`parallel.data`),
+  clipped by the global norm (reported pre-clip as `grad_norm`);
+- split API state machine (reference 1.8): one open step per worker;
+  `begin_train_step` while open -> RuntimeError("a train step is already open ...");
+  `train_microbatch` / `finish_train_step` without an open step ->
+  RuntimeError("no train step open ..."); `abort_train_step` is idempotent.
+  Microbatches run with placeholder global counts of 1; `finish_train_step`
+  all-reduces the counts, scales gradients by 1/toks (1/seqs for
+  sequence-level loss) before clipping and rescales metrics per
+  `loss_fn.metric_normalizations`.
+Metrics are produced on last-stage ranks (others return {}); every loss
+metric is already combined over microbatches and DP ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from harness.algos.loss import (
+    ClippedPGLoss,
+    aggregate_microbatch_metrics,
+    global_valid_counts,
+    rescale_metrics,
+)
+from harness.model.config import ModelConfig
+from harness.model.parallel_model import ParallelQwen3Moe
+from harness.model.qwen3_moe import build_reference_model
+from harness.parallel import data as dp_data
+from harness.parallel.groups import (
+    ProcessGroups,
+    layout_from_spec,
+    layout_from_topology,
+    stage_layers,
+    validate_policy_layout,
+)
+from harness.parallel.pipeline import run_gpipe, stage_info
+
+STEP_ALREADY_OPEN = "a train step is already open; finish or abort it before beginning another"
+NO_STEP_OPEN = "no train step open; call begin_train_step first"
+CHECKPOINT_MARKER = "COMPLETE.json"
+
+TRAIN_KEYS = (
+    "input_ids", "input_lengths", "token_mask", "sample_mask", "advantages",
+    "prev_logprobs", "generation_logprobs", "reference_policy_logprobs",
+)
+
+
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
+    """Per-process determinism + the default process group (gloo on CPU, nccl on cuda)."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    if not dist.is_initialized():
+        backend = "nccl" if device == "cuda" else "gloo"
+        dist.init_process_group(
+            backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
+        )
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """Seed every RNG of this process from (spec seed, rank)."""
+    s = int(seed) * 1000 + int(rank)
+    torch.manual_seed(s)
+    random.seed(s)
+    try:
+        import numpy as np
+
+        np.random.seed(s % (2**32))
+    except ImportError:  # pragma: no cover
+        pass
+
+
+class PolicyEngine:
+    def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
+        self.spec = spec
+        self.rank = rank
+        policy = spec["policy"]
+        self.cfg = ModelConfig.from_spec(spec)
+        validate_policy_layout(policy, spec["model"])
+        world = dist.get_world_size()
+        expected = policy["tp"] * policy["pp"] * policy["cp"] * policy["dp"]
+        if world != expected:
+            raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {expected}")
+        seed_rank(spec["seed"], rank)
+        layout = layout_from_topology(topology, policy) if topology is not None else layout_from_spec(policy)
+        self.groups = ProcessGroups.create(layout, rank)
+        self.coords = self.groups.coords
+        stages = stage_layers(self.cfg.layers, policy["pp"], policy.get("pp_layout"))
+        stage = self.coords["pp"]
+        full = build_reference_model(self.cfg, spec["seed"]).state_dict()
+        self.full_names = list(full)
+        self.full_shapes = {k: tuple(v.shape) for k, v in full.items()}
+        self.seq_len = int(policy["seq_len"])
+        self.mbs = int(policy["micro_batch_size"])
+        self.model = ParallelQwen3Moe(
+            self.cfg, self.groups, stages[stage], full,
+            seq_len=self.seq_len, is_first=stage == 0, is_last=stage == policy["pp"] - 1,
+        )
+        del full
+        self.named = self.model.hf_named_parameters()
+        self.kinds = self.model.param_kinds()
+        # reference policy = initial weights, kept on CPU
+        self.reference_state = {n: p.detach().clone().cpu() for n, p in self.named}
+        opt = policy["optimizer"]
+        self.lr, self.wd = float(opt["lr"]), float(opt["weight_decay"])
+        self.max_grad_norm = opt.get("max_grad_norm")
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.named], lr=self.lr, weight_decay=self.wd,
+            betas=(float(opt["beta1"]), float(opt["beta2"])), eps=float(opt["eps"]), foreach=False,
+        )
+        self.loss_fn = ClippedPGLoss(spec["grpo"]["loss"])
+        self.is_last = self.model.is_last
+        self.steps_done = 0
+        self._split: dict[str, Any] | None = None
+
+    # -- pipeline driver ---------------------------------------------------------
+
+    def _microbatches(self, batch: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        b = batch["input_ids"].shape[0]
+        if b == 0 or b % self.mbs:
+            raise ValueError(
+                f"policy rank {self.rank} (dp {self.coords['dp']}): batch of {b} samples is not a positive "
+                f"multiple of policy.micro_batch_size={self.mbs}"
+            )
+        return [{k: v[i : i + self.mbs] for k, v in batch.items()} for i in range(0, b, self.mbs)]
+
+    def _forward_backward(self, batch, global_seqs: float, global_toks: float) -> list[dict[str, float]]:
+        for key in TRAIN_KEYS:
+            if key not in batch:
+                raise ValueError(f"policy rank {self.rank}: train batch is missing field {key!r}")
+        mbs = self._microbatches(batch)
+        info = stage_info(self.groups.ranks("pp"), self.rank, self.model.activation_shape(self.mbs), self.cfg.torch_dtype())
+        metrics: list[dict[str, float]] = []
+
+        def stage_forward(m: int, x):
+            out = self.model(mbs[m]["input_ids"], x)
+            if not info.is_last:
+                return out
+            loss, met = self.loss_fn(out, mbs[m], global_seqs, global_toks)
+            metrics.append(met)
+            return loss
+
+        self.model.train()
+        run_gpipe(info, len(mbs), stage_forward, backward=True)
+        return metrics
+
+    def _combine_over_dp(self, per_mb: list[dict[str, float]]) -> dict[str, float]:
+        """Microbatch metrics of all DP ranks combined (last-stage ranks only)."""
+        local = aggregate_microbatch_metrics(per_mb)
+        group = self.groups["dp"]
+        if group is None:
+            return local
+        gathered: list[Any] = [None] * self.groups.size("dp")
+        dist.all_gather_object(gathered, local, group=group)
+        return aggregate_microbatch_metrics(gathered)
+
+    def _optimizer_step(self, grad_scale: float | None = None) -> float:
+        dp_data.reduce_gradients(self.named, self.kinds, self.groups)
+        if grad_scale is not None:
+            for _, p in self.named:
+                p.grad.mul_(grad_scale)
+        norm = dp_data.global_grad_norm(self.named, self.kinds, self.coords)
+        dp_data.clip_gradients([p for _, p in self.named], norm, self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps_done += 1
+        return norm
+
+    def _step_metrics(self, loss_metrics: dict[str, float], norm: float, seqs: float, toks: float) -> dict[str, float]:
+        if not self.is_last:
+            return {}
+        return {**loss_metrics, "grad_norm": norm, "lr": self.lr, "wd": self.wd,
+                "global_valid_seqs": seqs, "global_valid_toks": toks}
+
+    # -- monolithic ---------------------------------------------------------------
+
+    def train(self, batch: Mapping[str, torch.Tensor], eval_mode: bool = False) -> dict[str, float]:
+        """One optimizer step over this rank's DP shard of a global batch.
+        With `eval_mode` the loss is computed but no step is taken."""
+        if self._split is not None:
+            raise RuntimeError(f"policy rank {self.rank}: train() called while a split train step is open")
+        seqs, toks = global_valid_counts(batch)
+        seqs, toks = dp_data.all_reduce_counts([seqs, toks], self.groups["dp"])
+        self.optimizer.zero_grad(set_to_none=True)
+        if eval_mode:
+            with torch.no_grad():
+                per_mb = self._eval_losses(batch, seqs, toks)
+            return self._combine_over_dp(per_mb) if self.is_last else {}
+        per_mb = self._forward_backward(batch, seqs, toks)
+        combined = self._combine_over_dp(per_mb) if self.is_last else {}
+        norm = self._optimizer_step()
+        return self._step_metrics(combined, norm, seqs, toks)
+
+    def _eval_losses(self, batch, seqs, toks) -> list[dict[str, float]]:
+        logprobs = self.get_logprobs(batch)
+        if not self.is_last:
+            return []
+        out = []
+        for i in range(0, logprobs.shape[0], self.mbs):
+            mb = {k: v[i : i + self.mbs] for k, v in batch.items()}
+            out.append(self.loss_fn(logprobs[i : i + self.mbs], mb, seqs, toks)[1])
+        return out
+
+    # -- split API ----------------------------------------------------------------
+
+    @property
+    def step_open(self) -> bool:
+        return self._split is not None
+
+    def begin_train_step(self) -> None:
+        if self._split is not None:
+            raise RuntimeError(STEP_ALREADY_OPEN)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._split = {"seqs": 0.0, "toks": 0.0, "metrics": []}
+
+    def train_microbatch(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Forward+backward of one chunk (this rank's DP shard) with placeholder
+        global counts of 1; returns the chunk's raw (unscaled) metrics."""
+        if self._split is None:
+            raise RuntimeError(NO_STEP_OPEN)
+        seqs, toks = global_valid_counts(batch)
+        per_mb = self._forward_backward(batch, 1.0, 1.0)
+        self._split["seqs"] += seqs
+        self._split["toks"] += toks
+        self._split["metrics"].extend(per_mb)
+        return aggregate_microbatch_metrics(per_mb) if per_mb else {}
+
+    def finish_train_step(self) -> dict[str, float]:
+        if self._split is None:
+            raise RuntimeError(NO_STEP_OPEN)
+        state, self._split = self._split, None
+        try:
+            seqs, toks = dp_data.all_reduce_counts([state["seqs"], state["toks"]], self.groups["dp"])
+            normaliser = toks if self.loss_fn.token_level_loss else seqs
+            combined = self._combine_over_dp(state["metrics"]) if self.is_last else {}
+            norm = self._optimizer_step(grad_scale=1.0 / normaliser if normaliser else 0.0)
+            if self.is_last:
+                combined = rescale_metrics(combined, self.loss_fn.metric_normalizations, seqs, toks)
+            return self._step_metrics(combined, norm, seqs, toks)
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+
+    def abort_train_step(self) -> None:
+        """Drop the open step's gradients; a no-op when no step is open."""
+        if self._split is None:
+            return
+        self._split = None
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # -- inference ------------------------------------------------------------------
+
+    @torch.no_grad()
+    def get_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logprobs `[B, S]` of this rank's DP shard on last-stage ranks (an empty
+        tensor elsewhere). B need not be a multiple of the microbatch size."""
+        ids = batch["input_ids"]
+        b = ids.shape[0]
+        pad = (-b) % self.mbs
+        if pad:
+            ids = torch.cat([ids, ids.new_zeros((pad, ids.shape[1]))])
+        mbs = [ids[i : i + self.mbs] for i in range(0, ids.shape[0], self.mbs)]
+        info = stage_info(self.groups.ranks("pp"), self.rank, self.model.activation_shape(self.mbs), self.cfg.torch_dtype())
+        self.model.eval()
+        outs = run_gpipe(info, len(mbs), lambda m, x: self.model(mbs[m], x), backward=False)
+        if not self.is_last:
+            return torch.empty(0)
+        return torch.cat(outs)[:b].to(torch.float32)
+
+    @torch.no_grad()
+    def get_reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logprobs under the initial weights (swapped in, then restored)."""
+        current = {n: p.detach().clone() for n, p in self.named}
+        try:
+            for n, p in self.named:
+                p.copy_(self.reference_state[n])
+            return self.get_logprobs(batch)
+        finally:
+            for n, p in self.named:
+                p.copy_(current[n])
+
+    # -- full weights -------------------------------------------------------------------
+
+    def _owned_shards(self) -> list[tuple[str, int | None, int, torch.Tensor]]:
+        """(name, shard dim, tp rank, tensor) for the shards this rank is the
+        designated owner of (each piece of the full model owned exactly once)."""
+        c = self.coords
+        dense_owner = c["dp"] == 0 and c["cp"] == 0
+        out = []
+        for name, p in self.named:
+            spec = self.model.shard_specs[name]
+            if spec.kind == dp_data.EXPERT:
+                own = c["edp"] == 0
+            elif spec.dim is None:
+                own = dense_owner and c["tp"] == 0
+            else:
+                own = dense_owner
+            if own:
+                out.append((name, spec.dim, c["tp"], p.detach().clone()))
+        return out
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full HF-named tensors, assembled on policy rank 0 (collective over the
+        world; other ranks return {}). Order = the reference model's order."""
+        mine = self._owned_shards()
+        gathered: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if self.rank != 0:
+            return {}
+        pieces: dict[str, dict[int, torch.Tensor]] = {}
+        dims: dict[str, int | None] = {}
+        for shards in gathered:  # type: ignore[union-attr]
+            for name, dim, tp_rank, t in shards:
+                pieces.setdefault(name, {})[tp_rank if dim is not None else 0] = t
+                dims[name] = dim
+        out = {}
+        for name in self.full_names:
+            parts = pieces.get(name)
+            if parts is None:
+                raise RuntimeError(f"hf_state_dict: no rank owns {name}")
+            dim = dims[name]
+            out[name] = parts[0] if dim is None else torch.cat([parts[r] for r in sorted(parts)], dim=dim)
+            if tuple(out[name].shape) != self.full_shapes[name]:
+                raise RuntimeError(f"hf_state_dict: {name} assembled to {tuple(out[name].shape)}, expected {self.full_shapes[name]}")
+        return out
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Sharded, atomic: every rank writes `rank{r:05d}.pt` via a temp file +
+        rename; after a barrier rank 0 writes the COMPLETE.json marker. A
+        checkpoint without the marker is incomplete and refused by load."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        if self._split is not None:
+            raise RuntimeError(f"policy rank {self.rank}: cannot checkpoint while a train step is open")
+        state = {
+            "model": {n: p.detach().clone() for n, p in self.named},
+            "optimizer": self.optimizer.state_dict(),
+            "reference": self.reference_state,
+            "steps_done": self.steps_done,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "coords": dict(self.coords),
+        }
+        path = d / f"rank{self.rank:05d}.pt"
+        tmp = d / f".rank{self.rank:05d}.pt.tmp"
+        torch.save(state, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dist.barrier()
+        if self.rank == 0:
+            marker = {"world": dist.get_world_size(), "policy": {k: self.spec["policy"][k] for k in ("tp", "pp", "cp", "dp", "ep", "etp")},
+                      "steps_done": self.steps_done}
+            tmp_m = d / (CHECKPOINT_MARKER + ".tmp")
+            tmp_m.write_text(json.dumps(marker, sort_keys=True))
+            os.replace(tmp_m, d / CHECKPOINT_MARKER)
+        dist.barrier()
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        d = Path(directory)
+        marker = d / CHECKPOINT_MARKER
+        if not marker.exists():
+            raise FileNotFoundError(f"{marker}: checkpoint is incomplete or missing (no completion marker)")
+        meta = json.loads(marker.read_text())
+        if meta["world"] != dist.get_world_size():
+            raise ValueError(f"{marker}: saved with world {meta['world']}, this policy has {dist.get_world_size()} ranks")
+        path = d / f"rank{self.rank:05d}.pt"
+        state = torch.load(path, weights_only=False)
+        if state["coords"] != dict(self.coords):
+            raise ValueError(f"{path}: saved for coords {state['coords']}, this rank has {dict(self.coords)}")
+        with torch.no_grad():
+            for n, p in self.named:
+                p.copy_(state["model"][n])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.reference_state = state["reference"]
+        self.steps_done = state["steps_done"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        dist.barrier()

@@ -1,0 +1,120 @@
+"""``golden run``: execute one workload and leave a complete run directory.
+
+Contract:
+* the run directory is created fresh; ``run.json`` is written first with
+  status ``running`` and the list of expected artifacts, and rewritten at the
+  end with ``completed`` or ``failed`` (plus the error);
+* Ray, every policy and rollout worker, internal engine processes and the
+  data plane are shut down on every exit path (error, Ctrl-C): no orphans;
+* a worker that dies mid-step ends the run with an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from harness.artifacts import layout
+from harness.runner.environment import collect_environment, git_commit
+from harness.spec.load import spec_digest
+from harness.spec.topology import plan
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    status: str                 # completed | failed
+    error: str | None
+    wall_s: float
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def expected_artifacts(spec: dict, topology) -> list[str]:
+    """Trace files that a complete run must contain (one per profiler instance)."""
+    paths = []
+    if spec["plugins"]["policy_profiler"]:
+        paths += [layout.policy_trace_path(r) for r in range(topology.policy.world)]
+    if spec["plugins"]["rollout_profiler"]:
+        paths += [layout.rollout_trace_path(r) for r in range(topology.rollout.world)]
+    paths.append(layout.METRICS)
+    if spec["capture"]["enabled"]:
+        paths.append(layout.ROLLOUTS)
+    return paths
+
+
+def worker_env(spec: dict, run_dir: Path, run_id: str) -> dict[str, str]:
+    """Environment every worker process gets (the plugin contract is env-only)."""
+    env = {
+        "HARNESS_TRACE_DIR": str(run_dir),
+        "HARNESS_RUN_ID": run_id,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "RAY_AUTH_MODE": "disabled",
+    }
+    if spec["plugins"]["policy_profiler"]:
+        env["NRL_POLICY_PROFILER_CLASS"] = spec["plugins"]["policy_profiler"]
+    if spec["plugins"]["rollout_profiler"]:
+        env["NRL_ROLLOUT_PROFILER_CLASS"] = spec["plugins"]["rollout_profiler"]
+    return env
+
+
+def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] | None = None) -> RunOutcome:
+    """Run ``spec`` into ``run_dir`` (must not exist or be empty)."""
+    say = progress or (lambda msg: None)
+    run_dir = Path(run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(f"run directory {run_dir} is not empty")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    topology = plan(spec)  # validates before anything starts
+    run_id = f"{spec['name']}-{uuid.uuid4().hex[:8]}"
+    run_doc = {
+        "run_id": run_id,
+        "workload": spec["name"],
+        "spec": spec,
+        "spec_digest": spec_digest(spec),
+        "topology": topology.to_dict(),
+        "environment": collect_environment(spec),
+        "git_commit": git_commit(),
+        "status": "running",
+        "error": None,
+        "expected_artifacts": expected_artifacts(spec, topology),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    _write_json(run_dir / layout.RUN_JSON, run_doc)
+    t0 = time.perf_counter()
+    error = None
+    try:
+        from harness.runner.session import Session  # torch + ray live behind this import
+
+        with Session(spec, topology, run_dir, worker_env(spec, run_dir, run_id), say) as session:
+            session.run_iterations()
+    except KeyboardInterrupt:
+        error = "interrupted (Ctrl-C)"
+    except BaseException as exc:  # noqa: BLE001 - recorded, then reported by the caller
+        error = f"{type(exc).__name__}: {exc}"
+        say(traceback.format_exc())
+    wall = time.perf_counter() - t0
+    run_doc.update(
+        status="failed" if error else "completed",
+        error=error,
+        wall_s=round(wall, 3),
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    _write_json(run_dir / layout.RUN_JSON, run_doc)
+    return RunOutcome(run_dir, run_doc["status"], error, wall)
+
+
+def default_progress(msg: str) -> None:
+    print(f"[golden] {msg}", file=sys.stderr, flush=True)

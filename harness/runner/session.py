@@ -1,0 +1,170 @@
+"""The live part of a run: Ray, workers, data plane, trainer; torn down on exit.
+
+``Session`` is a context manager. ``__enter__`` starts, in order: Ray (local,
+``num_cpus`` = the machine's cores, actors at ``num_cpus=0``), the data plane
+and capture ledger (when capture is on), the policy worker group, the rollout
+workers (engine-init windows close inside them), and an initial refit so the
+engines hold exactly the policy's weights (weight version 1). ``__exit__``
+shuts everything down in reverse order whatever happened, then Ray itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import ray
+import torch
+
+from harness.artifacts import layout
+from harness.grpo import trainer_class
+from harness.grpo.episodes import make_episode_env
+from harness.grpo.refit import Refitter
+from harness.grpo.rollouts import RolloutDriver
+
+SHUTDOWN_TIMEOUT_S = 60
+
+
+class Session:
+    def __init__(self, spec: dict, topology, run_dir: Path, env_vars: dict[str, str],
+                 say: Callable[[str], None]) -> None:
+        self.spec = spec
+        self.topology = topology
+        self.run_dir = Path(run_dir)
+        self.env_vars = env_vars
+        self.say = say
+        self.policy = None
+        self.workers: list = []
+        self.dataplane_handle = None
+        self.ledger = None
+        self._started_ray = False
+
+    # -- start-up ------------------------------------------------------------
+    def __enter__(self) -> "Session":
+        try:
+            self._start()
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+        if not ray.is_initialized():
+            t = time.perf_counter()
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
+                     log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")),
+                     runtime_env={"env_vars": self.env_vars})
+            self._started_ray = True
+            self.say(f"ray up in {time.perf_counter() - t:.1f}s")
+        from harness.envs.tasks import PromptLoader, make_task
+        from harness.envs.tokenizer import load_tokenizer
+
+        spec = self.spec
+        self.tokenizer = load_tokenizer()
+        task = make_task(spec["env"]["task"], int(spec["seed"]))
+        self.loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
+        self.episode_env = make_episode_env(spec, task, self.tokenizer)
+        capture = self._start_capture()
+        self.say(f"starting {self.topology.policy.world} policy workers")
+        from harness.policy.group import PolicyGroup
+
+        self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars)
+        self.say(f"starting {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
+        from harness.rollout.worker import RolloutWorker
+
+        for engine in self.topology.engines:
+            w = RolloutWorker.options(num_cpus=0, runtime_env={"env_vars": self.env_vars}).remote(
+                spec, engine.engine, engine.rank_prefix, str(self.run_dir), env_vars=self.env_vars,
+                capture_config=self._capture_config,
+            )
+            self.workers.append(w)
+        ray.get([w.ready.remote() for w in self.workers])
+        self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir)
+        self.refitter.refit(0)
+        self.driver = RolloutDriver(spec, self.workers, self.tokenizer, self.episode_env, capture)
+        cls = trainer_class(spec["grpo"]["trainer"])
+        self.trainer = cls(spec, self.policy, self.workers, self.driver, self.loader, self.tokenizer,
+                           self.episode_env, self.refitter.refit, dataplane=self.dataplane)
+
+    def _start_capture(self):
+        self._capture_config = None
+        self.dataplane = None
+        if not self.spec["capture"]["enabled"] and self.spec["grpo"]["trainer"] != "dataplane":
+            return None
+        from harness.capture.admission import CaptureAdmitter
+        from harness.capture.ledger import CaptureLedger
+        from harness.capture.sink import capture_config_from_spec
+        from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+
+        name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
+        self.dataplane_handle = start_dataplane_actor(name, str(self.run_dir / layout.DATAPLANE))
+        self.dataplane = DataPlaneClient(self.dataplane_handle)
+        if not self.spec["capture"]["enabled"]:
+            return None
+        self._capture_config = capture_config_from_spec(self.spec, self.run_dir)
+        self._capture_config["dataplane_actor"] = name
+        self._capture_config["dataplane_path"] = None
+        self.ledger = CaptureLedger(str(self.run_dir / layout.LEDGER))
+        admitter = CaptureAdmitter(self.ledger, self.dataplane, tokenizer=self.tokenizer,
+                                   eos_token_id=self.tokenizer.eos_token_id)
+        return (admitter, self.ledger, self.dataplane)
+
+    # -- the loop --------------------------------------------------------------
+    def run_iterations(self) -> None:
+        iterations = int(self.spec["grpo"]["iterations"])
+        for step in range(1, iterations + 1):
+            t = time.perf_counter()
+            out = self.trainer.step(step)
+            _append_jsonl(self.run_dir / layout.METRICS,
+                          [{"step": step, "metrics": out.metrics, "timings": out.timings}])
+            if self.spec["capture"]["enabled"]:
+                _append_jsonl(self.run_dir / layout.ROLLOUTS, out.summaries)
+            self.say(f"step {step}/{iterations}: loss={out.metrics.get('loss', float('nan')):.5f} "
+                     f"reward={out.metrics.get('reward', float('nan')):.3f} ({time.perf_counter() - t:.1f}s)")
+
+    # -- teardown --------------------------------------------------------------
+    def __exit__(self, *exc) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        errors = []
+        for w in self.workers:
+            try:
+                ray.get(w.shutdown.remote(), timeout=SHUTDOWN_TIMEOUT_S)
+            except Exception as e:  # noqa: BLE001 - keep tearing down
+                errors.append(f"rollout worker shutdown: {e!r}")
+            try:
+                ray.kill(w)
+            except Exception:  # noqa: BLE001
+                pass
+        if self.policy is not None:
+            try:
+                self.policy.shutdown()
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"policy shutdown: {e!r}")
+        if self.ledger is not None:
+            self.ledger.close()
+        if self.dataplane_handle is not None:
+            try:
+                ray.get(self.dataplane_handle.close.remote(), timeout=SHUTDOWN_TIMEOUT_S)
+                ray.kill(self.dataplane_handle)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"data plane shutdown: {e!r}")
+        if self._started_ray:
+            ray.shutdown()
+        if errors:
+            self.say("teardown problems: " + "; ".join(errors))
+
+
+def _append_jsonl(path: Path, records: list[dict]) -> None:
+    with open(path, "a") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, sort_keys=True, allow_nan=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())

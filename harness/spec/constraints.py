@@ -1,0 +1,219 @@
+"""Layout constraints of a workload: which parallel sizes a model admits.
+
+Every rule is a ``Rule(field, formula, holds, explain)``; ``violations(spec)``
+evaluates all of them and returns one ``TopologyError`` per broken rule, in
+rule order; ``check_spec(spec)`` raises the first. ``field`` is the knob a
+user most likely has to change (``policy.ep`` for ``experts % ep``), and
+``formula`` is the constraint as written in docs/spec.md, so tests can assert
+exactly which rule fired.
+
+Sources: Megatron-core ``parallel_state.initialize_model_parallel`` and
+``transformer_config`` checks (reference/qwen3_moe_and_parallelism.md §3.2),
+NeMo RL's rollout-profiler restrictions (seed PR text), and this harness's
+own needs (batch split, device capacity).
+
+Input: a *loaded* spec (defaults filled, schema-valid). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from harness.spec.errors import TopologyError
+
+Spec = dict[str, Any]
+
+
+def policy_world(spec: Spec) -> int:
+    """world = tp * pp * cp * dp (Megatron's dense grid)."""
+    p = spec["policy"]
+    return p["tp"] * p["pp"] * p["cp"] * p["dp"]
+
+
+def rollout_world(spec: Spec) -> int:
+    """engines * tp * pp rollout ranks (numbered densely from 0)."""
+    r = spec["rollout"]
+    return r["engines"] * r["tp"] * r["pp"]
+
+
+def devices_needed(spec: Spec) -> int:
+    """Policy devices, plus the rollout's when it is not colocated."""
+    extra = 0 if spec["rollout"]["colocated"] else rollout_world(spec)
+    return policy_world(spec) + extra
+
+
+def stage_layers(spec: Spec) -> list[int]:
+    """Layers per pipeline stage (even split, or the explicit
+    ``[first, last]`` with the rest shared evenly by the middle stages).
+    Only meaningful when the pp rules hold."""
+    layers, pp = spec["model"]["layers"], spec["policy"]["pp"]
+    layout = spec["policy"]["pp_layout"]
+    if layout is None:
+        return [layers // pp] * pp
+    first, last = layout
+    if pp == 2:
+        return [first, last]
+    middle = (layers - first - last) // (pp - 2)
+    return [first] + [middle] * (pp - 2) + [last]
+
+
+def _pp_layout_ok(spec: Spec) -> bool:
+    layers, pp = spec["model"]["layers"], spec["policy"]["pp"]
+    layout = spec["policy"]["pp_layout"]
+    if layout is None:
+        return True
+    first, last = layout
+    if pp < 2:
+        return False
+    rest = layers - first - last
+    if pp == 2:
+        return rest == 0
+    return rest >= pp - 2 and rest % (pp - 2) == 0
+
+
+def _seq_divisor(spec: Spec) -> int:
+    p = spec["policy"]
+    chunks = 2 * p["cp"] if p["cp"] > 1 else 1
+    return chunks * (p["tp"] if p["sp"] else 1)
+
+
+def _has_rollout_profiler(spec: Spec) -> bool:
+    return spec["plugins"]["rollout_profiler"] is not None
+
+
+@dataclass(frozen=True)
+class Rule:
+    field: str
+    formula: str
+    holds: Callable[[Spec], bool]
+    explain: Callable[[Spec], str]
+
+
+def _m(spec: Spec) -> dict[str, Any]:
+    return spec["model"]
+
+
+def _p(spec: Spec) -> dict[str, Any]:
+    return spec["policy"]
+
+
+def _r(spec: Spec) -> dict[str, Any]:
+    return spec["rollout"]
+
+
+RULES: tuple[Rule, ...] = (
+    # --- model ---------------------------------------------------------
+    Rule("model.kv_heads", "model.heads % model.kv_heads == 0",
+         lambda s: _m(s)["heads"] % _m(s)["kv_heads"] == 0,
+         lambda s: f"GQA needs heads ({_m(s)['heads']}) to be a multiple of kv_heads ({_m(s)['kv_heads']})"),
+    Rule("model.top_k", "model.top_k <= model.experts",
+         lambda s: _m(s)["top_k"] <= _m(s)["experts"],
+         lambda s: f"top_k ({_m(s)['top_k']}) exceeds experts ({_m(s)['experts']})"),
+    Rule("model.head_dim", "model.head_dim % 2 == 0",
+         lambda s: _m(s)["head_dim"] % 2 == 0,
+         lambda s: f"RoPE rotates halves, head_dim ({_m(s)['head_dim']}) must be even"),
+    # --- policy: the two grids ----------------------------------------
+    Rule("policy.ep", "model.experts % policy.ep == 0",
+         lambda s: _m(s)["experts"] % _p(s)["ep"] == 0,
+         lambda s: f"{_m(s)['experts']} experts cannot be split evenly over ep={_p(s)['ep']}"),
+    Rule("policy.etp", "(policy.tp * policy.cp * policy.dp) % policy.etp == 0",
+         lambda s: (_p(s)["tp"] * _p(s)["cp"] * _p(s)["dp"]) % _p(s)["etp"] == 0,
+         lambda s: f"etp={_p(s)['etp']} does not divide the tp*cp*dp={_p(s)['tp'] * _p(s)['cp'] * _p(s)['dp']} ranks of a pipeline stage"),
+    Rule("policy.ep", "(policy.tp * policy.cp * policy.dp) % (policy.etp * policy.ep) == 0",
+         lambda s: (_p(s)["tp"] * _p(s)["cp"] * _p(s)["dp"]) % (_p(s)["etp"] * _p(s)["ep"]) == 0,
+         lambda s: (f"the expert grid etp*ep={_p(s)['etp'] * _p(s)['ep']} must divide the "
+                    f"tp*cp*dp={_p(s)['tp'] * _p(s)['cp'] * _p(s)['dp']} ranks of a pipeline stage (MoE parallel folding)")),
+    Rule("policy.tp", "model.heads % policy.tp == 0",
+         lambda s: _m(s)["heads"] % _p(s)["tp"] == 0,
+         lambda s: f"{_m(s)['heads']} attention heads cannot be split over tp={_p(s)['tp']}"),
+    Rule("policy.tp", "model.kv_heads % policy.tp == 0 or policy.tp % model.kv_heads == 0",
+         lambda s: _m(s)["kv_heads"] % _p(s)["tp"] == 0 or _p(s)["tp"] % _m(s)["kv_heads"] == 0,
+         lambda s: f"kv_heads={_m(s)['kv_heads']} can be neither split over nor replicated across tp={_p(s)['tp']}"),
+    Rule("policy.tp", "model.hidden % policy.tp == 0",
+         lambda s: _m(s)["hidden"] % _p(s)["tp"] == 0,
+         lambda s: f"hidden={_m(s)['hidden']} is not divisible by tp={_p(s)['tp']}"),
+    Rule("policy.tp", "model.vocab % policy.tp == 0",
+         lambda s: _m(s)["vocab"] % _p(s)["tp"] == 0,
+         lambda s: f"vocab={_m(s)['vocab']} is not divisible by tp={_p(s)['tp']} (vocab-parallel embedding and head)"),
+    Rule("policy.etp", "model.moe_intermediate % policy.etp == 0",
+         lambda s: _m(s)["moe_intermediate"] % _p(s)["etp"] == 0,
+         lambda s: f"moe_intermediate={_m(s)['moe_intermediate']} is not divisible by etp={_p(s)['etp']}"),
+    Rule("policy.sp", "policy.tp == 1 or policy.sp",
+         lambda s: _p(s)["tp"] == 1 or _p(s)["sp"],
+         lambda s: f"an MoE model with tp={_p(s)['tp']} > 1 must train with sequence parallel (set policy.sp: true)"),
+    Rule("policy.pp", "policy.pp_layout != null or model.layers % policy.pp == 0",
+         lambda s: _p(s)["pp_layout"] is not None or _m(s)["layers"] % _p(s)["pp"] == 0,
+         lambda s: (f"{_m(s)['layers']} layers cannot be split evenly over pp={_p(s)['pp']}; "
+                    "give policy.pp_layout: [first_stage_layers, last_stage_layers]")),
+    Rule("policy.pp_layout", "first + (pp-2)*middle + last == model.layers, every stage >= 1 layer, pp >= 2",
+         _pp_layout_ok,
+         lambda s: (f"pp_layout {_p(s)['pp_layout']} does not split {_m(s)['layers']} layers into pp={_p(s)['pp']} "
+                    "stages (first, equal middles, last)")),
+    Rule("policy.seq_len", "policy.seq_len % ((2*policy.cp if policy.cp > 1 else 1) * (policy.tp if policy.sp else 1)) == 0",
+         lambda s: _p(s)["seq_len"] % _seq_divisor(s) == 0,
+         lambda s: (f"seq_len={_p(s)['seq_len']} must be a multiple of {_seq_divisor(s)} "
+                    "(2*cp load-balanced chunks when cp > 1, each split over tp under sequence parallel)")),
+    Rule("policy.seq_len", "policy.seq_len <= model.max_position",
+         lambda s: _p(s)["seq_len"] <= _m(s)["max_position"],
+         lambda s: f"seq_len={_p(s)['seq_len']} exceeds max_position={_m(s)['max_position']}"),
+    Rule("policy.micro_batch_size",
+         "(grpo.prompts_per_step * grpo.generations_per_prompt) % (policy.dp * policy.micro_batch_size) == 0",
+         lambda s: (s["grpo"]["prompts_per_step"] * s["grpo"]["generations_per_prompt"])
+         % (_p(s)["dp"] * _p(s)["micro_batch_size"]) == 0,
+         lambda s: (f"{s['grpo']['prompts_per_step'] * s['grpo']['generations_per_prompt']} samples per step cannot be "
+                    f"split into dp={_p(s)['dp']} ranks x micro-batches of {_p(s)['micro_batch_size']}")),
+    Rule("grpo.generations_per_prompt", "not grpo.leave_one_out or grpo.generations_per_prompt >= 2",
+         lambda s: not s["grpo"]["leave_one_out"] or s["grpo"]["generations_per_prompt"] >= 2,
+         lambda s: "a leave-one-out baseline needs at least 2 generations per prompt"),
+    Rule("policy.backend", "policy.backend != megatron or platform.device == cuda",
+         lambda s: _p(s)["backend"] != "megatron" or s["platform"]["device"] == "cuda",
+         lambda s: "the megatron backend needs platform.device: cuda"),
+    # --- rollout -----------------------------------------------------------
+    Rule("rollout.backend", "rollout.backend != vllm or platform.device == cuda",
+         lambda s: _r(s)["backend"] != "vllm" or s["platform"]["device"] == "cuda",
+         lambda s: "the vllm backend needs platform.device: cuda"),
+    Rule("rollout.worker_cls", "rollout.worker_cls == null",
+         lambda s: _r(s)["worker_cls"] is None,
+         lambda s: f"custom engine worker classes are not supported (got {_r(s)['worker_cls']!r})"),
+    Rule("rollout.pp", "plugins.rollout_profiler == null or rollout.pp == 1",
+         lambda s: not _has_rollout_profiler(s) or _r(s)["pp"] == 1,
+         lambda s: f"rollout profiling supports pipeline_parallel_size 1 only (rollout.pp={_r(s)['pp']})"),
+    Rule("rollout.ep", "plugins.rollout_profiler == null or rollout.ep == 1",
+         lambda s: not _has_rollout_profiler(s) or _r(s)["ep"] == 1,
+         lambda s: f"rollout profiling supports expert_parallel_size 1 only (rollout.ep={_r(s)['ep']})"),
+    Rule("rollout.ep", "model.experts % rollout.ep == 0",
+         lambda s: _m(s)["experts"] % _r(s)["ep"] == 0,
+         lambda s: f"{_m(s)['experts']} experts cannot be split over rollout ep={_r(s)['ep']}"),
+    Rule("rollout.tp", "model.heads % rollout.tp == 0",
+         lambda s: _m(s)["heads"] % _r(s)["tp"] == 0,
+         lambda s: f"{_m(s)['heads']} attention heads cannot be split over rollout tp={_r(s)['tp']}"),
+    Rule("rollout.tp", "model.kv_heads % rollout.tp == 0 or rollout.tp % model.kv_heads == 0",
+         lambda s: _m(s)["kv_heads"] % _r(s)["tp"] == 0 or _r(s)["tp"] % _m(s)["kv_heads"] == 0,
+         lambda s: f"kv_heads={_m(s)['kv_heads']} can be neither split over nor replicated across rollout tp={_r(s)['tp']}"),
+    Rule("rollout.tp", "model.vocab % rollout.tp == 0 and model.hidden % rollout.tp == 0",
+         lambda s: _m(s)["vocab"] % _r(s)["tp"] == 0 and _m(s)["hidden"] % _r(s)["tp"] == 0,
+         lambda s: f"vocab={_m(s)['vocab']} and hidden={_m(s)['hidden']} must be divisible by rollout tp={_r(s)['tp']}"),
+    # --- placement ---------------------------------------------------------
+    Rule("rollout.engines", "not rollout.colocated or rollout_world <= policy_world",
+         lambda s: not _r(s)["colocated"] or rollout_world(s) <= policy_world(s),
+         lambda s: (f"colocated rollout needs {rollout_world(s)} devices but the policy occupies only "
+                    f"{policy_world(s)}; reduce rollout.engines/tp or set rollout.colocated: false")),
+    Rule("platform.nodes", "devices_needed <= platform.nodes * platform.gpus_per_node",
+         lambda s: devices_needed(s) <= s["platform"]["nodes"] * s["platform"]["gpus_per_node"],
+         lambda s: (f"the layout needs {devices_needed(s)} devices but the platform has "
+                    f"{s['platform']['nodes']} x {s['platform']['gpus_per_node']} = "
+                    f"{s['platform']['nodes'] * s['platform']['gpus_per_node']}")),
+)
+
+
+def violations(spec: Spec) -> list[TopologyError]:
+    """One error per broken rule, in rule order (empty when the layout is valid)."""
+    return [TopologyError(rule.field, rule.formula, rule.explain(spec)) for rule in RULES if not rule.holds(spec)]
+
+
+def check_spec(spec: Spec) -> None:
+    """Raise the first ``TopologyError`` of ``violations(spec)``."""
+    found = violations(spec)
+    if found:
+        raise found[0]

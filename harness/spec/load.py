@@ -1,0 +1,125 @@
+"""Load a workload spec: resolve, parse, override, validate, fill defaults.
+
+``load_spec(path_or_name, overrides)`` is the only way the rest of the
+harness reads a spec. The returned ``dict`` has every schema field present
+(defaults filled), passed the JSON Schema and, unless
+``check_topology=False``, the layout constraints of
+``harness.spec.constraints`` -- so anything that loads can be planned.
+
+Workload resolution: a value that names an existing file, or ends in
+``.yaml``/``.yml``, or contains a path separator is a path; anything else is
+a workload name, read from ``<goldens_root>/<name>/workload.yaml``.
+``goldens_root`` defaults to ``default_goldens_root()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from harness.spec import schema
+from harness.spec.errors import SpecError
+from harness.spec.overrides import apply_overrides
+from harness.spec.yaml_io import load_yaml_file
+
+__all__ = [
+    "SpecError",
+    "apply_overrides",
+    "default_goldens_root",
+    "list_workloads",
+    "load_spec",
+    "resolve_workload_path",
+    "spec_digest",
+]
+
+WORKLOAD_FILE = "workload.yaml"
+GOLDEN_ROOT_ENV = "GOLDEN_ROOT"
+
+
+def default_goldens_root() -> Path:
+    """Where goldens live: ``$GOLDEN_ROOT`` if set; else the ``goldens/``
+    folder next to the package (a source checkout or editable install);
+    else ``./goldens``."""
+    env = os.environ.get(GOLDEN_ROOT_ENV)
+    if env:
+        return Path(env)
+    beside_package = Path(__file__).resolve().parents[2] / "goldens"
+    if beside_package.is_dir():
+        return beside_package
+    return Path.cwd() / "goldens"
+
+
+def list_workloads(goldens_root: str | Path | None = None) -> list[str]:
+    """Sorted names of the folders under ``goldens_root`` that hold a
+    ``workload.yaml`` (an absent root lists nothing)."""
+    root = Path(goldens_root) if goldens_root is not None else default_goldens_root()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / WORKLOAD_FILE).is_file())
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.endswith((".yaml", ".yml")) or os.sep in value or "/" in value or Path(value).is_file()
+
+
+def resolve_workload_path(path_or_name: str | Path, goldens_root: str | Path | None = None) -> tuple[Path, str | None]:
+    """(file to read, workload name if it was given by name)."""
+    if isinstance(path_or_name, Path) or _looks_like_path(str(path_or_name)):
+        return Path(path_or_name), None
+    name = str(path_or_name)
+    root = Path(goldens_root) if goldens_root is not None else default_goldens_root()
+    path = root / name / WORKLOAD_FILE
+    if not path.is_file():
+        known = ", ".join(list_workloads(root)) or "none"
+        raise SpecError("name", f"no workload named {name!r} under {root} (known: {known})")
+    return path, name
+
+
+def load_spec(
+    path_or_name: str | Path,
+    overrides: Iterable[str] = (),
+    *,
+    goldens_root: str | Path | None = None,
+    check_topology: bool = True,
+) -> dict[str, Any]:
+    """Read, override, validate and default-fill one workload spec.
+
+    Raises ``SpecError`` (``TopologyError`` for layout constraints) naming the
+    field and the file.
+    """
+    path, name = resolve_workload_path(path_or_name, goldens_root)
+    source = str(path)
+    raw = load_yaml_file(path)
+    try:
+        if not isinstance(raw, dict):
+            raise SpecError("(root)", f"a workload spec must be a mapping, got {type(raw).__name__}")
+        raw = apply_overrides(raw, overrides)
+        schema.validate(raw)
+        spec = schema.fill_defaults(raw)
+        if name is not None and spec["name"] != name:
+            raise SpecError("name", f"is {spec['name']!r} but the file lives in the folder {name!r}")
+        if check_topology:
+            from harness.spec.constraints import check_spec
+
+            check_spec(spec)
+    except SpecError as exc:
+        raise exc.with_source(source) from None
+    return spec
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, NaN/inf refused: one text per value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """sha256 (hex) of the canonical JSON of a *loaded* (default-filled) spec.
+
+    Two spellings of the same workload (defaults written out or not, ``1`` vs
+    ``1.0`` for a number field) give the same digest because ``load_spec``
+    normalises both before this is called.
+    """
+    return hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()
