@@ -1,5 +1,168 @@
-"""pytest plugin (pytest11 entry point ``golden``): golden tests and refresh.
+"""pytest plugin ``golden`` (pytest11 entry point): golden tests for GRPO workloads.
 
-Filled in by the golden-gate work; registering it early keeps the entry point
-stable for other repositories.
+Use in any repository::
+
+    # test_goldens.py
+    from harness.pytest_plugin import golden_params
+    import pytest
+
+    @pytest.mark.golden
+    @pytest.mark.parametrize("workload,surface", golden_params())
+    def test_golden(golden, workload, surface):
+        golden.check(workload, surface)
+
+One test per workload x surface. Each workload runs once per pytest process
+(cached); under pytest-xdist the parameters carry ``xdist_group`` marks, so
+with ``--dist loadgroup`` a workload's surfaces stay on one worker and it runs
+once in total. Failures print the findings of that surface (surface, section
+with coordinates, key, golden vs actual, lane) without opening any file.
+
+Options: ``--golden-refresh --golden-reason TEXT`` rewrites the goldens of the
+selected workloads (atomically, with provenance) instead of failing;
+``--golden-platform`` (default: ``$GOLDEN_PLATFORM`` or the spec's device);
+``--golden-root`` (default: the repository's ``goldens/``);
+``--golden-summary PATH`` writes a Markdown summary for a CI job page.
 """
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+GATED_SURFACES = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("golden", "GRPO golden regression gate")
+    group.addoption("--golden-refresh", action="store_true", default=False,
+                    help="rewrite the selected goldens instead of comparing (needs --golden-reason)")
+    group.addoption("--golden-reason", default=None, help="why the goldens are refreshed (recorded in PROVENANCE.json)")
+    group.addoption("--golden-platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)")
+    group.addoption("--golden-root", default=None, help="goldens directory (default: the repository's goldens/)")
+    group.addoption("--golden-summary", default=None, help="write a Markdown summary of golden results here")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "golden: runs a golden workload and compares one surface with its golden")
+    if config.getoption("--golden-refresh") and not (config.getoption("--golden-reason") or "").strip():
+        raise pytest.UsageError("--golden-refresh needs --golden-reason TEXT (it is recorded in PROVENANCE.json)")
+    config._golden_results = []  # type: ignore[attr-defined]
+
+
+def golden_params(goldens_root: str | Path | None = None, platform: str | None = None) -> list:
+    """``pytest.param(workload, surface)`` for every scheduled workload on ``platform``."""
+    from harness.spec.load import default_goldens_root, list_workloads, load_spec
+
+    root = Path(goldens_root or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
+    params = []
+    for name in list_workloads(root):
+        spec = load_spec(name, goldens_root=root)
+        plat = platform or os.environ.get("GOLDEN_PLATFORM") or spec["platform"]["device"]
+        if plat not in spec["platform"]["platforms"]:
+            continue
+        for surface in GATED_SURFACES:
+            params.append(pytest.param(name, surface, id=f"{name}-{surface}",
+                                       marks=[pytest.mark.xdist_group(name)]))
+    return params
+
+
+class GoldenSession:
+    """Runs each workload once and answers per-surface checks from the cache."""
+
+    def __init__(self, config: pytest.Config, tmp_root: Path) -> None:
+        from harness.spec.load import default_goldens_root
+
+        self.config = config
+        self.tmp_root = tmp_root
+        self.root = Path(config.getoption("--golden-root") or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
+        self.platform_opt = config.getoption("--golden-platform")
+        self.refresh = bool(config.getoption("--golden-refresh"))
+        self.reason = config.getoption("--golden-reason")
+        self._cache: dict[str, tuple] = {}
+
+    def _evaluate(self, workload: str) -> tuple:
+        if workload in self._cache:
+            return self._cache[workload]
+        from harness import flows
+
+        t = time.perf_counter()
+        try:
+            execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=self.root)
+        except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
+            entry = ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
+            self._cache[workload] = entry
+            return entry
+        platform = flows.platform_of(execution.spec, self.platform_opt)
+        if not execution.ok:
+            entry = ("incomplete", "run incomplete:\n  " + "\n  ".join(execution.problems()), execution, None)
+        elif self.refresh:
+            flows.store_golden(execution, platform, reason=self.reason, goldens_root=self.root,
+                               command="pytest --golden-refresh", allow_replace=True)
+            entry = ("refreshed", f"golden {workload}/{platform} rewritten", execution, None)
+        else:
+            try:
+                verdict = flows.compare_with_golden(execution, platform, self.root)
+                entry = ("compared", "", execution, verdict)
+            except flows.GoldenMissing as exc:
+                entry = ("missing", str(exc), execution, None)
+        self._cache[workload] = entry
+        self.config._golden_results.append(  # type: ignore[attr-defined]
+            {"workload": workload, "platform": platform, "outcome": entry[0],
+             "wall_s": round(time.perf_counter() - t, 1), "verdict": entry[3]})
+        return entry
+
+    def check(self, workload: str, surface: str) -> None:
+        """Fail the calling test with readable findings if ``surface`` differs."""
+        outcome, message, execution, verdict = self._evaluate(workload)
+        if outcome in ("error", "incomplete", "missing"):
+            pytest.fail(message, pytrace=False)
+        if outcome == "refreshed":
+            return
+        result = verdict.surfaces.get(surface)
+        if result is None or result.status == "parity":
+            return
+        from harness.parity.findings import Verdict
+        from harness.parity.render.terminal import render_terminal
+
+        one = Verdict(deterministic=verdict.deterministic, surfaces={surface: result})
+        pytest.fail(
+            f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"
+            + render_terminal(one, title=f"{workload}/{surface}", color=False),
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> GoldenSession:
+    """The session-wide golden runner (see module docstring)."""
+    return GoldenSession(request.config, tmp_path_factory.mktemp("golden-runs"))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    results = getattr(config, "_golden_results", [])
+    if not results:
+        return
+    tr = terminalreporter
+    tr.section("golden workloads")
+    total = 0.0
+    for r in results:
+        status = r["verdict"].status if r["verdict"] is not None else r["outcome"]
+        tr.write_line(f"{r['workload']:<36} {r['platform']:<8} {status:<10} {r['wall_s']:>7.1f}s")
+        total += r["wall_s"]
+    tr.write_line(f"golden wall time: {total:.1f}s")
+    path = config.getoption("--golden-summary")
+    if path:
+        lines = ["## Golden gate", "", "| workload | platform | result | wall s |", "|---|---|---|---|"]
+        for r in results:
+            status = r["verdict"].status if r["verdict"] is not None else r["outcome"]
+            lines.append(f"| {r['workload']} | {r['platform']} | {status} | {r['wall_s']} |")
+        for r in results:
+            if r["verdict"] is not None and not r["verdict"].ok:
+                from harness.parity.render.markdown import render_markdown
+
+                lines += ["", f"### {r['workload']}", "", render_markdown(r["verdict"])]
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("\n".join(lines) + "\n")

@@ -6,7 +6,10 @@ With `logr = reference - current` (clamped to `+-input_clamp`):
 - `k1 = -logr`                 (= current - reference; unbiased, can be < 0)
 - `k2 = logr**2 / 2`           (>= 0)
 - `k3 = exp(logr) - 1 - logr`  (>= 0, zero iff current == reference; the
-                                GRPO default, Schulman's low-variance estimator)
+                                GRPO default, Schulman's low-variance estimator;
+                                computed as `expm1(logr) - logr`, which stays
+                                >= 0 in float32 where the naive form goes
+                                negative for |logr| < ~1e-7)
 
 Optional importance weights multiply the estimate; on tokens where the input
 clamp was active they are detached (no gradient through a clamped ratio). The
@@ -48,7 +51,7 @@ def calculate_kl(
     elif kl_type == "k2":
         kl = logr.square() / 2
     else:
-        kl = torch.exp(logr) - 1 - logr
+        kl = torch.expm1(logr) - logr  # = exp(logr) - 1 - logr, without cancellation below 0
 
     if importance_weights is not None:
         weights = importance_weights

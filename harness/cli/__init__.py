@@ -1,4 +1,4 @@
-"""The ``golden`` command.
+"""golden: run GRPO golden workloads, postflight them and gate their surfaces.
 
 Each subcommand lives in its own module ``harness.cli.<name>`` exposing
 ``HELP: str``, ``add_arguments(parser)`` and ``run(args) -> int``. Modules are

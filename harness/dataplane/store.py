@@ -172,9 +172,10 @@ class DataPlaneStore:
         if got is None:
             raise KeyError(f"data plane has no tensors under key {key!r}")
         digest, meta_text, payload = got
-        if hashlib.sha256(meta_text.encode() + b"\x00" + bytes(payload)).hexdigest() != digest:
+        payload = payload.encode() if isinstance(payload, str) else bytes(payload)
+        if hashlib.sha256(meta_text.encode() + b"\x00" + payload).hexdigest() != digest:
             raise DigestMismatch(f"data plane tensors under key {key!r}: digest mismatch (stored bytes changed)")
-        return decode_tensors(key, json.loads(meta_text), bytes(payload))
+        return decode_tensors(key, json.loads(meta_text), payload)
 
     def tensor_keys(self, prefix: str = "") -> list[str]:
         rows = self._db.execute(
@@ -212,8 +213,9 @@ class DataPlaneStore:
         self.close()
 
 
-def _decode_verified(key: str, digest: str, payload: bytes) -> dict[str, Any]:
-    payload = bytes(payload)
+def _decode_verified(key: str, digest: str, payload: bytes | str) -> dict[str, Any]:
+    # An external writer may have stored TEXT instead of a BLOB; hash what is there.
+    payload = payload.encode() if isinstance(payload, str) else bytes(payload)
     actual = hashlib.sha256(payload).hexdigest()
     if actual != digest:
         raise DigestMismatch(

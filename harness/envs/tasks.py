@@ -11,12 +11,13 @@ removed first, then leading whitespace. Registered tasks (`TASKS`):
 
 - `arith`: `"3+4="` -> `"7"` (single-digit sums). Learnable: full credit for
   the right first character, and a dense partial credit for near misses
-  `0.5 * max(0, 1 - |ord(c) - ord(answer)| / 32)` so a random model already
+  `0.5 * max(0, 1 - |ord(c) - ord(answer)| / 64)` so a random model already
   sees reward variance inside a group and mean reward rises within tens of
   GRPO steps.
 - `parity`: `"parity 0110="` -> `"0"` or `"1"`; same first-character grading.
 - `copy`: `"copy abc="` -> `"abc"`; `reverse`: `"reverse abc="` -> `"cba"`;
-  credit = matching leading characters / answer length.
+  credit = (matching leading characters + near-miss credit of the first
+  wrong one) / answer length.
 - `tool_calc`: `"Compute: 3*4+5"` -> `"17"`; 1.0 if the first integer of the
   visible text equals the value, else 0. Meant for `harness.envs.tool_env`.
 
@@ -84,23 +85,36 @@ def _rng(*parts: object) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
+NEAR_MISS_WIDTH = 64.0  # code points over which near-miss credit decays to 0
+
+
+def _near_miss_credit(got: str, expected: str) -> float:
+    """Partial credit in [0, 0.5) for a wrong character, by code-point distance.
+
+    Dense shaping for a random-init model: about a third of its samples are
+    printable characters that earn some credit, so GRPO groups have reward
+    variance from the first step on.
+    """
+    return 0.5 * max(0.0, 1.0 - abs(ord(got) - ord(expected)) / NEAR_MISS_WIDTH)
+
+
 def _first_char_reward(answer: str, response: str) -> float:
     text = visible_text(response)
     if not text:
         return 0.0
-    if text[0] == answer:
-        return 1.0
-    return 0.5 * max(0.0, 1.0 - abs(ord(text[0]) - ord(answer)) / 32.0)
+    return 1.0 if text[0] == answer else _near_miss_credit(text[0], answer)
 
 
 def _prefix_reward(answer: str, response: str) -> float:
+    """(matching leading characters + near-miss credit of the first wrong one) / len(answer)."""
     text = visible_text(response)
-    matched = 0
+    credit = 0.0
     for expected, got in zip(answer, text):
         if expected != got:
+            credit += _near_miss_credit(got, expected)
             break
-        matched += 1
-    return matched / len(answer)
+        credit += 1.0
+    return credit / len(answer)
 
 
 # name -> (generator(rng) -> (text, answer), grader(answer, response) -> float)

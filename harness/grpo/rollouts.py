@@ -210,32 +210,39 @@ def _direct_sample(episode: Episode) -> Sample:
         prompt_len=len(prompt),
         reward=episode.reward,
         weight_epoch=int(res["weight_version"]),
-        calls=1,
+        calls=["call0"],
+        terminal_selection="declared",
         sample_digest=digest,
     )
 
 
 def _summary(episode: Episode, sample: Sample | Placeholder) -> dict:
-    summary = dict(sample.summary())
-    summary.update(
-        {
-            "rollout_id": episode.rollout_id,
-            "row": episode.index,
-            "turns": episode.turn,
-            "reward": episode.reward,
-            "calls_detail": [
-                {
-                    "prompt_tokens": len(c["prompt_ids"]),
-                    "output_tokens": len(c["output_ids"]),
-                    "finish_reason": c["finish_reason"],
-                    "weight_version": c["weight_version"],
-                    "chain_hash": (c.get("capture") or {}).get("chain_hash"),
-                    "disposition": (c.get("capture") or {}).get("disposition"),
-                }
-                for c in episode.calls
-            ],
-        }
-    )
+    """Token-free record of one rollout for the ``rollouts`` surface."""
+    masked = isinstance(sample, Placeholder) or sample.sample_mask == 0.0
+    summary = {
+        "rollout_id": episode.rollout_id,
+        "row": episode.index,
+        "turns": episode.turn,
+        "reward": episode.reward,
+        "decision": "masked" if masked else "trained",
+        "reason": getattr(sample, "reason", None),
+        "terminal_selection": sample.terminal_selection,
+        "weight_epoch": sample.weight_epoch,
+        "sample_tokens": len(sample.token_ids),
+        "trained_tokens": int(sum(sample.loss_mask)),
+        "sample_digest": None if masked else sample.sample_digest,
+        "calls": [
+            {
+                "prompt_tokens": len(c["prompt_ids"]),
+                "output_tokens": len(c["output_ids"]),
+                "finish_reason": c["finish_reason"],
+                "weight_version": c["weight_version"],
+                "chain_hash": (c.get("capture") or {}).get("chain_hash"),
+                "disposition": (c.get("capture") or {}).get("disposition"),
+            }
+            for c in episode.calls
+        ],
+    }
     if episode.failed:
         summary["capture_failure"] = episode.failed
     return summary

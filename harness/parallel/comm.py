@@ -15,12 +15,12 @@ by moving it to the front; sizes along that dim must be equal on all ranks
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.distributed as dist
 
-warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+# torch 2.13 renamed the tensor-form collectives; use the new names when present.
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _size(group) -> int:
@@ -37,7 +37,7 @@ def _gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
         return x
     front = x.movedim(dim, 0).contiguous()
     out = torch.empty((n * front.shape[0],) + tuple(front.shape[1:]), dtype=x.dtype)
-    dist.all_gather_into_tensor(out, front, group=group)
+    _all_gather_tensor(out, front, group=group)
     return out.movedim(0, dim)
 
 
@@ -49,7 +49,7 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     if front.shape[0] % n:
         raise ValueError(f"reduce_scatter: dim {dim} size {front.shape[0]} not divisible by group size {n}")
     out = torch.empty((front.shape[0] // n,) + tuple(front.shape[1:]), dtype=x.dtype)
-    dist.reduce_scatter_tensor(out, front, op=dist.ReduceOp.SUM, group=group)
+    _reduce_scatter_tensor(out, front, op=dist.ReduceOp.SUM, group=group)
     return out.movedim(0, dim)
 
 

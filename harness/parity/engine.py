@@ -11,7 +11,8 @@ Algorithm
    the diff of (a, b) mirrors the diff of (b, a)); records of *atomic lists* (a
    collective ``[op, group_kind, dtype, numel]``) are compared whole, so one
    changed collective is one finding. Anything DeepDiff considers equal but the
-   canonical bytes do not (``-0.0`` vs ``0.0``) is still reported.
+   canonical bytes do not (``-0.0`` vs ``0.0``) is still reported (a byte-level walk
+   of the differing section).
 5. Each leaf difference is classified into a lane and a status (``findings``).
 
 Invariants (property-tested in suites/property/test_parity_props.py): comparing a
@@ -151,6 +152,7 @@ def _classify(*, surface: str, gated: bool, section: str, path: tuple, kind: str
     abs_err = abs(actual - golden)
     abs_err = abs_err if math.isfinite(abs_err) else None
     rel_err = (abs_err / abs(golden)) if (abs_err is not None and golden != 0) else None
+    rel_err = rel_err if rel_err is not None and math.isfinite(rel_err) else None
     base.update(abs_err=abs_err, rel_err=rel_err)
     rule: ToleranceRule | None = table.lookup(surface, section, ".".join(str(p) for p in path))
     if rule is None:
@@ -174,8 +176,9 @@ def _diff_section(surface: str, gated: bool, section_id: str, golden: Any, actua
         if kind is None:
             raise RuntimeError(f"unexpected DeepDiff report {report!r} at {path} in {surface}:{section_id}")
         reported.setdefault(_atomic_prefix(surface, path), kind)
-    if not reported:
-        for path in _canonical_residuals(golden, actual):
+    for path in _canonical_residuals(golden, actual):  # what DeepDiff calls equal (-0.0 vs 0.0)
+        path = _atomic_prefix(surface, path)
+        if path not in reported:
             reported[path] = "type" if type(_get(golden, path)) is not type(_get(actual, path)) else "changed"
     findings = []
     for path, kind in reported.items():

@@ -194,11 +194,14 @@ class PolicyProfilerHooks:
         """Close the profiler first, then run ``cleanup`` in ``finally``.
 
         ``cleanup`` runs even when ``close`` raises; the close error then
-        propagates after cleanup. Idempotent for the profiler.
+        propagates after cleanup. Idempotent for the profiler. A step still
+        open is left to the profiler's ``close`` (no abort is sent), and no
+        call reaches the profiler afterwards.
         """
         try:
             if self._profiler is not None and not self._closed:
                 self._closed = True
+                self._step_open = False
                 self._profiler.close()
         finally:
             if cleanup is not None:

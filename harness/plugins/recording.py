@@ -21,6 +21,7 @@ class _Recorder:
         self.rank = rank
         self.calls: list[tuple[Any, ...]] = []
         self.fail = dict(fail or {})  # method -> raise on the n-th call (1-based); 0 = always
+        self.failed: list[int] = []  # indices into ``calls`` of the calls that raised
 
     def _record(self, *call: Any) -> None:
         self.calls.append(call)
@@ -28,6 +29,7 @@ class _Recorder:
         if name in self.fail:
             n = sum(1 for c in self.calls if c[0] == name)
             if self.fail[name] in (0, n):
+                self.failed.append(len(self.calls) - 1)
                 raise InjectedFailure(f"{name} failed")
 
     def names(self) -> list[str]:

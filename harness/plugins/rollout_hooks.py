@@ -215,10 +215,15 @@ class RolloutProfilerHooks:
 
     # -- shutdown --------------------------------------------------------------------
     def close(self, cleanup: Callable[[], Any] | None = None) -> None:
-        """End a still-open init window, close the profiler, then ``cleanup`` in ``finally``."""
+        """End a still-open init window, close the profiler, then ``cleanup`` in ``finally``.
+
+        A rollout window still open is left to the profiler's ``close``; no
+        call reaches the profiler afterwards.
+        """
         try:
             if self._profiler is not None and not self._closed:
                 self._closed = True
+                self._rollout_open = False
                 try:
                     if self._init_state == _INIT_OPEN:
                         self.end_engine_init()

@@ -39,6 +39,12 @@ from harness.rollout.sampling import sample_token
 from harness.rollout.sharding import ShardPlan, hf_weight_shapes
 
 
+def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
+    """``all_gather`` into a flat ``[tp * N, ...]`` output (``all_gather_single`` when available)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, inp, group=group)
+
+
 def as_model_config(model_cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
     """Accept a ``ModelConfig``, a spec ``model`` block or a whole spec dict."""
     if isinstance(model_cfg, ModelConfig):
@@ -151,8 +157,9 @@ class Engine:
             return partials
         sizes = [p.shape[0] for p in partials]
         stacked = torch.cat(partials, dim=0).contiguous()
-        gathered = torch.empty((self.plan.tp_size, *stacked.shape), dtype=stacked.dtype, device=stacked.device)
-        dist.all_gather_into_tensor(gathered, stacked, group=self.tp_group)
+        flat = torch.empty((self.plan.tp_size * stacked.shape[0], *stacked.shape[1:]), dtype=stacked.dtype, device=stacked.device)
+        _all_gather_flat(flat, stacked, self.tp_group)
+        gathered = flat.view(self.plan.tp_size, *stacked.shape)
         total = gathered[0].clone()
         for r in range(1, self.plan.tp_size):
             total += gathered[r]

@@ -11,6 +11,7 @@ shuts everything down in reverse order whatever happened, then Ray itself.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -162,9 +163,20 @@ class Session:
             self.say("teardown problems: " + "; ".join(errors))
 
 
+def _finite_or_text(value):
+    """JSON has no NaN/inf: keep them visible as text (the training surface flags them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _finite_or_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_text(v) for v in value]
+    return value
+
+
 def _append_jsonl(path: Path, records: list[dict]) -> None:
     with open(path, "a") as fh:
         for rec in records:
-            fh.write(json.dumps(rec, sort_keys=True, allow_nan=False) + "\n")
+            fh.write(json.dumps(_finite_or_text(rec), sort_keys=True, allow_nan=False) + "\n")
         fh.flush()
         os.fsync(fh.fileno())

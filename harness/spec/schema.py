@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Iterator
@@ -92,12 +93,32 @@ def _to_spec_error(error: Any) -> SpecError:
     return SpecError(field, error.message)
 
 
+def _non_finite(value: Any, path: list[str]) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return _join(path)
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, sub in items:
+        found = _non_finite(sub, path + [str(key)])
+        if found:
+            return found
+    return None
+
+
 def validate(doc: Any) -> None:
-    """Raise ``SpecError`` for the first schema violation in ``doc``."""
+    """Raise ``SpecError`` for the first schema violation in ``doc``
+    (NaN and infinities are refused everywhere: specs are digested as JSON)."""
     if not isinstance(doc, dict):
         raise SpecError("(root)", f"a workload spec must be a mapping, got {_describe(doc)}")
     errors = list(_validator().iter_errors(doc))
     if not errors:
+        bad = _non_finite(doc, [])
+        if bad:
+            raise SpecError(bad, "must be a finite number (NaN and infinity are refused)")
         return
     # Deterministic choice: the shallowest, then lexically first path. A
     # oneOf failure reports the container, which is what a user edits.

@@ -208,6 +208,11 @@ class Topology:
     local_experts: int
     devices_used: int
 
+    @property
+    def groups(self) -> dict[str, dict[str, list[list[int]]]]:
+        """``{"policy": {kind: [[ranks]]}, "rollout": {...}}`` (read-only view)."""
+        return {"policy": self.policy.groups, "rollout": self.rollout.groups}
+
     def role(self, name: str) -> RoleLayout:
         if name not in ROLES:
             raise TopologyError("role", "role in (policy, rollout)", f"unknown role {name!r}")

@@ -119,18 +119,22 @@ def build_timings(art: RunArtifacts) -> dict:
 def build_rollouts(art: RunArtifacts) -> dict:
     sections = {}
     for rec in art.rollouts:
-        body = {k: v for k, v in rec.items() if k != "rollout_id"}
-        body.setdefault("calls", [])
-        if not isinstance(body["calls"], list):
-            body["calls"] = body.pop("calls_detail", [])
-        sections[rec["rollout_id"]] = body
+        sections[rec["rollout_id"]] = {k: v for k, v in rec.items() if k != "rollout_id"}
     return _doc("rollouts", art, sections)
 
 
 def build_training(art: RunArtifacts) -> dict:
-    sections = {
-        f"step{rec['step']:04d}": {"step": rec["step"], "metrics": dict(rec["metrics"])} for rec in art.metrics
-    }
+    """Per step: every logged metric. Non-finite values (stored as text in
+    metrics.jsonl) are kept under ``nonfinite`` so parity reports them."""
+    sections = {}
+    for rec in art.metrics:
+        metrics = rec["metrics"]
+        section = {"step": rec["step"],
+                   "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+        nonfinite = {k: v for k, v in metrics.items() if isinstance(v, str)}
+        if nonfinite:
+            section["nonfinite"] = nonfinite
+        sections[f"step{rec['step']:04d}"] = section
     return _doc("training", art, sections)
 
 

@@ -46,7 +46,7 @@ def test_keys_by_literal_prefix(store):
         store.stage(k, {"v": k})
     assert store.keys("r1/") == ["r1/a", "r1/b"]
     assert store.keys("r_") == ["r_/x"]  # '_' is not a wildcard
-    assert store.keys() == ["r10/a", "r1/a", "r1/b", "r_/x"]
+    assert store.keys() == sorted(["r10/a", "r1/a", "r1/b", "r_/x"])
 
 
 def test_missing_key_and_bad_rows_name_the_key(store):
@@ -114,7 +114,7 @@ def test_tensors_roundtrip_bit_exact(store):
     assert set(got) == set(tensors)
     for name, t in tensors.items():
         assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
-        assert got[name].contiguous().view(torch.uint8).tolist() == t.contiguous().view(torch.uint8).tolist(), name
+        assert got[name].reshape(-1).view(torch.uint8).tolist() == t.reshape(-1).contiguous().view(torch.uint8).tolist(), name
     assert store.tensor_keys("step1/") == ["step1/train"]
     with pytest.raises(TypeError, match="'x'"):
         store.put_tensors("k", {"x": [1, 2]})

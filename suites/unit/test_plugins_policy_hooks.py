@@ -217,3 +217,13 @@ def test_disabled_hooks_are_pass_through():
     cleaned = []
     hooks.close(cleanup=lambda: cleaned.append(1))
     assert cleaned == [1] and not hooks.enabled
+
+
+def test_nothing_reaches_the_profiler_after_close():
+    """Found by the lifecycle state machine: close with a step open, then the worker aborts."""
+    prof = RecordingPolicyProfiler()
+    worker = SplitWorker(PolicyProfilerHooks(prof), [])
+    worker.begin_train_step()
+    worker.hooks.close()
+    worker.abort_train_step()
+    assert prof.names() == ["begin", "close"]

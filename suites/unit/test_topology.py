@@ -162,6 +162,7 @@ def test_to_dict_is_json_and_complete():
     assert doc["rollout"]["groups"]["tp"] == [[0, 1]]
     assert doc["engines"] == [{"engine": 0, "rank_prefix": 0, "ranks": [0, 1]}]
     assert doc["placement"] == "colocated" and doc["stage_layers"] == [2, 2]
+    assert t.groups["policy"] is t.policy.groups and t.groups["rollout"]["engine"] == [[0, 1]]
 
 
 def test_params_match_reference_counts():

@@ -1,0 +1,132 @@
+"""``golden diff RUN GOLDEN``: compare a run's surfaces with a golden.
+
+RUN is a run directory (``surfaces/*.json``, or the surfaces its manifest.json
+lists) or a manifest file. GOLDEN is a golden directory or a workload name
+(resolved under ``--goldens-root`` with ``--platform``, which defaults to the run
+manifest's ``environment.platform``). Lanes: ``--nondeterministic`` (or
+``deterministic: false`` in the golden's tolerances.yaml) lets tolerance bands decide.
+
+Exit 0 parity, 1 findings (including a probable stale golden), 2 unusable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "compare a run (or manifest) with a golden"
+
+
+class UnusableInput(Exception):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_path", metavar="RUN", help="run directory or manifest.json")
+    parser.add_argument("golden", metavar="GOLDEN", help="golden directory, or a workload name")
+    parser.add_argument("--platform", default=None, help="platform of the golden when GOLDEN is a workload name")
+    parser.add_argument("--goldens-root", type=Path, default=None, help="goldens folder for a workload name")
+    parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit"), default="terminal")
+    parser.add_argument("--output", type=Path, default=None, help="write the report here instead of stdout")
+    lanes = parser.add_mutually_exclusive_group()
+    lanes.add_argument("--nondeterministic", action="store_true", help="tolerance bands decide (GPU platforms)")
+    lanes.add_argument("--deterministic", action="store_true", help="exact lane decides even if tolerances.yaml says otherwise")
+
+
+def _load(path: Path) -> dict:
+    from harness.surfaces.canonical import StrictJSONError, load_strict
+
+    try:
+        return load_strict(path)
+    except StrictJSONError as exc:
+        raise UnusableInput(str(exc)) from None
+    except OSError as exc:
+        raise UnusableInput(f"{path}: {exc.strerror or exc}") from None
+
+
+def load_run_surfaces(run_path: Path) -> tuple[dict[str, dict], dict | None]:
+    """(surface name -> document, manifest or None) of a run directory or manifest file."""
+    from harness.surfaces.registry import validate_surface
+
+    manifest = None
+    if run_path.is_file():
+        manifest, base = _load(run_path), run_path.parent
+    elif run_path.is_dir():
+        base = run_path
+        if (run_path / "manifest.json").is_file():
+            manifest = _load(run_path / "manifest.json")
+    else:
+        raise UnusableInput(f"{run_path}: no such run directory or manifest")
+    if manifest is not None:
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("surfaces"), list):
+            raise UnusableInput(f"{base}/manifest.json: no /surfaces list")
+        files = {e["name"]: base / e["path"] for e in manifest["surfaces"] if isinstance(e, dict) and "name" in e and "path" in e}
+    else:
+        files = {p.stem: p for p in sorted((run_path / "surfaces").glob("*.json"))}
+    if not files:
+        raise UnusableInput(f"{run_path}: no surfaces found (expected surfaces/*.json or a manifest listing them)")
+    docs = {}
+    for name, path in files.items():
+        doc = _load(path)
+        errors = validate_surface(doc, name=name)
+        if errors:
+            pointer, message = errors[0]
+            raise UnusableInput(f"{path}#{pointer}: {message} ({len(errors)} schema error(s))")
+        docs[name] = doc
+    return docs, manifest
+
+
+def _golden(args: argparse.Namespace, manifest: dict | None):
+    from harness.store.atomic import GoldenStoreError, read_golden, read_golden_dir
+
+    try:
+        path = Path(args.golden)
+        if path.is_dir():
+            return read_golden_dir(path)
+        platform = args.platform or ((manifest or {}).get("environment") or {}).get("platform")
+        if not platform:
+            raise UnusableInput(f"GOLDEN {args.golden!r} is not a directory; give --platform to pick its golden")
+        if args.goldens_root is not None:
+            root = args.goldens_root
+        else:
+            from harness.cli.lint import default_root
+
+            root = default_root()
+        return read_golden(root, args.golden, platform)
+    except (FileNotFoundError, GoldenStoreError, ValueError) as exc:
+        raise UnusableInput(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.parity.engine import compare
+    from harness.parity.render import render
+    from harness.parity.render.common import summary_line
+    from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
+    from harness.surfaces.canonical import NonFiniteError
+
+    try:
+        actual, manifest = load_run_surfaces(Path(args.run_path))
+        golden = _golden(args, manifest)
+        overrides, deterministic = (), True
+        if golden.tolerances_path is not None:
+            tol = load_tolerances(golden.tolerances_path)
+            overrides = tol.rules
+            deterministic = tol.deterministic if tol.deterministic is not None else True
+        if args.nondeterministic:
+            deterministic = False
+        elif args.deterministic:
+            deterministic = True
+        verdict = compare(golden.surfaces, actual, tolerances=ToleranceTable(overrides), deterministic=deterministic)
+    except (UnusableInput, ToleranceFileError, NonFiniteError, ValueError) as exc:
+        print(f"golden diff: unusable input: {exc}", file=sys.stderr)
+        return 2
+    title = f"golden diff {golden.workload}/{golden.platform}"
+    report = render(verdict, args.format, title=title, color=False if args.output else None)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(report)
+        print(f"{title}: {summary_line(verdict)} (report: {args.output})")
+    else:
+        sys.stdout.write(report)
+    return 0 if verdict.ok else 1

@@ -1,0 +1,116 @@
+"""``golden validate PATH``: a manifest file, a run directory or a golden directory.
+
+* manifest file / run directory (``manifest.json`` inside): the manifest with
+  artifact and surface files checked (exists, bytes, sha256), and each listed
+  surface validated against its schema;
+* golden directory (``PROVENANCE.json`` inside): the manifest (surface files
+  only; raw artifacts are not stored in goldens), every ``surfaces/*.json`` listed
+  and schema-valid, PROVENANCE.json, and tolerances.yaml when present.
+
+Prints one line per error, ``FILE#POINTER: message``. Exit 0 valid, 1 invalid,
+2 when PATH is none of the three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "validate a manifest, a run directory or a golden directory"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="manifest.json, a run directory or goldens/<workload>/<platform>")
+
+
+def _surface_errors(base: Path, manifest: dict) -> list[str]:
+    from harness.surfaces.canonical import StrictJSONError, load_strict
+    from harness.surfaces.registry import validate_surface
+
+    errors = []
+    for entry in manifest.get("surfaces") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            continue
+        target = base / entry["path"]
+        if not target.is_file():
+            continue  # already reported by the manifest check
+        try:
+            doc = load_strict(target)
+        except StrictJSONError as exc:
+            errors.append(f"{target}#{exc.pointer}: {exc}")
+            continue
+        for pointer, message in validate_surface(doc, name=entry.get("name")):
+            errors.append(f"{target}#{pointer}: {message}")
+    return errors
+
+
+def check_path(path: Path) -> tuple[str, list[str]]:
+    """(kind, error lines) for PATH; raises FileNotFoundError/ValueError when unusable."""
+    from harness.manifest.validate import validate_manifest
+    from harness.surfaces.canonical import StrictJSONError, load_strict
+
+    if path.is_file():
+        kind, manifest_path, golden = "manifest", path, False
+    elif (path / "PROVENANCE.json").is_file():
+        kind, manifest_path, golden = "golden directory", path / "manifest.json", True
+    elif (path / "manifest.json").is_file():
+        kind, manifest_path, golden = "run directory", path / "manifest.json", False
+    elif path.exists():
+        raise ValueError(f"{path}: not a manifest, a run directory (manifest.json) or a golden directory (PROVENANCE.json)")
+    else:
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    base = manifest_path.parent
+    if not manifest_path.is_file():
+        return kind, [f"{manifest_path}: missing"]
+    try:
+        manifest = load_strict(manifest_path)
+    except StrictJSONError as exc:
+        return kind, [f"{manifest_path}#{exc.pointer}: {exc}"]
+    errors = [f"{manifest_path}#{e.pointer}: {e.message}"
+              for e in validate_manifest(manifest, base_dir=base, check_artifact_files=not golden)]
+    if isinstance(manifest, dict):
+        errors += _surface_errors(base, manifest)
+    if golden and isinstance(manifest, dict):
+        errors += _golden_extras(base, manifest)
+    return kind, errors
+
+
+def _golden_extras(base: Path, manifest: dict) -> list[str]:
+    from harness.parity.tolerances import ToleranceFileError, load_tolerances
+    from harness.store.provenance import provenance_errors
+    from harness.surfaces.canonical import StrictJSONError, load_strict
+
+    errors = []
+    listed = {e.get("path") for e in manifest.get("surfaces") or [] if isinstance(e, dict)}
+    for stored in sorted((base / "surfaces").glob("*.json")):
+        rel = stored.relative_to(base).as_posix()
+        if rel not in listed:
+            errors.append(f"{stored}: not listed in manifest.json /surfaces")
+    provenance = base / "PROVENANCE.json"
+    try:
+        errors += [f"{provenance}#/{p.split(':')[0]}: {p}" for p in provenance_errors(load_strict(provenance))]
+    except StrictJSONError as exc:
+        errors.append(f"{provenance}#{exc.pointer}: {exc}")
+    if (base / "tolerances.yaml").is_file():
+        try:
+            load_tolerances(base / "tolerances.yaml")
+        except ToleranceFileError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    try:
+        kind, errors = check_path(path)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"golden validate: {exc}", file=sys.stderr)
+        return 2
+    if errors:
+        for line in errors:
+            print(line)
+        print(f"golden validate: {path} ({kind}): {len(errors)} error(s)", file=sys.stderr)
+        return 1
+    print(f"ok: {path} ({kind}) is valid")
+    return 0

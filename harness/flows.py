@@ -1,0 +1,138 @@
+"""The golden flows shared by the ``golden`` command and the pytest plugin.
+
+``execute``  run a workload (workload half) and postflight it (gate half);
+``check``    execute, then compare the surfaces with the stored golden;
+``capture``  execute, then store a golden for a platform that has none;
+``refresh``  execute, show the diff against the current golden, then rewrite
+             it atomically with a reason and provenance.
+
+The workload half is imported only inside ``execute``; everything else here
+is gate-half code.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from harness.parity.engine import compare
+from harness.parity.findings import Verdict
+from harness.postflight.run import PostflightResult, postflight
+from harness.spec.load import default_goldens_root, load_spec
+from harness.surfaces.build import GATED
+
+Say = Callable[[str], None]
+
+
+class GoldenMissing(LookupError):
+    """No golden stored for (workload, platform)."""
+
+
+@dataclass
+class Execution:
+    spec: dict
+    run_dir: Path
+    postflight: PostflightResult
+    wall_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.postflight.status == "complete"
+
+    def problems(self) -> list[str]:
+        return [f"{c['name']}: {c['detail']}" for c in self.postflight.failed_checks]
+
+
+def platform_of(spec: dict, platform: str | None = None) -> str:
+    """The golden platform: explicit, else ``$GOLDEN_PLATFORM``, else the spec's device."""
+    return platform or os.environ.get("GOLDEN_PLATFORM") or spec["platform"]["device"]
+
+
+def default_run_dir(workload: str, root: Path | None = None) -> Path:
+    root = root or Path(os.environ.get("GOLDEN_RUNS", "runs"))
+    return root / f"{workload}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,
+            goldens_root: Path | None = None, say: Say | None = None) -> Execution:
+    """Run + postflight. Raises only for unusable input (spec/topology errors)."""
+    from harness.runner.run import run_workload
+
+    spec = load_spec(workload, overrides, goldens_root=goldens_root)
+    run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
+    t = time.perf_counter()
+    run_workload(spec, run_dir, progress=say)
+    result = postflight(run_dir)
+    return Execution(spec, run_dir, result, time.perf_counter() - t)
+
+
+def load_golden(goldens_root: Path, workload: str, platform: str):
+    """The stored golden and its tolerance table; GoldenMissing if absent."""
+    from harness.parity.tolerances import ToleranceTable, load_tolerances
+    from harness.store.atomic import read_golden
+
+    try:
+        golden = read_golden(goldens_root, workload, platform)
+    except FileNotFoundError as exc:
+        raise GoldenMissing(
+            f"no golden for workload {workload!r} on platform {platform!r} "
+            f"(create it with: golden capture {workload} --platform {platform})"
+        ) from exc
+    overrides, deterministic = (), True
+    if golden.tolerances_path is not None:
+        tol = load_tolerances(golden.tolerances_path)
+        overrides = tol.rules
+        deterministic = True if tol.deterministic is None else tol.deterministic
+    return golden, ToleranceTable(overrides), deterministic
+
+
+def compare_with_golden(execution: Execution, platform: str, goldens_root: Path | None = None) -> Verdict:
+    """Parity of the run's surfaces against the stored golden (gated + informational)."""
+    root = Path(goldens_root or default_goldens_root())
+    golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
+    return compare(golden.surfaces, execution.postflight.surfaces, tolerances=table,
+                   deterministic=deterministic)
+
+
+def store_golden(execution: Execution, platform: str, *, reason: str, goldens_root: Path | None = None,
+                 command: str, allow_replace: bool) -> Path:
+    """Write the run as the golden of (workload, platform), atomically, with provenance.
+
+    Refused when the run is incomplete, when ``reason`` is empty, when the
+    platform is not scheduled in the spec, and (``allow_replace=False``, i.e.
+    capture) when a golden already exists.
+    """
+    from harness.manifest.validate import load_manifest
+    from harness.runner.environment import collect_environment, git_commit
+    from harness.store.atomic import write_golden
+    from harness.store.layout import golden_dir
+    from harness.store.provenance import new_provenance
+
+    if not (reason or "").strip():
+        raise ValueError("a golden needs a reason (--reason TEXT)")
+    if not execution.ok:
+        raise ValueError("refusing to store an incomplete run as golden:\n  " + "\n  ".join(execution.problems()))
+    spec = execution.spec
+    if platform not in spec["platform"]["platforms"]:
+        raise ValueError(f"platform {platform!r} is not scheduled for {spec['name']} "
+                         f"(platform.platforms = {spec['platform']['platforms']})")
+    root = Path(goldens_root or default_goldens_root())
+    target = golden_dir(root, spec["name"], platform)
+    if target.exists() and not allow_replace:
+        raise FileExistsError(f"{target} exists; use golden refresh {spec['name']} --reason TEXT")
+    manifest = load_manifest(execution.run_dir / "manifest.json")
+    provenance = new_provenance(commit=git_commit(), reason=reason.strip(), command=command,
+                                environment=collect_environment(spec))
+    tolerances = None
+    old_tol = target / "tolerances.yaml"
+    if old_tol.exists():
+        tolerances = old_tol.read_text()  # declared bands survive a refresh
+    return write_golden(root, spec["name"], platform, manifest, execution.postflight.surfaces,
+                        provenance, tolerances=tolerances)
+
+
+def gated_only(docs: dict[str, dict]) -> dict[str, dict]:
+    return {k: v for k, v in docs.items() if k in GATED}

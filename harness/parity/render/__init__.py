@@ -1,0 +1,30 @@
+"""Verdict renderers: terminal table, Markdown (CI job summary), JUnit XML, JSON.
+
+Every renderer is a pure function ``render_<format>(verdict, *, title=...) -> str``;
+``render(verdict, fmt)`` dispatches by name. Human formats cap the findings shown
+per surface (``limit``) and say how many were left out; JSON is always complete.
+"""
+
+from __future__ import annotations
+
+from harness.parity.findings import Verdict
+from harness.parity.render.json_verdict import render_json
+from harness.parity.render.junit import render_junit
+from harness.parity.render.markdown import render_markdown
+from harness.parity.render.terminal import render_terminal
+
+FORMATS = ("terminal", "markdown", "json", "junit")
+
+__all__ = ["FORMATS", "render", "render_json", "render_junit", "render_markdown", "render_terminal"]
+
+
+def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: bool | None = None) -> str:
+    if fmt == "terminal":
+        return render_terminal(verdict, title=title, color=color)
+    if fmt == "markdown":
+        return render_markdown(verdict, title=title)
+    if fmt == "json":
+        return render_json(verdict, title=title)
+    if fmt == "junit":
+        return render_junit(verdict, title=title)
+    raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")

@@ -1,0 +1,38 @@
+"""JUnit XML renderer: one testcase per surface; failures carry their findings.
+
+Failing and stale-golden surfaces are ``<failure>`` (stale with type
+``probable-stale-golden``); informational findings go to ``<system-out>``.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from harness.parity.findings import Verdict
+from harness.parity.render.common import HEADER, finding_row
+
+
+def _finding_lines(findings) -> str:
+    return "\n".join("; ".join(f"{h}={c}" for h, c in zip(HEADER, finding_row(f)) if c) for f in findings)
+
+
+def render_junit(verdict: Verdict, *, title: str = "golden parity") -> str:
+    cases = sorted(verdict.surfaces)
+    failures = sum(verdict.surfaces[n].status != "parity" for n in cases)
+    suite = ET.Element("testsuite", name=title, tests=str(len(cases)), failures=str(failures), errors="0", skipped="0")
+    for name in cases:
+        s = verdict.surfaces[name]
+        case = ET.SubElement(suite, "testcase", classname=f"golden.{title.replace(' ', '_')}", name=name)
+        gating = [f for f in s.findings if f.status in ("fail", "stale")]
+        if gating:
+            kind = "parity-failure" if s.status == "fail" else "probable-stale-golden"
+            failure = ET.SubElement(case, "failure", type=kind,
+                                    message=f"{name}: {len(gating)} finding(s) in {s.sections_differing} section(s)")
+            failure.text = _finding_lines(gating)
+        info = [f for f in s.findings if f.status == "info"]
+        if info:
+            ET.SubElement(case, "system-out").text = _finding_lines(info)
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

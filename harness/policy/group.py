@@ -1,0 +1,163 @@
+"""`PolicyGroup`: starts the policy world as Ray actors and fans calls out.
+
+- The layout is validated before any actor starts (`harness.spec` planner
+  rules and the native implementation's limits); errors name the field.
+- A train/logprob batch is split into contiguous DP shards; TP/CP/PP peers of
+  a DP rank receive the same shard.
+- Outputs: metrics from the last pipeline stage's (tp=0, cp=0, dp=0) rank;
+  logprobs from the last-stage (tp=0, cp=0) rank of each DP shard,
+  concatenated in DP order (already in sequence order, CP-unchunked).
+- A dead or failing worker raises `RuntimeError` naming the worker and rank.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import ray
+import torch
+
+from harness.parallel.groups import validate_policy_layout
+from harness.policy.local_world import free_port, shard_for_dp
+from harness.policy.worker import PolicyWorker
+
+
+class PolicyGroup:
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        topology: Any,
+        run_dir: str,
+        *,
+        env_vars: Mapping[str, str] | None = None,
+        address: str | None = None,
+    ) -> None:
+        policy = spec["policy"]
+        if topology is None:
+            from harness.spec.topology import plan
+
+            topology = plan(dict(spec))  # raises TopologyError naming the field
+        validate_policy_layout(policy, spec["model"])
+        self.spec = spec
+        self.run_dir = run_dir
+        self.world = policy["tp"] * policy["pp"] * policy["cp"] * policy["dp"]
+        self.dp = policy["dp"]
+        layout = getattr(topology, "policy", None)
+        self.coords = [dict(r.coords) for r in layout.ranks] if layout is not None else None
+        if self.coords is None or len(self.coords) != self.world:
+            raise ValueError(f"topology has no policy layout of {self.world} ranks")
+        self._started_ray = False
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+            self._started_ray = True
+        env = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", **(env_vars or {})}
+        port = free_port()
+        self.workers = [
+            PolicyWorker.options(num_cpus=0, runtime_env={"env_vars": env}, name=None).remote(
+                dict(spec), r, self.world, "127.0.0.1", port, run_dir, topology
+            )
+            for r in range(self.world)
+        ]
+        try:
+            self._gather([w.ready.remote() for w in self.workers], "ready")
+        except BaseException:
+            self.shutdown()
+            raise
+        last = policy["pp"] - 1
+        self.metrics_rank = next(r for r, c in enumerate(self.coords) if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == 0)
+        self.output_ranks = [
+            next(r for r, c in enumerate(self.coords) if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == d)
+            for d in range(self.dp)
+        ]
+
+    # -- fan-out ----------------------------------------------------------------------
+
+    def _gather(self, refs: list, method: str) -> list:
+        out = []
+        for rank, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayActorError as exc:
+                raise RuntimeError(f"policy worker {rank} (rank {rank}) died during {method}: {exc}") from exc
+            except ray.exceptions.RayTaskError as exc:
+                raise RuntimeError(f"policy worker {rank} (rank {rank}) failed in {method}: {exc}") from exc
+        return out
+
+    def _all(self, method: str, *args: Any, **kwargs: Any) -> list:
+        return self._gather([getattr(w, method).remote(*args, **kwargs) for w in self.workers], method)
+
+    def _sharded(self, method: str, batch: Mapping[str, torch.Tensor], **kwargs: Any) -> list:
+        shard_refs = [ray.put(shard_for_dp(batch, self.dp, d)) for d in range(self.dp)]
+        return self._gather(
+            [getattr(w, method).remote(shard_refs[self.coords[r]["dp"]], **kwargs) for r, w in enumerate(self.workers)],
+            method,
+        )
+
+    # -- API ----------------------------------------------------------------------------------
+
+    def train(self, batch: Mapping[str, torch.Tensor], eval_mode: bool = False) -> dict[str, float]:
+        return self._sharded("train", batch, eval_mode=eval_mode)[self.metrics_rank]
+
+    def begin_train_step(self) -> None:
+        self._all("begin_train_step")
+
+    def train_microbatch(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        return self._sharded("train_microbatch", batch)[self.metrics_rank]
+
+    def finish_train_step(self) -> dict[str, float]:
+        return self._all("finish_train_step")[self.metrics_rank]
+
+    def abort_train_step(self) -> None:
+        self._all("abort_train_step")
+
+    def get_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        out = self._sharded("get_logprobs", batch)
+        return torch.cat([out[r] for r in self.output_ranks])
+
+    def get_reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        out = self._sharded("get_reference_logprobs", batch)
+        return torch.cat([out[r] for r in self.output_ranks])
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._all("hf_state_dict")[0]
+
+    def parameter_checksums(self) -> dict[str, list[float]]:
+        return self._all("parameter_checksums")[0]
+
+    def stream_weights(self, transport: str, **kw: Any) -> Any:
+        return self._all("stream_weights", transport, **kw)[0]
+
+    def save_checkpoint(self, directory: str) -> None:
+        self._all("save_checkpoint", str(directory))
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._all("load_checkpoint", str(directory))
+
+    def shutdown(self) -> None:
+        """Close profilers and process groups, kill the actors, stop Ray if we
+        started it. Safe to call twice."""
+        workers, self.workers = getattr(self, "workers", []), []
+        refs = []
+        for w in workers:
+            try:
+                refs.append(w.shutdown.remote())
+            except Exception:
+                pass
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=30)
+            except Exception:
+                pass
+        for w in workers:
+            try:
+                ray.kill(w)
+            except Exception:
+                pass
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            self._started_ray = False

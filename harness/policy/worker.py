@@ -1,0 +1,127 @@
+"""`PolicyWorker`: one policy rank as a Ray actor (`num_cpus=0`).
+
+On construction: 1 torch thread, deterministic algorithms, the default
+process group (gloo on CPU, nccl on cuda) over the policy world, seeds from
+(spec seed, rank), the rank's `PolicyEngine`, and the policy profiler from
+`load_policy_profiler(rank=rank)` (env `NRL_POLICY_PROFILER_CLASS`) behind
+`PolicyProfilerHooks`:
+- `train` is profiled as one step (skipped in eval mode), aborts with
+  `policy_train_error`;
+- the split API goes through the hooks' begin/microbatch/finish/abort
+  wrappers (reasons `policy_train_begin_error`, `..._microbatch_error`,
+  `..._finish_error`, `policy_train_step_aborted`);
+- `shutdown` closes the profiler, then destroys the process group.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import ray
+import torch
+
+from harness.policy.engine import PolicyEngine, init_distributed
+
+
+class PolicyWorkerImpl:
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        run_dir: str,
+        topology: Any = None,
+    ) -> None:
+        self.rank = rank
+        self.run_dir = run_dir
+        device = spec.get("platform", {}).get("device", "cpu")
+        init_distributed(rank, world_size, master_addr, master_port, device)
+        self.engine = PolicyEngine(spec, rank, topology=topology)
+        self.hooks = _load_hooks(rank)
+
+    def ready(self) -> dict[str, Any]:
+        return {"rank": self.rank, "coords": dict(self.engine.coords), "pid": os.getpid()}
+
+    # -- training -------------------------------------------------------------------
+
+    def train(self, batch: Mapping[str, torch.Tensor], eval_mode: bool = False) -> dict[str, float]:
+        with self.hooks.train_step(eval_mode=eval_mode):
+            return self.engine.train(batch, eval_mode=eval_mode)
+
+    def begin_train_step(self) -> None:
+        return self.hooks.begin_step(self.engine.begin_train_step, worker_step_open=self.engine.step_open)
+
+    def train_microbatch(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        return self.hooks.train_microbatch(self.engine.train_microbatch, batch)
+
+    def finish_train_step(self) -> dict[str, float]:
+        return self.hooks.finish_step(self.engine.finish_train_step)
+
+    def abort_train_step(self) -> None:
+        return self.hooks.abort_step(self.engine.abort_train_step)
+
+    # -- inference / weights --------------------------------------------------------------
+
+    def get_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return self.engine.get_logprobs(batch)
+
+    def get_reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return self.engine.get_reference_logprobs(batch)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.engine.hf_state_dict()
+
+    def parameter_checksums(self) -> dict[str, list[float]]:
+        """{HF name: [sum, sum of squares]} in float64, on rank 0 ({} elsewhere)."""
+        sd = self.engine.hf_state_dict()
+        return {k: [float(v.double().sum()), float(v.double().pow(2).sum()), float(v.double().abs().sum())] for k, v in sd.items()}
+
+    def stream_weights(self, transport: str, **kw: Any) -> Any:
+        """Gather full weights (collective) and send them from policy rank 0
+        through `harness.refit`: transport "zmq" -> `send_weights_zmq(named,
+        address=..., buffer_size_bytes=...)`; "broadcast" ->
+        `broadcast_weights(named, group, buffer_size_bytes=...)` where `group`
+        is built from kw by `harness.refit.broadcast.create_side_group(**kw["side_group"])`."""
+        named = self.engine.hf_state_dict()
+        if self.rank != 0:
+            return None
+        items = list(named.items())
+        if transport == "zmq":
+            from harness.refit.zmq_stream import send_weights_zmq
+
+            return send_weights_zmq(items, **kw)
+        if transport == "broadcast":
+            from harness.refit import broadcast
+
+            side = kw.pop("side_group")
+            group = side if not isinstance(side, Mapping) else broadcast.create_side_group(**side)
+            return broadcast.broadcast_weights(items, group, **kw)
+        raise ValueError(f"rollout.refit.transport={transport!r}: expected 'zmq' or 'broadcast'")
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.engine.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.engine.load_checkpoint(directory)
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        def cleanup() -> None:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+        self.hooks.close(cleanup)
+
+
+def _load_hooks(rank: int):
+    from harness.plugins.loader import load_policy_profiler
+    from harness.plugins.policy_hooks import PolicyProfilerHooks
+
+    return PolicyProfilerHooks(load_policy_profiler(rank=rank))
+
+
+PolicyWorker = ray.remote(num_cpus=0)(PolicyWorkerImpl)

@@ -1,0 +1,191 @@
+"""Internal engine processes and the actor-side RPC client (vLLM ``collective_rpc``).
+
+``EngineProcesses.start`` spawns one process per TP rank (``spawn`` context).
+Each joins a private gloo world of the engine's TP ranks (TCP rendezvous on
+127.0.0.1) and creates its TP group with ``group_desc="rollout_tp"``, then
+builds an ``EngineWorker``. The actor talks to each process over a duplex
+pipe: ``call(method, ...)`` sends the same call to every rank and returns
+every rank's result in rank order; ``call_each`` sends per-rank kwargs. A
+lock makes each fan-out atomic, so concurrent callers (async generation and a
+refit) never interleave on the pipes.
+
+No orphans: children exit on an ``__exit__`` message, on EOF of their pipe
+(the actor died) and, on Linux, on the parent's death (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+READY_TIMEOUT_S = 300.0
+EXIT_TIMEOUT_S = 20.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def engine_process_main(conn: Any, spec: dict, tp_rank: int, tp_size: int, port: int, profiler_rank: int, env: dict) -> None:
+    """Entry point of one internal engine process (picklable, module level)."""
+    _die_with_parent()
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    worker = None
+    try:
+        try:
+            group = None
+            if tp_size > 1:
+                dist.init_process_group(
+                    "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=tp_rank, world_size=tp_size
+                )
+                group = dist.new_group(list(range(tp_size)), group_desc="rollout_tp")
+            from harness.rollout.engine_worker import EngineWorker
+
+            worker = EngineWorker(spec, tp_rank=tp_rank, tp_size=tp_size, tp_group=group, profiler_rank=profiler_rank)
+            conn.send(("ok", os.getpid()))
+        except BaseException:
+            conn.send(("err", traceback.format_exc()))
+            return
+        while True:
+            try:
+                method, args, kwargs = conn.recv()
+            except (EOFError, OSError):
+                break  # the actor is gone
+            if method == "__exit__":
+                conn.send(("ok", None))
+                break
+            try:
+                conn.send(("ok", getattr(worker, method)(*args, **kwargs)))
+            except BaseException:
+                conn.send(("err", traceback.format_exc()))
+    finally:
+        if worker is not None:
+            try:
+                worker.close_side_groups()
+            except Exception:
+                pass
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class EngineProcesses:
+    """The actor-side handle on an engine's internal processes."""
+
+    def __init__(self, label: str, processes: list, conns: list) -> None:
+        self.label = label
+        self.processes = processes
+        self.conns = conns
+        self._lock = threading.Lock()
+        self.pids = [p.pid for p in processes]
+
+    @classmethod
+    def start(cls, spec: Mapping[str, Any], *, tp_size: int, rank_prefix: int, label: str, env: Mapping[str, str]) -> "EngineProcesses":
+        """Spawn ``tp_size`` processes and wait until every engine is built and warmed up."""
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        processes, conns = [], []
+        for rank in range(tp_size):
+            parent, child = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=engine_process_main,
+                args=(child, dict(spec), rank, tp_size, port, rank_prefix + rank, dict(env)),
+                name=f"{label}-tp{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            processes.append(proc)
+            conns.append(parent)
+        self = cls(label, processes, conns)
+        try:
+            self.pids = self._collect("__init__", timeout_s=READY_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _collect(self, method: str, timeout_s: float | None = None) -> list[Any]:
+        results, errors = [], []
+        for rank, conn in enumerate(self.conns):
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while not conn.poll(1.0):
+                if not self.processes[rank].is_alive():
+                    raise RuntimeError(
+                        f"{self.label} internal rank {rank} (pid {self.processes[rank].pid}) died during {method} "
+                        f"(exit code {self.processes[rank].exitcode})"
+                    )
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.label} internal rank {rank} did not answer {method} within {timeout_s}s")
+            try:
+                status, value = conn.recv()
+            except EOFError:
+                raise RuntimeError(f"{self.label} internal rank {rank} closed its pipe during {method}") from None
+            if status == "ok":
+                results.append(value)
+            else:
+                results.append(None)
+                errors.append(f"{self.label} internal rank {rank} failed in {method}:\n{value}")
+        if errors:
+            raise RuntimeError("\n".join(errors))
+        return results
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``method`` on every rank; every rank's result, in rank order."""
+        with self._lock:
+            for conn in self.conns:
+                conn.send((method, args, kwargs))
+            return self._collect(method)
+
+    def call_each(self, method: str, per_rank_kwargs: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Run ``method`` on every rank with that rank's kwargs."""
+        if len(per_rank_kwargs) != len(self.conns):
+            raise ValueError(f"{method}: {len(per_rank_kwargs)} kwarg sets for {len(self.conns)} ranks")
+        with self._lock:
+            for conn, kwargs in zip(self.conns, per_rank_kwargs):
+                conn.send((method, (), dict(kwargs)))
+            return self._collect(method)
+
+    def stop(self) -> None:
+        """Ask every process to exit, then terminate / kill stragglers; idempotent."""
+        with self._lock:
+            for conn in self.conns:
+                try:
+                    conn.send(("__exit__", (), {}))
+                except (OSError, BrokenPipeError):
+                    pass
+            deadline = time.monotonic() + EXIT_TIMEOUT_S
+            for proc in self.processes:
+                proc.join(max(0.0, deadline - time.monotonic()))
+            for proc in self.processes:
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(5.0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5.0)
+            for conn in self.conns:
+                conn.close()
+            self.conns = []
+            self.processes = []

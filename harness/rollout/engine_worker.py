@@ -1,0 +1,176 @@
+"""``EngineWorker``: one TP rank of an engine plus its rollout profiler.
+
+This is the unit that owns the device (vLLM's GPU worker): the outer
+``RolloutWorker`` actor hosts it directly for a sync TP=1 engine; otherwise
+one lives in every internal engine process. Its public methods are the RPC
+surface the actor fans out to (``collective_rpc`` style): every TP rank must
+receive the same calls in the same order.
+
+Profiler placement (reference section 2.4): the engine-init window opens in
+the constructor *before* the engine is created and stays open through
+warm-up; the owner closes it with ``end_engine_initialization()`` (the same
+token, kept by the hooks). A failing construction still closes the window
+and the profiler before re-raising.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from harness.plugins.loader import load_rollout_profiler
+from harness.plugins.rollout_hooks import RolloutProfilerHooks
+from harness.rollout.engine import Engine, as_model_config
+
+log = logging.getLogger(__name__)
+
+WARMUP_REQUEST = {
+    "request_id": "__warmup__",
+    "prompt_ids": [0],
+    "max_new_tokens": 1,
+    "seed": 0,
+    "temperature": 0.0,
+    "top_p": 1.0,
+}
+
+
+def initial_weights(spec: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The step-0 policy weights: the reference model's deterministic init for ``spec["seed"]``."""
+    from harness.model.qwen3_moe import build_reference_model
+
+    model = build_reference_model(as_model_config(spec["model"]), int(spec["seed"]))
+    return {name: t.detach() for name, t in model.state_dict().items()}
+
+
+def resolve_eos_token_id(spec: Mapping[str, Any]) -> int | None:
+    """``rollout.eos_token_id`` if the spec has one, else the fixture tokenizer's EOS, else None."""
+    explicit = spec.get("rollout", {}).get("eos_token_id")
+    if explicit is not None:
+        return int(explicit)
+    try:
+        from harness.envs.tokenizer import load_tokenizer  # engineer D's module
+    except ImportError:
+        return None
+    try:
+        return int(load_tokenizer().eos_token_id)
+    except Exception:  # no fixture tokenizer in this checkout
+        log.warning("no tokenizer available; the rollout engine stops on max tokens only")
+        return None
+
+
+def configure_determinism() -> None:
+    """One thread, deterministic kernels: reruns are bit-identical."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+
+class EngineWorker:
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        tp_group: Any = None,
+        profiler_rank: int,
+        weights: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        configure_determinism()
+        self.tp_rank = tp_rank
+        self.hooks = RolloutProfilerHooks(load_rollout_profiler(rank=profiler_rank))
+        self.hooks.begin_engine_init()
+        try:
+            rollout = spec["rollout"]
+            self.engine = Engine(
+                spec["model"],
+                initial_weights(spec) if weights is None else weights,
+                tp_rank=tp_rank,
+                tp_size=tp_size,
+                tp_group=tp_group,
+                max_batch_size=int(rollout["max_batch_size"]),
+                device="cpu" if spec.get("platform", {}).get("device", "cpu") == "cpu" else "cuda",
+                eos_token_id=resolve_eos_token_id(spec),
+            )
+            self.engine.generate([WARMUP_REQUEST])
+        except BaseException as exc:
+            try:
+                self.hooks.close()  # ends the open init window, then closes the profiler
+            except Exception as close_exc:
+                exc.add_note(f"rollout profiler close after failed engine init also failed: {close_exc!r}")
+            raise
+        self._side_groups: dict[tuple, Any] = {}
+
+    # -- lifecycle ---------------------------------------------------------------
+    def end_engine_initialization(self) -> None:
+        self.hooks.end_engine_init()
+
+    def begin_rollout(self, step_id: int | str) -> None:
+        self.hooks.begin_rollout(step_id)
+
+    def finish_rollout(self) -> None:
+        self.hooks.finish_rollout()
+
+    def abort_rollout(self, reason: str) -> None:
+        self.hooks.abort_rollout(reason)
+
+    def close_profiler(self) -> None:
+        self.hooks.close()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # -- generation ------------------------------------------------------------------
+    def generate(self, requests: list[dict]) -> list[dict]:
+        return self.engine.generate(requests)
+
+    # -- weights ------------------------------------------------------------------------
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def state_dict_info(self) -> dict:
+        return self.engine.state_dict_info()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.engine.state_dict()
+
+    def receive_weights_zmq(self, *, address: str, timeout_ms: int) -> int:
+        from harness.refit.zmq_stream import receive_weights_zmq
+
+        receive_weights_zmq(
+            address=address,
+            state_dict_info=self.engine.state_dict_info(),
+            load_fn=self.engine.load_weights,
+            timeout_ms=timeout_ms,
+        )
+        self.engine.weight_version += 1
+        return self.engine.weight_version
+
+    def receive_weights_broadcast(
+        self, *, host: str, port: int, world_size: int, rank: int, buffer_size_bytes: int, src: int = 0,
+        timeout_s: float = 120.0,
+    ) -> int:
+        from harness.refit.broadcast import create_side_group, receive_broadcast
+
+        key = (host, port, world_size, rank)
+        group = self._side_groups.get(key)
+        if group is None:
+            group = create_side_group(host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s)
+            self._side_groups[key] = group
+        receive_broadcast(
+            group,
+            state_dict_info=self.engine.state_dict_info(),
+            load_fn=self.engine.load_weights,
+            buffer_size_bytes=buffer_size_bytes,
+            src=src,
+        )
+        self.engine.weight_version += 1
+        return self.engine.weight_version
+
+    def close_side_groups(self) -> None:
+        for group in self._side_groups.values():
+            group.close()
+        self._side_groups.clear()

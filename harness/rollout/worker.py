@@ -1,0 +1,283 @@
+"""``RolloutWorker``: the Ray actor that owns one rollout engine.
+
+Placement (reference sections 2.4 and 6.1):
+
+* sync engine with ``rollout.tp == 1``: the engine (an ``EngineWorker``) and
+  its rollout profiler live in this actor; profiler rank = ``RANK`` from the
+  environment (set to ``rank_prefix`` when absent);
+* ``rollout.tp > 1`` or ``rollout.async``: one internal engine process per TP
+  rank (``engine_procs.py``), each with its own profiler of rank
+  ``rank_prefix + internal_rank``; this actor fans calls out like vLLM's
+  ``collective_rpc`` and returns internal rank 0's result.
+
+Start-up order: environment, topology gate and ``rollout.worker_cls`` check
+(before any engine exists), then engine creation inside the profiler's
+engine-init window, warm-up, and ``end_engine_initialization``.
+
+The class is an *async* Ray actor: ``generate_one`` calls may be many in
+flight; they are queued and dispatched to the engine in batches (whatever is
+pending when the engine frees up), and since the engine is batch-invariant a
+request's result is the same however it was batched. Every other method runs
+to completion on the event loop (fan-outs to internal processes run in a
+thread, serialised by the RPC lock).
+
+Shutdown closes profilers first, then stops the internal processes (no
+orphans), then the capture sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from harness.plugins.rollout_hooks import (
+    outer_rollout_rank,
+    rollout_profiler_class_path,
+    validate_engine_worker_cls,
+    validate_rollout_profiler_topology,
+)
+from harness.refit.zmq_stream import DEFAULT_TIMEOUT_MS, ipc_address
+from harness.rollout.sharding import ShardPlan
+
+CAPTURE_ABORT_REASON = "generation_error"
+
+
+class RolloutWorker:
+    """One rollout engine (see module docstring). Wrap with ``ray.remote(num_cpus=0)``."""
+
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        engine_index: int,
+        rank_prefix: int,
+        run_dir: str,
+        env_vars: Mapping[str, str] | None = None,
+    ) -> None:
+        if env_vars:
+            os.environ.update({k: str(v) for k, v in env_vars.items()})
+        self.spec = dict(spec)
+        self.engine_index = int(engine_index)
+        self.rank_prefix = int(rank_prefix)
+        self.run_dir = str(run_dir)
+        rollout = self.spec["rollout"]
+        self.tp = int(rollout["tp"])
+        self.is_async = bool(rollout["async"])
+        self.label = f"rollout engine {self.engine_index}"
+        # Gate before any engine starts.
+        validate_engine_worker_cls(rollout.get("worker_cls"))
+        if rollout_profiler_class_path(env_vars):
+            validate_rollout_profiler_topology(pp=int(rollout.get("pp", 1)), ep=int(rollout.get("ep", 1)))
+        if rollout.get("backend", "native") != "native":
+            raise ValueError(f"rollout.backend {rollout.get('backend')!r} is not available in this build (native only)")
+        from harness.rollout.engine_worker import configure_determinism
+
+        configure_determinism()
+        self._local = None
+        self._procs = None
+        self._pending: list[tuple[dict, asyncio.Future]] = []
+        self._dispatcher: asyncio.Task | None = None
+        self._capture_sink = None
+        self._closed = False
+        if self.tp == 1 and not self.is_async:
+            from harness.rollout.engine_worker import EngineWorker
+
+            os.environ.setdefault("RANK", str(self.rank_prefix))
+            self._local = EngineWorker(self.spec, profiler_rank=outer_rollout_rank())
+            self._local.end_engine_initialization()
+        else:
+            from harness.rollout.engine_procs import EngineProcesses
+
+            self._procs = EngineProcesses.start(
+                self.spec, tp_size=self.tp, rank_prefix=self.rank_prefix, label=self.label, env=dict(os.environ)
+            )
+            self._procs.call("end_engine_initialization")
+
+    # -- fan-out -------------------------------------------------------------------
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Rank 0's result of ``method`` (run on every TP rank)."""
+        if self._closed:
+            raise RuntimeError(f"{self.label} is shut down")
+        if self._local is not None:
+            return getattr(self._local, method)(*args, **kwargs)
+        return self._procs.call(method, *args, **kwargs)[0]
+
+    async def _call_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self._local is not None:
+            return self._call(method, *args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: self._call(method, *args, **kwargs))
+
+    # -- info ------------------------------------------------------------------------
+    def ready(self) -> dict[str, Any]:
+        """Process ids: this actor and its internal engine processes (empty when in-actor)."""
+        return {
+            "actor_pid": os.getpid(),
+            "engine_pids": [] if self._procs is None else list(self._procs.pids),
+            "engine_index": self.engine_index,
+            "tp": self.tp,
+            "async": self.is_async,
+        }
+
+    def weight_version(self) -> int:
+        return self._call("weight_version")
+
+    def state_dict_info(self) -> dict:
+        return self._call("state_dict_info")
+
+    def refit_addresses(self) -> list[str]:
+        """One ZMQ ``ipc://`` endpoint per TP rank; the colocated sender for rank r binds ``[r]``."""
+        directory = os.path.join(self.run_dir, "ipc")
+        os.makedirs(directory, exist_ok=True)
+        return [ipc_address(directory, f"e{self.engine_index}-tp{r}") for r in range(self.tp)]
+
+    def get_weights(self) -> dict:
+        """Full HF-named tensors rebuilt from every TP rank's shards (tests, refit checks)."""
+        from harness.model.config import ModelConfig
+
+        if self._local is not None:
+            return self._local.state_dict()
+        shards = self._procs.call("state_dict")
+        cfg = ModelConfig.from_spec(self.spec["model"])
+        plans = ShardPlan(cfg, 0, self.tp)
+        return {name: plans.unshard(name, [s[name] for s in shards]) for name in shards[0]}
+
+    # -- generation ----------------------------------------------------------------------
+    def _sink(self):
+        if self._capture_sink is None:
+            from harness.capture.sink import CaptureSink, capture_config_from_spec  # engineer G
+
+            self._capture_sink = CaptureSink.from_config(capture_config_from_spec(self.spec, self.run_dir))
+        return self._capture_sink
+
+    async def _generate_batch(self, requests: list[dict]) -> list[dict]:
+        """Generate with capture staging around every request that carries ``capture``."""
+        handles: dict[int, Any] = {}
+        version = None
+        for i, request in enumerate(requests):
+            if request.get("capture") is not None:
+                if version is None:
+                    version = await self._call_async("weight_version")
+                handles[i] = self._sink().begin_request(request["capture"], list(request["prompt_ids"]), weight_version=version)
+        try:
+            results = await self._call_async("generate", [dict(r) for r in requests])
+        except BaseException:
+            for handle in handles.values():
+                self._sink().abort_request(handle, CAPTURE_ABORT_REASON)
+            raise
+        for i, handle in handles.items():
+            r = results[i]
+            r["capture"] = self._sink().finish_request(handle, r["output_ids"], r["logprobs"], r["weight_version"])
+        return results
+
+    async def generate(self, requests: list[dict]) -> list[dict]:
+        """Sync generation of a batch; results in request order."""
+        return await self._generate_batch(list(requests))
+
+    async def generate_one(self, request: dict) -> dict:
+        """Async generation of one request; many may be in flight."""
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.ensure_future(self._dispatch())
+        return await future
+
+    async def _dispatch(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                results = await self._generate_batch([request for request, _ in batch])
+            except BaseException as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), result in zip(batch, results):
+                if not future.done():
+                    future.set_result(result)
+
+    # -- profiler lifecycle --------------------------------------------------------------
+    async def begin_rollout(self, step_id: int | str) -> None:
+        await self._call_async("begin_rollout", step_id)
+
+    async def finish_rollout(self) -> None:
+        await self._call_async("finish_rollout")
+
+    async def abort_rollout(self, reason: str) -> None:
+        await self._call_async("abort_rollout", reason)
+
+    # -- refit -----------------------------------------------------------------------
+    async def receive_weights(self, transport: str, **kw: Any) -> int:
+        """Receive one refit; returns the new weight version (all TP ranks agree).
+
+        ``zmq``: ``timeout_ms`` (optional), ``addresses`` (optional, default
+        ``refit_addresses()``; one per TP rank). ``broadcast``: ``host``,
+        ``port``, ``world_size``, ``rank_offset`` (side-group rank of internal
+        rank 0; ranks follow densely), ``buffer_size_bytes``, optional ``src``.
+        """
+        if self._closed:
+            raise RuntimeError(f"{self.label} is shut down")
+        if transport == "zmq":
+            addresses = list(kw.get("addresses") or self.refit_addresses())
+            if len(addresses) != self.tp:
+                raise ValueError(f"zmq refit of {self.label}: {len(addresses)} addresses for tp={self.tp}")
+            per_rank = [{"address": a, "timeout_ms": int(kw.get("timeout_ms", DEFAULT_TIMEOUT_MS))} for a in addresses]
+            method = "receive_weights_zmq"
+        elif transport == "broadcast":
+            missing = [k for k in ("host", "port", "world_size", "rank_offset", "buffer_size_bytes") if k not in kw]
+            if missing:
+                raise ValueError(f"broadcast refit of {self.label} needs {missing}")
+            per_rank = [
+                {
+                    "host": kw["host"], "port": int(kw["port"]), "world_size": int(kw["world_size"]),
+                    "rank": int(kw["rank_offset"]) + r, "buffer_size_bytes": int(kw["buffer_size_bytes"]),
+                    "src": int(kw.get("src", 0)),
+                }
+                for r in range(self.tp)
+            ]
+            method = "receive_weights_broadcast"
+        else:
+            raise ValueError(f"refit transport must be 'zmq' or 'broadcast', got {transport!r}")
+        if self._local is not None:
+            return getattr(self._local, method)(**per_rank[0])
+        loop = asyncio.get_running_loop()
+        versions = await loop.run_in_executor(None, self._procs.call_each, method, per_rank)
+        if len(set(versions)) != 1:
+            raise RuntimeError(f"{self.label}: TP ranks disagree on the weight version after refit: {versions}")
+        return versions[0]
+
+    # -- shutdown ----------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Close profilers, then the engine processes, then the capture sink; idempotent.
+
+        A profiler close error is re-raised after every resource is released.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        error: BaseException | None = None
+        try:
+            if self._local is not None:
+                self._local.close_profiler()
+                self._local.close_side_groups()
+            elif self._procs is not None:
+                self._procs.call("close_profiler")
+        except BaseException as exc:
+            error = exc
+        finally:
+            if self._procs is not None:
+                self._procs.stop()
+            sink, self._capture_sink = self._capture_sink, None
+            close = getattr(sink, "close", None)
+            if callable(close):
+                close()
+        if error is not None:
+            raise error
+
+
+def rollout_worker_actor():
+    """The Ray actor class (``num_cpus=0``), created lazily so importing this module needs no Ray."""
+    import ray
+
+    return ray.remote(num_cpus=0)(RolloutWorker)

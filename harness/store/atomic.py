@@ -1,0 +1,258 @@
+"""Atomic golden writes and consistent reads.
+
+Invariant: at every instant ``goldens/<workload>/<platform>/`` is either absent
+(no golden yet) or a *complete* golden, the previous one or the new one, never a
+mix, whatever point a writer is killed at (SIGKILL, power loss after fsync).
+
+How
+---
+* Everything happens under ``flock`` on the workload directory, so writers are
+  serialised and a reader never overlaps a swap. The kernel drops the lock when a
+  process dies, so a lock held by a killed writer never blocks anyone.
+* The new golden is built in ``.<platform>.tmp-XXXX/`` beside the target; every file
+  and directory is fsynced.
+* No previous golden: ``rename(tmp, target)``. Previous golden: ``renameat2(tmp,
+  target, RENAME_EXCHANGE)`` swaps the two directories in one step (the old one
+  ends up under the tmp name and is deleted). Where exchange is unsupported, the
+  fallback is ``rename(target, .old-XXXX)`` then ``rename(tmp, target)``; a crash
+  between the two leaves no target, and recovery renames ``.old-XXXX`` back.
+* ``recover`` (run under the lock by every read and write) restores a missing
+  target from ``.old-*`` and deletes every leftover ``.tmp-*`` / ``.old-*`` sibling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from harness.manifest.validate import validate_manifest
+from harness.store import layout
+from harness.store.provenance import provenance_errors
+from harness.surfaces.canonical import loads_strict, surface_file_bytes
+from harness.surfaces.digest import sha256_hex
+from harness.surfaces.registry import validate_surface
+
+__all__ = ["Golden", "GoldenStoreError", "write_golden", "read_golden", "read_golden_dir", "recover", "workload_lock"]
+
+
+class GoldenStoreError(ValueError):
+    """A golden cannot be written or read; the message names the file or field."""
+
+
+@dataclass
+class Golden:
+    """A golden as read from the store (``surfaces`` maps surface name -> document)."""
+
+    path: Path
+    workload: str
+    platform: str
+    manifest: dict
+    surfaces: dict[str, dict]
+    provenance: dict
+    tolerances_path: Path | None = None
+    files: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+
+# --- low-level file system helpers -------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_libc = None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2). False when unsupported here."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return False
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.renameat2  # noqa: B018 - attribute probe
+        except (OSError, AttributeError):
+            _libc = False
+    if not _libc:
+        return False
+    rc = _libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"renameat2({a}, {b}, RENAME_EXCHANGE): {os.strerror(err)}")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+@contextmanager
+def workload_lock(workload_dir: Path) -> Iterator[None]:
+    """Exclusive flock on the workload directory (created if missing)."""
+    workload_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(workload_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _recover_locked(workload_dir: Path, platform: str) -> list[Path]:
+    target = workload_dir / platform
+    olds = sorted(workload_dir.glob(layout.old_prefix(platform) + "*"), key=lambda p: p.stat().st_mtime)
+    removed: list[Path] = []
+    if not target.exists() and olds:
+        newest = olds.pop()
+        os.rename(newest, target)  # the previous complete golden comes back
+        removed.append(newest)
+    for leftover in olds + sorted(workload_dir.glob(layout.temp_prefix(platform) + "*")):
+        shutil.rmtree(leftover, ignore_errors=True)
+        removed.append(leftover)
+    if removed:
+        _fsync_dir(workload_dir)
+    return removed
+
+
+def recover(root: "str | Path", workload: str, platform: str) -> list[Path]:
+    """Clean up after interrupted writes of one golden; returns the leftovers handled."""
+    target = layout.golden_dir(root, workload, platform)
+    if not target.parent.is_dir():
+        return []
+    with workload_lock(target.parent):
+        return _recover_locked(target.parent, platform)
+
+
+# --- write ---------------------------------------------------------------------------
+
+def _golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[str, Mapping[str, Any]],
+                  provenance: Mapping[str, Any], tolerances: str | None) -> dict[str, bytes]:
+    """Relative path -> bytes of every file of the golden, validated."""
+    files: dict[str, bytes] = {}
+    entries = []
+    for name in sorted(surfaces):
+        doc = surfaces[name]
+        errors = validate_surface(doc, name=name)
+        if errors:
+            pointer, message = errors[0]
+            raise GoldenStoreError(f"surface {name}: {pointer or '/'}: {message} ({len(errors)} error(s))")
+        if doc.get("workload") != workload:
+            raise GoldenStoreError(f"surface {name}: /workload is {doc.get('workload')!r}, expected {workload!r}")
+        rel = f"{layout.SURFACES_DIR}/{name}.json"
+        files[rel] = surface_file_bytes(doc)
+        entries.append({"name": name, "path": rel, "sha256": sha256_hex(files[rel])})
+    stored = dict(manifest)
+    stored["surfaces"] = entries
+    errors = validate_manifest(stored)
+    if errors:
+        raise GoldenStoreError("manifest: " + "; ".join(str(e) for e in errors))
+    if stored["workload"]["name"] != workload:
+        raise GoldenStoreError(f"manifest: /workload/name is {stored['workload']['name']!r}, expected {workload!r}")
+    problems = provenance_errors(dict(provenance))
+    if problems:
+        raise GoldenStoreError("provenance: " + "; ".join(problems))
+    files[layout.MANIFEST] = surface_file_bytes(stored)
+    files[layout.PROVENANCE] = surface_file_bytes(dict(provenance))
+    if tolerances is not None:
+        files[layout.TOLERANCES] = tolerances.encode("utf-8")
+    return files
+
+
+def write_golden(root: "str | Path", workload: str, platform: str, manifest: Mapping[str, Any],
+                 surfaces: Mapping[str, Mapping[str, Any]], provenance: Mapping[str, Any], *,
+                 tolerances: str | None = None) -> Path:
+    """Atomically create or replace ``<root>/<workload>/<platform>/``; returns its path.
+
+    The stored manifest's ``surfaces`` list is rewritten to describe the stored
+    surface files (canonical bytes + newline, sha256 of the file). ``tolerances``
+    is the text of a tolerances.yaml (kept verbatim). Inputs are validated before
+    anything touches the disk; GoldenStoreError names the failing file/field.
+    """
+    target = layout.golden_dir(root, workload, platform)
+    files = _golden_files(workload, manifest, surfaces, provenance, tolerances)
+    workload_dir = target.parent
+    with workload_lock(workload_dir):
+        _recover_locked(workload_dir, platform)
+        tmp = Path(tempfile.mkdtemp(prefix=layout.temp_prefix(platform), dir=workload_dir))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a golden is a normal checked-in folder
+        (tmp / layout.SURFACES_DIR).mkdir()
+        for rel, data in files.items():
+            _write_file(tmp / rel, data)
+        _fsync_dir(tmp / layout.SURFACES_DIR)
+        _fsync_dir(tmp)
+        if not target.exists():
+            os.rename(tmp, target)
+            _fsync_dir(workload_dir)
+        elif _exchange(tmp, target):
+            _fsync_dir(workload_dir)
+            shutil.rmtree(tmp)  # now holds the previous golden
+        else:
+            old = Path(tempfile.mkdtemp(prefix=layout.old_prefix(platform), dir=workload_dir))
+            os.rmdir(old)
+            os.rename(target, old)
+            os.rename(tmp, target)
+            _fsync_dir(workload_dir)
+            shutil.rmtree(old)
+    return target
+
+
+# --- read ----------------------------------------------------------------------------
+
+def read_golden(root: "str | Path", workload: str, platform: str) -> Golden:
+    """Read a complete golden (after recovering from any interrupted write).
+
+    Raises FileNotFoundError if there is no golden, GoldenStoreError if a file is
+    unparsable. Content validation is ``golden validate``'s job.
+    """
+    target = layout.golden_dir(root, workload, platform)
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"no golden for workload {workload!r}: {target.parent} does not exist")
+    with workload_lock(target.parent):
+        _recover_locked(target.parent, platform)
+        if not target.is_dir():
+            raise FileNotFoundError(f"no golden for {workload} on platform {platform!r}: {target} does not exist")
+        files = {p.relative_to(target).as_posix(): p.read_bytes() for p in sorted(target.rglob("*")) if p.is_file()}
+    try:
+        manifest = load_strict_bytes(files, layout.MANIFEST, target)
+        provenance = load_strict_bytes(files, layout.PROVENANCE, target)
+        surfaces = {}
+        for rel in files:
+            if rel.startswith(layout.SURFACES_DIR + "/") and rel.endswith(".json"):
+                surfaces[rel[len(layout.SURFACES_DIR) + 1: -5]] = load_strict_bytes(files, rel, target)
+    except ValueError as exc:
+        raise GoldenStoreError(str(exc)) from None
+    tolerances = target / layout.TOLERANCES if layout.TOLERANCES in files else None
+    return Golden(path=target, workload=workload, platform=platform, manifest=manifest, surfaces=surfaces,
+                  provenance=provenance, tolerances_path=tolerances, files=files)
+
+
+def load_strict_bytes(files: Mapping[str, bytes], rel: str, base: Path) -> Any:
+    if rel not in files:
+        raise GoldenStoreError(f"{base / rel}: missing")
+    return loads_strict(files[rel], source=str(base / rel))
+
+
+def read_golden_dir(path: "str | Path") -> Golden:
+    """Read a golden directory given by path (``.../<workload>/<platform>``)."""
+    path = Path(path).resolve()
+    return read_golden(path.parent.parent, path.parent.name, path.name)

@@ -1,0 +1,214 @@
+"""The capture ledger as a hypothesis state machine over real SQLite stores.
+
+Operations, in any order the API allows: admit a root, admit a continuation
+(of any call, committed or not), begin, finish with the stage succeeding or
+failing, abort, refit, build a receipt and finalise.
+
+Invariants after every step:
+  * no committed record without a durable staged row whose digest matches;
+  * a failed call is never a parent of a committed call;
+  * the ledger agrees with the model's view of every call;
+and at every finalisation:
+  * a sample equals the concatenation of the calls' deltas as the model
+    recorded them (tokens, mask, float32 logprobs);
+  * a rollout with a failed or unfinished call never yields a sample.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from harness.capture.admission import CaptureAdmitter
+from harness.capture.finalize import Placeholder, Sample, finalize_rollout
+from harness.capture.ledger import CaptureLedger
+from harness.capture.receipt import build_receipt
+from harness.capture.records import StagedCall
+from harness.capture.sink import CaptureSink
+from harness.dataplane.store import DataPlaneStore
+
+EOS = 2
+ROLLOUTS = ["r0", "r1", "r2"]
+
+
+class FlakyDataPlane:
+    """The real store, with a switch that makes the next `stage` raise (a
+    staging failure the way a lost data-plane ack would surface)."""
+
+    def __init__(self, store: DataPlaneStore):
+        self.store = store
+        self.fail_next = False
+
+    def stage(self, key, row):
+        if self.fail_next:
+            self.fail_next = False
+            raise ConnectionError(f"data plane unavailable while staging {key}")
+        return self.store.stage(key, row)
+
+    def fetch_many(self, keys):
+        return self.store.fetch_many(keys)
+
+
+@dataclass
+class Call:
+    rollout: str
+    cid: str
+    parent: str | None
+    prompt: list[int]
+    state: str = "admitted"  # admitted | in_flight | committed | failed
+    handle: str | None = None
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="ledger_sm_")
+        self.ledger = CaptureLedger(f"{self.dir}/ledger.sqlite")
+        self.store = DataPlaneStore(f"{self.dir}/dataplane.sqlite")
+        self.dp = FlakyDataPlane(self.store)
+        self.sink = CaptureSink(self.dp, CaptureLedger(f"{self.dir}/ledger.sqlite"))
+        self.admitter = CaptureAdmitter(self.ledger, self.dp, eos_token_id=EOS)
+        self.calls: dict[tuple[str, str], Call] = {}
+        self.version = 0
+        self.n = 0
+        self.samples = 0
+
+    def teardown(self) -> None:
+        self.sink.close()
+        self.ledger.close()
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _new_cid(self) -> str:
+        self.n += 1
+        return f"c{self.n}"
+
+    def _cum(self, call: Call) -> list[int]:
+        return call.prompt + call.output
+
+    def _in(self, state: str) -> list[Call]:
+        return [c for c in self.calls.values() if c.state == state]
+
+    # -- rules ---------------------------------------------------------------
+    @rule(rollout=st.sampled_from(ROLLOUTS), prompt=st.lists(st.integers(10, 30), min_size=1, max_size=4))
+    def admit_root(self, rollout, prompt):
+        cid = self._new_cid()
+        res = self.admitter.admit_root(rollout, cid, prompt)
+        assert res.ok and res.prompt_ids == prompt
+        self.calls[(rollout, cid)] = Call(rollout, cid, None, prompt)
+
+    @precondition(lambda self: self.calls)
+    @rule(data=st.data(), obs=st.lists(st.integers(10, 30), min_size=1, max_size=3))
+    def admit_continuation(self, data, obs):
+        parent = data.draw(st.sampled_from(sorted(self.calls.values(), key=lambda c: (c.rollout, c.cid))))
+        cid = self._new_cid()
+        res = self.admitter.admit_continuation(parent.rollout, cid, parent.cid, [EOS], [EOS] + obs)
+        if parent.state == "committed":
+            cum = self._cum(parent)
+            expected = (cum[:-1] if cum[-1] == EOS else cum) + [EOS] + obs
+            assert res.ok and res.prompt_ids == expected
+            self.calls[(parent.rollout, cid)] = Call(parent.rollout, cid, parent.cid, expected)
+        else:
+            assert not res.ok and res.failure_reason.startswith("unresolved_parent:")
+            self.calls[(parent.rollout, cid)] = Call(parent.rollout, cid, parent.cid, [], state="failed")
+
+    @precondition(lambda self: any(c.state == "admitted" for c in self.calls.values()))
+    @rule(data=st.data())
+    def begin(self, data):
+        call = data.draw(st.sampled_from(self._in("admitted")))
+        adm = {a.model_call_id: a for a in self.ledger.admitted(call.rollout)}[call.cid]
+        call.handle = self.sink.begin_request(adm.to_dict(), call.prompt, weight_version=self.version)
+        call.state = "in_flight"
+
+    @precondition(lambda self: any(c.state == "in_flight" for c in self.calls.values()))
+    @rule(data=st.data(), out=st.lists(st.integers(10, 30), min_size=0, max_size=4), eos=st.booleans(),
+          stage_ok=st.booleans())
+    def finish(self, data, out, eos, stage_ok):
+        call = data.draw(st.sampled_from(self._in("in_flight")))
+        output = out + ([EOS] if eos else [])
+        logprobs = [-0.125 * (i + 1) for i in range(len(output))]
+        self.dp.fail_next = not stage_ok
+        coords = self.sink.finish_request(call.handle, output, np.array(logprobs), self.version)
+        self.dp.fail_next = False
+        parent = self.calls.get((call.rollout, call.parent)) if call.parent else None
+        if not stage_ok or (parent is not None and parent.state != "committed"):
+            assert coords["disposition"] == "capture_failed"
+            call.state = "failed"
+        else:
+            assert coords["disposition"] == "staged", coords
+            call.state, call.output, call.logprobs = "committed", output, logprobs
+
+    @precondition(lambda self: any(c.state == "in_flight" for c in self.calls.values()))
+    @rule(data=st.data())
+    def abort(self, data):
+        call = data.draw(st.sampled_from(self._in("in_flight")))
+        assert self.sink.abort_request(call.handle, "cancelled")["disposition"] == "capture_failed"
+        call.state = "failed"
+
+    @rule()
+    def refit(self):
+        self.version += 1
+
+    @rule(rollout=st.sampled_from(ROLLOUTS), data=st.data())
+    def receipt_and_finalise(self, rollout, data):
+        mine = [c for c in self.calls.values() if c.rollout == rollout]
+        committed = [c for c in mine if c.state == "committed"]
+        declared = data.draw(st.sampled_from([None] + [c.cid for c in committed]))
+        receipt = build_receipt(rollout, self.ledger, reward=1.0, declared_terminal=declared)
+        result = finalize_rollout(receipt, self.dp, self.ledger)
+        poisoned = not mine or any(c.state != "committed" for c in mine)
+        if poisoned:
+            assert isinstance(result, Placeholder) and result.sample_mask == 0.0
+            return
+        if isinstance(result, Placeholder):  # only an ambiguous heuristic may mask a clean rollout
+            assert declared is None and result.reason.startswith("ambiguous_terminal"), result.reason
+            return
+        assert isinstance(result, Sample)
+        self.samples += 1
+        terminal = self.calls[(rollout, receipt.terminal_model_call_id)]
+        if declared is not None:
+            assert terminal.cid == declared
+        # the independent linearisation: walk the model's parents
+        chain = [terminal]
+        while chain[-1].parent is not None:
+            chain.append(self.calls[(rollout, chain[-1].parent)])
+        chain.reverse()
+        ids, mask, lps = [], [], []
+        for c in chain:
+            new = c.prompt[len(ids):]
+            assert c.prompt[: len(ids)] == ids
+            ids += new + c.output
+            mask += [0] * len(new) + [1] * len(c.output)
+            lps += [0.0] * len(new) + [float(np.float32(x)) for x in c.logprobs]
+        assert (result.token_ids, result.loss_mask, result.generation_logprobs) == (ids, mask, lps)
+
+    # -- invariants ----------------------------------------------------------
+    @invariant()
+    def committed_rows_are_staged_and_parents_never_failed(self):
+        for rollout in ROLLOUTS:
+            for rec in self.ledger.manifest(rollout):
+                model = self.calls[(rollout, rec.model_call_id)]
+                assert rec.status == ("committed" if model.state == "committed" else "failed")
+                if rec.committed:
+                    staged = StagedCall.from_row(self.store.fetch(rec.staging_key))  # digest-verified
+                    assert staged.digest == rec.digest
+                    if rec.parent_call_id is not None:
+                        assert self.ledger.get(rollout, rec.parent_call_id).committed
+        for call in self.calls.values():
+            if call.state == "failed":
+                assert self.ledger.get(call.rollout, call.cid).status == "failed"
+
+
+TestLedgerMachine = LedgerMachine.TestCase
+# Each step does real fsyncs: bound the ci profile; nightly keeps its own example count.
+if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
+    TestLedgerMachine.settings = settings(max_examples=25, stateful_step_count=30)

@@ -1,0 +1,141 @@
+"""Built-in trace profilers in one process: records, phases, tokens, close, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.artifacts.layout import policy_trace_path, rollout_trace_path
+from harness.artifacts.trace import read_trace
+from harness.plugins.loader import load_policy_profiler, load_rollout_profiler
+from harness.plugins.policy_hooks import PolicyProfilerHooks
+from harness.plugins.rollout_hooks import RolloutProfilerHooks
+
+POLICY = "harness.profiler.trace.TracePolicyProfiler"
+ROLLOUT = "harness.profiler.trace.TraceRolloutProfiler"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+
+def _train(data, loss_fn=None, eval_mode=False):
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    loss = (data @ w).relu().sum()
+    loss.backward()
+    return float(loss.detach())
+
+
+def _run_policy(monkeypatch, run_dir, steps=2, rank=0, trace_dir=None):
+    env = {"NRL_POLICY_PROFILER_CLASS": POLICY}
+    monkeypatch.setenv("HARNESS_TRACE_DIR", str(trace_dir or run_dir))
+    monkeypatch.setenv("HARNESS_RUN_ID", "unit")
+    hooks = PolicyProfilerHooks(load_policy_profiler(rank=rank, environ=env))
+    for _ in range(steps):
+        hooks.run_train(_train, torch.ones(4, 8))
+    hooks.run_train(_train, torch.ones(4, 8), None, True)  # eval: not profiled
+    hooks.close()
+    return read_trace(run_dir / policy_trace_path(rank))
+
+
+def _fields(trace):
+    return [
+        {k: v for k, v in r.items() if k not in ("memory", "wall_s", "crc")}
+        for r in trace.records
+    ]
+
+
+def test_policy_trace_records_steps(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_TRACE_DIR", str(tmp_path))
+    trace = _run_policy(monkeypatch, tmp_path)
+    assert trace.complete, trace.problems
+    assert trace.header["role"] == "policy" and trace.header["run_id"] == "unit"
+    assert trace.header["profiler"] == POLICY
+    phases = trace.of_type("phase")
+    assert [p["phase"] for p in phases] == ["train/step1", "train/step2"]
+    assert all(p["outcome"] == "finished" for p in phases)
+    ops = phases[1]["operators"]
+    assert ops["aten::mm"] >= 1 and "aten::relu" in ops
+    assert phases[1]["collectives"] == []  # no process group in this process
+    assert phases[1]["memory"]["peak_rss"] > 0
+    events = [(e["event"], e["phase"]) for e in trace.of_type("event")]
+    assert events == [
+        ("begin_train_step", "train/step1"), ("finish_train_step", "train/step1"),
+        ("begin_train_step", "train/step2"), ("finish_train_step", "train/step2"),
+    ]
+
+
+def test_policy_trace_is_identical_across_reruns(tmp_path, monkeypatch):
+    _run_policy(monkeypatch, tmp_path / "warmup")
+    first = _run_policy(monkeypatch, tmp_path / "a")
+    second = _run_policy(monkeypatch, tmp_path / "b")
+    assert _fields(first) == _fields(second)
+
+
+def test_trace_dir_may_be_the_artifacts_dir(tmp_path, monkeypatch):
+    trace = _run_policy(monkeypatch, tmp_path, steps=1, rank=4, trace_dir=tmp_path / "artifacts")
+    assert trace.complete
+    assert (tmp_path / policy_trace_path(4)).is_file()
+
+
+def test_missing_trace_dir_fails_worker_start(monkeypatch):
+    monkeypatch.delenv("HARNESS_TRACE_DIR", raising=False)
+    with pytest.raises(RuntimeError, match="Failed to initialize policy profiler .* rank 0") as info:
+        load_policy_profiler(rank=0, environ={"NRL_POLICY_PROFILER_CLASS": POLICY})
+    assert "HARNESS_TRACE_DIR" in str(info.value.__cause__)
+
+
+def test_rollout_trace_phases_tokens_and_aborts(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_TRACE_DIR", str(tmp_path))
+    profiler = load_rollout_profiler(rank=1, environ={"NRL_ROLLOUT_PROFILER_CLASS": ROLLOUT})
+    with pytest.raises(ValueError, match="not the token"):
+        profiler.end_engine_initialization(object())
+    hooks = RolloutProfilerHooks(profiler)
+    with hooks.engine_init():
+        torch.zeros(16).add_(1)
+    with hooks.rollout("step1/attempt1"):
+        torch.ones(3).softmax(0)
+    with pytest.raises(KeyError):
+        with hooks.rollout("step1/attempt2"):
+            raise KeyError("boom")
+    hooks.close()
+    trace = read_trace(tmp_path / rollout_trace_path(1))
+    assert trace.complete, trace.problems
+    phases = [(p["phase"], p["outcome"], p.get("reason")) for p in trace.of_type("phase")]
+    assert phases == [
+        ("engine_init", "finished", None),
+        ("rollout/step1/attempt1", "finished", None),
+        ("rollout/step1/attempt2", "aborted", "grpo_rollout_error"),
+    ]
+    assert "aten::_softmax" in trace.of_type("phase")[1]["operators"]
+
+
+def test_close_with_open_phase_records_abort(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_TRACE_DIR", str(tmp_path))
+    profiler = load_policy_profiler(rank=0, environ={"NRL_POLICY_PROFILER_CLASS": POLICY})
+    profiler.begin_train_step()
+    profiler.close()
+    profiler.close()  # idempotent
+    trace = read_trace(tmp_path / policy_trace_path(0))
+    assert trace.complete
+    (phase,) = trace.of_type("phase")
+    assert phase["outcome"] == "aborted" and phase["reason"] == "profiler_closed"
+
+
+def test_second_concurrent_profiler_reports_instead_of_failing(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_TRACE_DIR", str(tmp_path))
+    policy = load_policy_profiler(rank=0, environ={"NRL_POLICY_PROFILER_CLASS": POLICY})
+    rollout = load_rollout_profiler(rank=0, environ={"NRL_ROLLOUT_PROFILER_CLASS": ROLLOUT})
+    policy.begin_train_step()
+    token = rollout.begin_engine_initialization()
+    rollout.end_engine_initialization(token)
+    policy.finish_train_step()
+    policy.close()
+    rollout.close()
+    (rphase,) = read_trace(tmp_path / rollout_trace_path(0)).of_type("phase")
+    assert rphase["operators"] is None and "already in use" in rphase["problems"][0]
+    (pphase,) = read_trace(tmp_path / policy_trace_path(0)).of_type("phase")
+    assert isinstance(pphase["operators"], dict)

@@ -1,0 +1,103 @@
+"""The ZMQ refit stream over real sockets (sender in a thread, receiver here)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from harness.refit.staging import default_staging_dir
+from harness.refit.zmq_stream import WeightManifestError, ipc_address, receive_weights_zmq, send_weights_zmq
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    sd = {f"layer{i}.w": torch.randn(i * 31 + 3, generator=gen) for i in range(12)}
+    sd["embed"] = torch.randn(40, 50, generator=gen)  # 8000 bytes: oversized for a 4 KiB budget
+    sd["half"] = torch.randn(17, generator=gen).to(torch.bfloat16)
+    return sd
+
+
+def _info(sd):
+    return {n: (tuple(t.shape), t.dtype) for n, t in sd.items()}
+
+
+def _stream(tmp_path, sent, expected_info, buffer_size=4096, timeout_ms=10_000):
+    address = ipc_address(str(tmp_path), "t")
+    outcome: dict = {}
+
+    def sender():
+        try:
+            outcome["stats"] = send_weights_zmq(sent.items(), address=address, buffer_size_bytes=buffer_size, timeout_ms=timeout_ms)
+        except BaseException as exc:  # surfaced by the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    received: dict[str, torch.Tensor] = {}
+    try:
+        stats = receive_weights_zmq(
+            address=address,
+            state_dict_info=expected_info,
+            load_fn=lambda views: received.update({n: v.clone() for n, v in views}),
+            timeout_ms=timeout_ms,
+        )
+        return stats, received, outcome
+    finally:
+        thread.join(30)
+        assert not thread.is_alive(), "sender thread hung"
+
+
+def _staging_files():
+    return {f for f in os.listdir(default_staging_dir()) if f.startswith(f"harness-refit-{os.getpid()}-")}
+
+
+def test_zmq_stream_is_bit_exact_and_cleans_up(tmp_path):
+    sd = _state()
+    before = _staging_files()
+    stats, received, outcome = _stream(tmp_path, sd, _info(sd))
+    assert "error" not in outcome
+    assert list(received) == list(sd) == stats.loaded
+    for name, t in sd.items():
+        assert torch.equal(received[name], t), name
+    assert outcome["stats"].oversized == 1 and outcome["stats"].groups == stats.groups
+    assert _staging_files() == before
+
+
+def test_zmq_receiver_rejects_unexpected_and_missing_but_acks(tmp_path):
+    sd = _state()
+    expected = _info(sd)
+    expected["never.sent"] = ((3,), torch.float32)
+    sent = dict(sd)
+    sent["surprise"] = torch.zeros(2)
+    expected.pop("layer0.w")
+    with pytest.raises(WeightManifestError) as info:
+        _, _, outcome = _stream(tmp_path, sent, expected)
+    message = str(info.value)
+    assert "'surprise'" in message and "never.sent" in message
+    assert "layer0.w" in message  # sent but not expected: unexpected
+
+
+def test_zmq_receiver_rejects_duplicates(tmp_path):
+    sd = _state()
+    address = ipc_address(str(tmp_path), "dup")
+    pairs = list(sd.items()) + [("layer1.w", sd["layer1.w"])]
+    errors: dict = {}
+    thread = threading.Thread(
+        target=lambda: errors.setdefault("s", send_weights_zmq(pairs, address=address, buffer_size_bytes=4096, timeout_ms=10_000))
+    )
+    thread.start()
+    with pytest.raises(WeightManifestError, match="duplicate tensor 'layer1.w'"):
+        receive_weights_zmq(address=address, state_dict_info=_info(sd), load_fn=lambda v: None, timeout_ms=10_000)
+    thread.join(30)
+    assert "s" in errors  # the sender completed: the receiver acknowledged everything
+
+
+def test_zmq_timeouts_are_clear(tmp_path):
+    address = ipc_address(str(tmp_path), "lonely")
+    with pytest.raises(TimeoutError, match="receiver side"):
+        receive_weights_zmq(address=address, state_dict_info={}, load_fn=lambda v: None, timeout_ms=200)
+    with pytest.raises(TimeoutError, match="sender side"):
+        send_weights_zmq([("a", torch.zeros(4))], address=address, buffer_size_bytes=1024, timeout_ms=200)
