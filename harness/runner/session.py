@@ -77,10 +77,11 @@ class Session:
 
         self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars)
         self.say(f"starting {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
-        from harness.rollout.worker import RolloutWorker
+        from harness.rollout.worker import rollout_worker_actor
 
+        actor_cls = rollout_worker_actor()
         for engine in self.topology.engines:
-            w = RolloutWorker.options(num_cpus=0, runtime_env={"env_vars": self.env_vars}).remote(
+            w = actor_cls.options(runtime_env={"env_vars": self.env_vars}).remote(
                 spec, engine.engine, engine.rank_prefix, str(self.run_dir), env_vars=self.env_vars,
                 capture_config=self._capture_config,
             )

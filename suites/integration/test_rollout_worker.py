@@ -207,7 +207,6 @@ def test_shutdown_closes_profilers_and_leaves_no_children(cluster):
         assert not (_children(info[name]["actor_pid"]) & set(info[name]["engine_pids"]))
     rollout_dir = cluster["run_dir"] / "artifacts" / "rollout"
     for rank in range(4):
-        assert _events(rollout_dir / f"rank{rank:05d}.trace.jsonl")[-1] is None  # the close record
         last = json.loads((rollout_dir / f"rank{rank:05d}.trace.jsonl").read_text().splitlines()[-1])
         assert last["type"] == "close", rank
     with pytest.raises(ray.exceptions.RayTaskError, match="shut down"):
