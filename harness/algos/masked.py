@@ -18,8 +18,13 @@ MASKED_MEAN_EPS = 1e-8
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of `x * mask` over `dim` (all elements when `dim` is None)."""
-    product = x * mask
+    """Sum of `x * mask` over `dim` (all elements when `dim` is None).
+
+    Entries where `mask == 0` are excluded by selection, not only by the
+    multiplication, so a non-finite value there (e.g. -inf logprobs on
+    padding) cannot turn the sum into NaN, and receives zero gradient.
+    """
+    product = torch.where(mask != 0, x * mask, torch.zeros((), dtype=x.dtype))
     return product.sum() if dim is None else product.sum(dim=dim)
 
 
@@ -35,8 +40,7 @@ def masked_mean(
     Without `global_normalization_factor` the denominator is the local mask
     count (`mask.sum(dim)`); with it, the denominator is that factor for every
     output element. `mask` must broadcast against `x`; masked-out entries of
-    `x` never influence the result, even if they are NaN-free garbage (they
-    are multiplied by 0, so they must be finite).
+    `x` never influence the result, even when they are inf or NaN.
     """
     total = masked_sum(x, mask, dim)
     if global_normalization_factor is None:

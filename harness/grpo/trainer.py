@@ -24,7 +24,7 @@ from typing import Any, Callable
 import ray
 import torch
 
-from harness.algos.advantages import compute_advantages
+from harness.algos import compute_advantages, expand_to_tokens, reward_metrics, rollout_metrics
 from harness.grpo.batch import build_train_batch, prompt_rows
 from harness.grpo.rollouts import AttemptResult, RolloutDriver
 
@@ -96,15 +96,17 @@ class Trainer:
         )
         rewards = torch.tensor(result.rewards, dtype=torch.float32)
         g = self.spec["grpo"]
-        adv = compute_advantages(rows, rewards, leave_one_out=bool(g["leave_one_out"]),
-                                 normalize=bool(g["normalize_rewards"]))
-        batch["advantages"] = adv[:, None] * batch["token_mask"]
+        loo = bool(g["leave_one_out"])
+        adv = compute_advantages(rows, rewards, leave_one_out=loo, normalize=bool(g["normalize_rewards"]),
+                                 valid_mask=batch["sample_mask"] > 0)
+        batch["advantages"] = expand_to_tokens(adv, batch["token_mask"])
         train_metrics = _timed(timings, "policy_training", lambda: self.train_phase(step, batch, timings))
         _timed(timings, "refit", lambda: self.refit(step))
         timings["total_step_time"] = time.perf_counter() - t0
         metrics = dict(train_metrics)
         metrics.update(result.metrics)
-        metrics.update(_rollout_metrics(rewards, batch, adv, self.G))
+        metrics.update(reward_metrics(rows, rewards, adv, batch["token_mask"], leave_one_out=loo))
+        metrics.update(_length_metrics(result.summaries, int(self.spec["env"]["turns"])))
         metrics["dynamic_sampling_num_gen_batches"] = float(attempts)
         return StepOutput(step, metrics, timings, result.summaries)
 
@@ -132,24 +134,13 @@ def _has_signal(rewards: list[float], G: int) -> bool:
     return any(len(set(rewards[i : i + G])) > 1 for i in range(0, len(rewards), G))
 
 
-def _rollout_metrics(rewards: torch.Tensor, batch: dict, adv: torch.Tensor, G: int) -> dict[str, float]:
-    mask = batch["token_mask"]
-    valid = mask.sum(dim=1)
-    gen_tokens = valid[batch["sample_mask"] > 0]
-    groups = rewards.view(-1, G)
-    all0 = (groups == 0).all(dim=1).float().mean().item()
-    all1 = (groups == 1).all(dim=1).float().mean().item()
-    tok_adv = adv[:, None].expand_as(mask)[mask > 0]
-    out = {
-        "reward": rewards.mean().item(),
-        "baseline_reward/pct_0": all0,
-        "baseline_reward/pct_1": all1,
-        "baseline_reward/pct_mixed": 1.0 - all0 - all1,
-        "mean_gen_tokens_per_sample": gen_tokens.mean().item() if gen_tokens.numel() else 0.0,
-        "max_gen_tokens_per_sample": gen_tokens.max().item() if gen_tokens.numel() else 0.0,
-        "total_num_tokens": float(batch["input_lengths"].sum().item()),
-    }
-    if tok_adv.numel():
-        out.update({"advantages/mean": tok_adv.mean().item(), "advantages/min": tok_adv.min().item(),
-                    "advantages/max": tok_adv.max().item()})
-    return out
+def _length_metrics(summaries: list[dict], max_turns: int) -> dict[str, float]:
+    """Length/termination metrics over the rollouts that reached the engine."""
+    ran = [s for s in summaries if s["calls"]]
+    return rollout_metrics(
+        prompt_lengths=[s["calls"][0]["prompt_tokens"] for s in ran],
+        gen_lengths=[sum(c["output_tokens"] for c in s["calls"]) for s in ran],
+        finish_reasons=[s["calls"][-1]["finish_reason"] for s in ran],
+        turns=[s["turns"] for s in ran],
+        max_turns=max_turns,
+    )

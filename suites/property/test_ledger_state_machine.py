@@ -1,8 +1,9 @@
 """The capture ledger as a hypothesis state machine over real SQLite stores.
 
-Operations, in any order the API allows: admit a root, admit a continuation
-(of any call, committed or not), begin, finish with the stage succeeding or
-failing, abort, refit, build a receipt and finalise.
+Operations, in any order the API allows: admit a root (a new rollout), admit
+a continuation (mostly of a committed call, sometimes of any call), begin,
+finish (stage succeeds, stage fails, or the engine aborts), refit, build a
+receipt (declared or heuristic terminal) and finalise.
 
 Invariants after every step:
   * no committed record without a durable staged row whose digest matches;
@@ -35,7 +36,11 @@ from harness.capture.sink import CaptureSink
 from harness.dataplane.store import DataPlaneStore
 
 EOS = 2
-ROLLOUTS = ["r0", "r1", "r2"]
+
+
+OUTPUTS = st.lists(st.integers(10, 30), min_size=0, max_size=4)
+OUTCOMES = st.integers(0, 7)
+NOW = st.one_of(st.none(), st.tuples(OUTPUTS, st.booleans(), OUTCOMES))
 
 
 class FlakyDataPlane:
@@ -99,24 +104,37 @@ class LedgerMachine(RuleBasedStateMachine):
         return [c for c in self.calls.values() if c.state == state]
 
     # -- rules ---------------------------------------------------------------
-    @rule(rollout=st.sampled_from(ROLLOUTS), prompt=st.lists(st.integers(10, 30), min_size=1, max_size=4))
-    def admit_root(self, rollout, prompt):
+    @rule(prompt=st.lists(st.integers(10, 30), min_size=1, max_size=4), now=NOW)
+    def admit_root(self, prompt, now):
         cid = self._new_cid()
+        rollout = f"r{self.n}"
         res = self.admitter.admit_root(rollout, cid, prompt)
         assert res.ok and res.prompt_ids == prompt
-        self.calls[(rollout, cid)] = Call(rollout, cid, None, prompt)
+        self.calls[(rollout, cid)] = call = Call(rollout, cid, None, prompt)
+        self._maybe_run_now(call, now)
 
-    @precondition(lambda self: self.calls)
-    @rule(data=st.data(), obs=st.lists(st.integers(10, 30), min_size=1, max_size=3))
-    def admit_continuation(self, data, obs):
-        parent = data.draw(st.sampled_from(sorted(self.calls.values(), key=lambda c: (c.rollout, c.cid))))
+    def _maybe_run_now(self, call: Call, now) -> None:
+        """Most calls run straight through (begin + finish); others interleave via the rules."""
+        if now is not None:
+            self._begin(call)
+            self._finish(call, *now)
+
+    @precondition(lambda self: any(c.state == "committed" for c in self.calls.values()))
+    @rule(data=st.data(), obs=st.lists(st.integers(10, 30), min_size=1, max_size=3), now=NOW)
+    def admit_continuation(self, data, obs, now):
+        everything = sorted(self.calls.values(), key=lambda c: (c.rollout, c.cid))
+        committed = [c for c in everything if c.state == "committed"]
+        # mostly continue committed calls (the useful path), sometimes anything (the lineage-failure path)
+        pool = committed if data.draw(st.integers(0, 5)) else everything
+        parent = data.draw(st.sampled_from(pool))
         cid = self._new_cid()
         res = self.admitter.admit_continuation(parent.rollout, cid, parent.cid, [EOS], [EOS] + obs)
         if parent.state == "committed":
             cum = self._cum(parent)
             expected = (cum[:-1] if cum[-1] == EOS else cum) + [EOS] + obs
             assert res.ok and res.prompt_ids == expected
-            self.calls[(parent.rollout, cid)] = Call(parent.rollout, cid, parent.cid, expected)
+            self.calls[(parent.rollout, cid)] = call = Call(parent.rollout, cid, parent.cid, expected)
+            self._maybe_run_now(call, now)
         else:
             assert not res.ok and res.failure_reason.startswith("unresolved_parent:")
             self.calls[(parent.rollout, cid)] = Call(parent.rollout, cid, parent.cid, [], state="failed")
@@ -124,16 +142,25 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(c.state == "admitted" for c in self.calls.values()))
     @rule(data=st.data())
     def begin(self, data):
-        call = data.draw(st.sampled_from(self._in("admitted")))
+        self._begin(data.draw(st.sampled_from(self._in("admitted"))))
+
+    def _begin(self, call: Call) -> None:
         adm = {a.model_call_id: a for a in self.ledger.admitted(call.rollout)}[call.cid]
         call.handle = self.sink.begin_request(adm.to_dict(), call.prompt, weight_version=self.version)
         call.state = "in_flight"
 
     @precondition(lambda self: any(c.state == "in_flight" for c in self.calls.values()))
-    @rule(data=st.data(), out=st.lists(st.integers(10, 30), min_size=0, max_size=4), eos=st.booleans(),
-          stage_ok=st.booleans())
-    def finish(self, data, out, eos, stage_ok):
-        call = data.draw(st.sampled_from(self._in("in_flight")))
+    @rule(data=st.data(), out=OUTPUTS, eos=st.booleans(), outcome=OUTCOMES)
+    def finish(self, data, out, eos, outcome):
+        self._finish(data.draw(st.sampled_from(self._in("in_flight"))), out, eos, outcome)
+
+    def _finish(self, call: Call, out: list[int], eos: bool, outcome: int) -> None:
+        """outcome 0: the engine aborts; 1: staging fails; otherwise the stage succeeds."""
+        if outcome == 0:
+            assert self.sink.abort_request(call.handle, "cancelled")["disposition"] == "capture_failed"
+            call.state = "failed"
+            return
+        stage_ok = outcome != 1
         output = out + ([EOS] if eos else [])
         logprobs = [-0.125 * (i + 1) for i in range(len(output))]
         self.dp.fail_next = not stage_ok
@@ -147,19 +174,14 @@ class LedgerMachine(RuleBasedStateMachine):
             assert coords["disposition"] == "staged", coords
             call.state, call.output, call.logprobs = "committed", output, logprobs
 
-    @precondition(lambda self: any(c.state == "in_flight" for c in self.calls.values()))
-    @rule(data=st.data())
-    def abort(self, data):
-        call = data.draw(st.sampled_from(self._in("in_flight")))
-        assert self.sink.abort_request(call.handle, "cancelled")["disposition"] == "capture_failed"
-        call.state = "failed"
-
     @rule()
     def refit(self):
         self.version += 1
 
-    @rule(rollout=st.sampled_from(ROLLOUTS), data=st.data())
-    def receipt_and_finalise(self, rollout, data):
+    @precondition(lambda self: any(c.state == "committed" for c in self.calls.values()))
+    @rule(data=st.data())
+    def receipt_and_finalise(self, data):
+        rollout = data.draw(st.sampled_from(sorted({c.rollout for c in self.calls.values() if c.state == "committed"})))
         mine = [c for c in self.calls.values() if c.rollout == rollout]
         committed = [c for c in mine if c.state == "committed"]
         declared = data.draw(st.sampled_from([None] + [c.cid for c in committed]))
@@ -169,11 +191,9 @@ class LedgerMachine(RuleBasedStateMachine):
         if poisoned:
             assert isinstance(result, Placeholder) and result.sample_mask == 0.0
             return
-        if isinstance(result, Placeholder):  # only an ambiguous heuristic may mask a clean rollout
+        if receipt.terminal_model_call_id is None:  # only an ambiguous heuristic may mask a clean rollout
             assert declared is None and result.reason.startswith("ambiguous_terminal"), result.reason
             return
-        assert isinstance(result, Sample)
-        self.samples += 1
         terminal = self.calls[(rollout, receipt.terminal_model_call_id)]
         if declared is not None:
             assert terminal.cid == declared
@@ -182,6 +202,11 @@ class LedgerMachine(RuleBasedStateMachine):
         while chain[-1].parent is not None:
             chain.append(self.calls[(rollout, chain[-1].parent)])
         chain.reverse()
+        if not any(c.output for c in chain):  # nothing generated: nothing to train on
+            assert isinstance(result, Placeholder) and result.reason == "no_trainable_tokens"
+            return
+        assert isinstance(result, Sample), result
+        self.samples += 1
         ids, mask, lps = [], [], []
         for c in chain:
             new = c.prompt[len(ids):]
@@ -194,7 +219,7 @@ class LedgerMachine(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------
     @invariant()
     def committed_rows_are_staged_and_parents_never_failed(self):
-        for rollout in ROLLOUTS:
+        for rollout in sorted({c.rollout for c in self.calls.values()}):
             for rec in self.ledger.manifest(rollout):
                 model = self.calls[(rollout, rec.model_call_id)]
                 assert rec.status == ("committed" if model.state == "committed" else "failed")
@@ -211,4 +236,4 @@ class LedgerMachine(RuleBasedStateMachine):
 TestLedgerMachine = LedgerMachine.TestCase
 # Each step does real fsyncs: bound the ci profile; nightly keeps its own example count.
 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
-    TestLedgerMachine.settings = settings(max_examples=25, stateful_step_count=30)
+    TestLedgerMachine.settings = settings(max_examples=30, stateful_step_count=40)

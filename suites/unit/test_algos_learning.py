@@ -86,9 +86,18 @@ def train(task_name: str, steps: int = 50, generations: int = 4) -> list[float]:
     return curve
 
 
+@pytest.fixture(autouse=True)
+def deterministic_torch():
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(deterministic)
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("task_name", ["arith", "parity"])
 def test_mean_reward_rises_over_fifty_steps(task_name):
-    torch.set_num_threads(1)
     curve = train(task_name)
     first, last = sum(curve[:10]) / 10, sum(curve[-10:]) / 10
     assert last > first + 0.05, (first, last)

@@ -25,6 +25,10 @@ def test_masked_mean_local_and_global_denominators():
     assert masked_mean(x, mask, 5.0).item() == pytest.approx(2.0)
     assert masked_mean(x, mask, dim=-1).tolist() == pytest.approx([2.0, 6.0])
     assert masked_mean(x, torch.zeros_like(mask)).item() == 0.0
+    poisoned = x.clone()
+    poisoned[0, 1] = float("-inf")
+    poisoned[1, 0] = float("nan")
+    assert masked_mean(poisoned, mask).item() == pytest.approx(10.0 / 3.0)
 
 
 def test_kl_types_match_their_formulas():

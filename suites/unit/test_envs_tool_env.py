@@ -104,3 +104,20 @@ def test_bad_prompts_and_config():
         ToolCalcEnv(turns=0)
     with pytest.raises(ValueError, match=r"messages\[0\]"):
         ToolCalcEnv().step([{"role": "assistant", "content": "x"}], "1")
+
+
+def test_tool_turn_render_keeps_the_eos_boundary_replace_prefix_tokens_uses():
+    env = ToolCalcEnv(turns=3)
+    call = "<tool_call>2*3+1</tool_call>"
+    messages, _, _ = env.step(env.reset("Compute: 2*3+1"), call)
+    # Template prefix = render through the last assistant message, no generation prompt.
+    prefix = TOK.apply_chat_template(messages[:2], add_generation_prompt=False)
+    full = TOK.apply_chat_template(messages, add_generation_prompt=True)
+    k = prefix.count(TOK.eos_token_id)
+    eos_positions = [i for i, t in enumerate(full) if t == TOK.eos_token_id]
+    cut = eos_positions[k - 1]
+    assert TOK.decode(full[:cut]).endswith("<|im_start|>assistant\n" + call)
+    assert TOK.decode(full[cut:]) == "<|im_end|>\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    # As with Qwen3, the prefix render differs (the last assistant turn gets an
+    # empty think block), so splicing must go by EOS count, not by position.
+    assert full[: len(prefix)] != prefix

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-import textwrap
+from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.parity.synthetic import synthetic_manifest, synthetic_surfaces
 from harness.store import (
@@ -82,21 +83,19 @@ def test_read_missing_golden_names_the_path(tmp_path):
         read_golden(tmp_path, "w", "cpu")
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def _workload(root, name, platforms):
+    """A real workload spec (the tiny smoke workload) renamed and scheduled on ``platforms``."""
+    spec = yaml.safe_load((REPO / "goldens/qwen3_moe_tiny_smoke/workload.yaml").read_text())
+    spec["name"] = name
+    spec.setdefault("platform", {})["platforms"] = platforms
     (root / name).mkdir(parents=True, exist_ok=True)
-    (root / name / "workload.yaml").write_text(textwrap.dedent(f"""\
-        name: {name}
-        platform:
-          platforms: {platforms}
-        """))
+    (root / name / "workload.yaml").write_text(yaml.safe_dump(spec))
 
 
-def test_lint_reports_every_kind(tmp_path, monkeypatch):
-    import harness.store.lint as lint_mod
-
-    # Use the minimal YAML reader so the test does not depend on a full workload spec.
-    monkeypatch.setattr(lint_mod, "scheduled_platforms",
-                        lambda p: __import__("yaml").safe_load(p.read_text())["platform"]["platforms"])
+def test_lint_reports_every_kind(tmp_path):
     _write(tmp_path, 0)
     _workload(tmp_path, "w", ["cpu", "cuda"])                           # cuda missing
     write_golden(tmp_path, "orphan", "cpu", synthetic_manifest("orphan"),
@@ -112,11 +111,14 @@ def test_lint_reports_every_kind(tmp_path, monkeypatch):
                      ("leftover_temp", "v/.cpu.tmp-zzz")}
 
 
-def test_lint_clean_store_has_no_findings(tmp_path, monkeypatch):
-    import harness.store.lint as lint_mod
-
-    monkeypatch.setattr(lint_mod, "scheduled_platforms",
-                        lambda p: __import__("yaml").safe_load(p.read_text())["platform"]["platforms"])
+def test_lint_clean_store_has_no_findings(tmp_path):
     _write(tmp_path, 0)
     _workload(tmp_path, "w", ["cpu"])
     assert lint(tmp_path) == []
+
+
+def test_lint_reports_a_broken_workload_spec(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w/workload.yaml").write_text("name: w\n")
+    (kind, path), = {(f.kind, f.path) for f in lint(tmp_path)}
+    assert (kind, path) == ("bad_workload", "w/workload.yaml")
