@@ -9,8 +9,9 @@ Tables:
               cannot later fail, a failed call can never commit, and a failed
               call is never resolved as a parent.
 
-Every write is its own `BEGIN IMMEDIATE` transaction under
-`synchronous=FULL`, so a row that a method returned from survives SIGKILL.
+Every write is its own `BEGIN IMMEDIATE` transaction. Outcome rows commit
+under `synchronous=FULL` (fsync before return); admission rows under NORMAL
+(safe against a process kill, fsynced by the next outcome commit).
 Several processes may write (engine owners, the trainer's admitter).
 """
 
@@ -58,6 +59,13 @@ class CaptureLedger:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.executescript(_SCHEMA)
+        # Admissions go through a second connection with synchronous=NORMAL: in
+        # WAL mode such a commit survives a process kill (not a power loss) and
+        # becomes fully durable at the next FULL commit on the file, i.e. no
+        # later than the call's own outcome row. Saves one fsync per call.
+        self._fast = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._fast.execute("PRAGMA synchronous=NORMAL")
+        self._fast.execute("PRAGMA busy_timeout=30000")
 
     # -- writes ------------------------------------------------------------
     def admit(self, admission: CaptureAdmission) -> int:
@@ -65,9 +73,9 @@ class CaptureLedger:
         field is ignored and replaced). Re-admitting a call id is refused."""
         body = admission.to_dict()
         body.pop("required_prefix_token_ids", None)  # the ledger stays token-free
-        with _immediate(self._db):
+        with _immediate(self._fast):
             try:
-                cur = self._db.execute(
+                cur = self._fast.execute(
                     "INSERT INTO admissions(rollout_id, model_call_id, body) VALUES (?,?,?)",
                     (admission.rollout_id, admission.model_call_id, json.dumps(body, sort_keys=True)),
                 )
@@ -166,6 +174,7 @@ class CaptureLedger:
         return cls(path)
 
     def close(self) -> None:
+        self._fast.close()
         self._db.close()
 
     def __enter__(self) -> "CaptureLedger":

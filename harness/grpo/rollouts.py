@@ -98,7 +98,7 @@ class RolloutDriver:
         for p_idx, prompt in enumerate(prompts):
             for g in range(G):
                 index = p_idx * G + g
-                rid = f"step{step:04d}/attempt{attempt}/row{index:04d}"
+                rid = f"step{step:04d}-attempt{attempt}-row{index:04d}"
                 episodes.append(Episode(index, prompt, rid, self.env.reset(prompt)))
         for turn in range(self.turns):
             live = [e for e in episodes if not e.done]

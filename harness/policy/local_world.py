@@ -58,7 +58,7 @@ def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
             dist.destroy_process_group()
 
 
-def spawn_world(spec: Mapping[str, Any], fn: Callable[..., Any], *args: Any, timeout_s: float = 300.0) -> list[Any]:
+def spawn_world(spec: Mapping[str, Any], fn: Callable[..., Any], *args: Any, timeout_s: float = 120.0) -> list[Any]:
     """Run `fn(engine, *args)` on every rank; returns results indexed by rank.
     `fn` must be a module-level function (it is pickled by reference).
     Raises RuntimeError naming the first failed rank."""
@@ -145,7 +145,7 @@ def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: in
     shard = shard_for_dp(batch, p["dp"], engine.coords["dp"])
     engine.save_checkpoint(ckpt_dir)
     mono = [engine.train(shard) for _ in range(steps)]
-    mono_sums = checksums(engine.hf_state_dict()) if engine.rank == 0 else {}
+    mono_sums = checksums(engine.hf_state_dict())  # collective; {} except on rank 0
     logprobs = engine.get_logprobs(shard)
     engine.load_checkpoint(ckpt_dir)
     split = []
@@ -155,6 +155,6 @@ def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: in
         for c in range(chunks):
             engine.train_microbatch({k: v[c * n : (c + 1) * n] for k, v in shard.items()})
         split.append(engine.finish_train_step())
-    split_sums = checksums(engine.hf_state_dict()) if engine.rank == 0 else {}
+    split_sums = checksums(engine.hf_state_dict())
     return {"mono": mono, "split": split, "mono_sums": mono_sums, "split_sums": split_sums,
             "logprobs": logprobs, "coords": dict(engine.coords), "is_last": engine.is_last}

@@ -54,7 +54,11 @@ class RolloutWorker:
         rank_prefix: int,
         run_dir: str,
         env_vars: Mapping[str, str] | None = None,
+        capture_config: Mapping[str, Any] | None = None,
     ) -> None:
+        """``capture_config``: the ``CaptureSink.from_config`` dict (the runner's
+        data-plane actor and ledger); default: derived from the spec and run dir."""
+        self._capture_config = dict(capture_config) if capture_config else None
         if env_vars:
             os.environ.update({k: str(v) for k, v in env_vars.items()})
         self.spec = dict(spec)
@@ -148,7 +152,8 @@ class RolloutWorker:
         if self._capture_sink is None:
             from harness.capture.sink import CaptureSink, capture_config_from_spec  # engineer G
 
-            self._capture_sink = CaptureSink.from_config(capture_config_from_spec(self.spec, self.run_dir))
+            cfg = self._capture_config or capture_config_from_spec(self.spec, self.run_dir)
+            self._capture_sink = CaptureSink.from_config(cfg)
         return self._capture_sink
 
     async def _generate_batch(self, requests: list[dict]) -> list[dict]:

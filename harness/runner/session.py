@@ -109,9 +109,7 @@ class Session:
         self.dataplane = DataPlaneClient(self.dataplane_handle)
         if not self.spec["capture"]["enabled"]:
             return None
-        self._capture_config = capture_config_from_spec(self.spec, self.run_dir)
-        self._capture_config["dataplane_actor"] = name
-        self._capture_config["dataplane_path"] = None
+        self._capture_config = capture_config_from_spec(self.spec, self.run_dir, dataplane_actor=name)
         self.ledger = CaptureLedger(str(self.run_dir / layout.LEDGER))
         admitter = CaptureAdmitter(self.ledger, self.dataplane, tokenizer=self.tokenizer,
                                    eos_token_id=self.tokenizer.eos_token_id)

@@ -122,3 +122,12 @@ def test_int_and_float_have_different_digests():
     b = copy.deepcopy(a)
     b["sections"]["step0001"]["metrics"]["x"] = 1.0
     assert section_digests(a) != section_digests(b)
+
+
+def test_driver_section_is_allowed_only_in_informational_surfaces():
+    body = {"coords": {}, "phases": {"step0001/generate": {"wall_s": 1.0}}}
+    timings = {"surface": "timings", "version": 1, "workload": "w", "sections": {"driver": body}}
+    assert validate_surface(timings) == []
+    operators = {"surface": "operators", "version": 1, "workload": "w",
+                 "sections": {"driver": {"phases": {"p": {"operators": {}}}}}}
+    assert [p for p, _ in validate_surface(operators)] == ["/sections"]

@@ -1,0 +1,92 @@
+"""Capture across processes: a named data-plane Ray actor, a `CaptureSink`
+built from plain config inside another Ray actor (the engine owner's seat),
+admission and finalisation on the driver."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ray = pytest.importorskip("ray")
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace="capture_test")
+    yield
+    ray.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class EngineOwner:
+    """Stands in for E's RolloutWorker: only the capture calls are exercised."""
+
+    def __init__(self, cfg):
+        import torch
+
+        torch.set_num_threads(1)
+        from harness.capture.sink import CaptureSink
+
+        self.sink = CaptureSink.from_config(cfg)
+
+    def generate(self, admission, prompt_ids, output_ids, logprobs, version):
+        import torch
+
+        h = self.sink.begin_request(admission, prompt_ids, weight_version=version)
+        return self.sink.finish_request(h, output_ids, torch.tensor(logprobs), version)
+
+    def stats(self):
+        return self.sink.stats()
+
+
+def test_capture_through_ray_actors(ray_session, tmp_path):
+    from harness.capture.admission import CaptureAdmitter
+    from harness.capture.finalize import Sample, finalize_group
+    from harness.capture.ledger import CaptureLedger
+    from harness.capture.receipt import build_receipt
+    from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+
+    handle = start_dataplane_actor("dataplane", str(tmp_path / "dataplane.sqlite"))
+    with pytest.raises(ValueError, match="already serves"):
+        start_dataplane_actor("dataplane", str(tmp_path / "other.sqlite"))
+    cfg = {"ledger_path": str(tmp_path / "ledger.sqlite"), "dataplane_actor": "dataplane",
+           "dataplane_namespace": "capture_test", "fail_stage_rate": 0.0, "seed": 0}
+    engine = EngineOwner.remote(cfg)
+    client = DataPlaneClient("dataplane")
+    ledger = CaptureLedger(cfg["ledger_path"])
+    admitter = CaptureAdmitter(ledger, client, eos_token_id=EOS)
+
+    outputs = {}
+    for r in range(3):
+        rid = f"r{r}"
+        res = admitter.admit_root(rid, "c0", [1, 10 + r, 3])
+        out0, lp0 = [40 + r, EOS], [-0.5, -0.25]
+        c0 = ray.get(engine.generate.remote(res.request_capture(), res.prompt_ids, out0, lp0, 0))
+        assert c0["disposition"] == "staged"
+        res = admitter.admit_continuation(rid, "c1", "c0", [1, 10 + r, 3, 41, EOS], [1, 10 + r, 3, 41, EOS, 7, EOS, 6])
+        assert res.ok and res.prompt_ids == [1, 10 + r, 3, 40 + r, EOS, 7, EOS, 6]
+        out1, lp1 = [50, 51], [-1.5, -0.75]
+        c1 = ray.get(engine.generate.remote(res.request_capture(), res.prompt_ids, out1, lp1, 1))
+        assert c1["disposition"] == "staged" and c1["admission_epoch"] == 1
+        outputs[rid] = res.prompt_ids + out1
+
+    receipts = [build_receipt(f"r{r}", ledger, reward=float(r)) for r in range(3)]
+    samples, metrics = finalize_group(receipts, client, ledger)
+    assert metrics["finalize/masked_count"] == 0.0
+    for s in samples:
+        assert isinstance(s, Sample) and s.token_ids == outputs[s.rollout_id]
+        assert s.loss_mask == [0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
+        assert s.generation_logprobs == [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, 0.0, -1.5, -0.75]
+    assert client.keys("r1/") == ["r1/c0", "r1/c1"]
+    client.snapshot(str(tmp_path / "ckpt.sqlite"))
+    assert (tmp_path / "ckpt.sqlite").stat().st_size > 0
+    assert ray.get(engine.stats.remote())["capture/staged"] == 6
+    ledger.close()
+    ray.kill(engine)
+    ray.kill(handle)
