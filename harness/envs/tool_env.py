@@ -6,11 +6,17 @@ Episode: the user asks `Compute: <expr>` (prompts from
 with a small integer calculator and appends a `tool` message (rendered by the
 chat template as a `<tool_response>` user turn). The episode ends when an
 assistant turn has no tool call (an answer) or when the assistant has spoken
-`turns` times (the spec's `env.turns`; `turns=1` is single-turn).
+`turns` times (the spec's `env.turns`; `turns=1` is single-turn). A turn
+without a tool call is an answer: a correct answer ends the episode; a wrong
+one gets a user message asking to try again while the budget lasts, so even a
+random-init model produces real multi-turn episodes (what token capture and
+prefix splicing are tested on).
 
 Reward (only at the end; 0.0 on intermediate steps): 1.0 when the first
 integer of the final turn's visible text (think and tool-call blocks and
-control tokens removed) equals the value of the user's expression, else 0.0.
+control tokens removed) equals the value of the user's expression, else the
+near-miss credit in [0, 0.5) of its first character against the value's first
+digit (dense shaping, as the single-turn tasks have).
 
 The environment is **stateless**: `step` is a pure function of the message
 list and the new assistant text (the expression is re-read from the first
@@ -24,11 +30,12 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from harness.envs.tasks import Prompt, first_integer
+from harness.envs.tasks import Prompt, _first_char_reward, first_integer
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 EXPRESSION_PROMPT = re.compile(r"^Compute: (.+)$")
 
+RETRY_PROMPT = "Not correct. Try again."
 MAX_EXPRESSION_CHARS = 64
 MAX_DEPTH = 8
 MAX_MAGNITUDE = 10**12
@@ -168,5 +175,9 @@ class ToolCalcEnv:
         if reply is not None and calls < self.turns:
             new_messages.append({"role": "tool", "content": reply})
             return new_messages, False, 0.0
-        reward = 1.0 if first_integer(assistant_text) == expected else 0.0
+        correct = first_integer(assistant_text) == expected
+        if not correct and reply is None and calls < self.turns:
+            new_messages.append({"role": "user", "content": RETRY_PROMPT})
+            return new_messages, False, 0.0
+        reward = 1.0 if correct else _first_char_reward(str(expected)[0], assistant_text)
         return new_messages, True, reward

@@ -75,7 +75,7 @@ def test_any_model_output_is_handled(ids, turns):
     messages = env.reset("Compute: 3*4+5")
     text = TOK.decode(ids)
     new_messages, done, reward = env.step(messages, text)
-    assert reward in (0.0, 1.0)
+    assert 0.0 <= reward <= 1.0
     assert new_messages[len(messages)] == {"role": "assistant", "content": text}
     # The chat template renders every state the env produces.
     TOK.apply_chat_template(new_messages, add_generation_prompt=not done)
