@@ -85,6 +85,11 @@ class DataPlaneClient:
     def __init__(self, target: Any, *, namespace: str | None = None):
         self._actor = ray.get_actor(target, namespace=namespace) if isinstance(target, str) else target
 
+    @property
+    def handle(self) -> Any:
+        """The actor handle (pass it to other actors; they wrap it in their own client)."""
+        return self._actor
+
     def stage(self, key: str, row: Mapping[str, Any]) -> str:
         return ray.get(self._actor.stage.remote(key, dict(row)))
 

@@ -20,9 +20,10 @@ class DataPlaneTrainer(Trainer):
         if self.dataplane is None:
             raise RuntimeError("grpo.trainer=dataplane needs the data plane (capture.enabled or a data plane actor)")
         key = f"step{step:04d}/batch"
+        handle = self.dataplane.handle
         t = time.perf_counter()
         self.dataplane.put_tensors(key, batch)
-        prev_key = self.policy.get_logprobs_by_key(key, out_key=f"step{step:04d}/prev_logprobs")
-        ref_key = self.policy.get_reference_logprobs_by_key(key, out_key=f"step{step:04d}/reference_logprobs")
+        prev_key = self.policy.logprobs_by_key(handle, key, f"step{step:04d}/prev_logprobs")
+        ref_key = self.policy.logprobs_by_key(handle, key, f"step{step:04d}/reference_logprobs", reference=True)
         timings["policy_and_reference_logprobs"] = time.perf_counter() - t
-        return dict(self.policy.train_by_key(key, extra_keys=[prev_key, ref_key]))
+        return dict(self.policy.train_by_key(handle, key, [prev_key, ref_key]))

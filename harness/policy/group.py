@@ -115,6 +115,18 @@ class PolicyGroup:
     def abort_train_step(self) -> None:
         self._all("abort_train_step")
 
+    # -- data-plane variants: only keys cross the driver ---------------------------------
+
+    def logprobs_by_key(self, dataplane: Any, key: str, out_key: str, *, reference: bool = False) -> str:
+        """Workers fetch their shard of ``key`` and stage logprobs under ``out_key/dp<d>``."""
+        field = "reference_policy_logprobs" if reference else "prev_logprobs"
+        self._all("logprobs_to_dataplane", dataplane, key, out_key, field, reference)
+        return out_key
+
+    def train_by_key(self, dataplane: Any, key: str, extra_keys: list[str]) -> dict[str, float]:
+        """``train`` on the batch staged under ``key`` plus the per-shard ``extra_keys``."""
+        return self._all("train_from_dataplane", dataplane, key, list(extra_keys))[self.metrics_rank]
+
     def get_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         out = self._sharded("get_logprobs", batch)
         return torch.cat([out[r] for r in self.output_ranks])

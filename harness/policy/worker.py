@@ -63,6 +63,35 @@ class PolicyWorkerImpl:
     def abort_train_step(self) -> None:
         return self.hooks.abort_step(self.engine.abort_train_step)
 
+    # -- data-plane variants (the "dataplane" trainer passes keys, not tensors) -----------
+
+    def _dp_shard(self, dataplane: Any, key: str, extra_keys: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+        """This rank's DP shard of the batch staged under ``key``, plus per-shard extras
+        staged by :meth:`logprobs_to_dataplane` under ``<extra>/dp<d>``."""
+        from harness.dataplane.actor import DataPlaneClient
+        from harness.policy.local_world import shard_for_dp
+
+        client = DataPlaneClient(dataplane)
+        dp, d = int(self.engine.spec["policy"]["dp"]), int(self.engine.coords["dp"])
+        shard = shard_for_dp(client.get_tensors(key), dp, d)
+        for extra in extra_keys:
+            shard.update(client.get_tensors(f"{extra}/dp{d}"))
+        return shard
+
+    def logprobs_to_dataplane(self, dataplane: Any, key: str, out_key: str, field: str, reference: bool) -> None:
+        """Compute (reference) logprobs of this rank's shard; output ranks stage
+        them under ``<out_key>/dp<d>`` as ``{field: Tensor}``."""
+        shard = self._dp_shard(dataplane, key)
+        out = self.engine.get_reference_logprobs(shard) if reference else self.engine.get_logprobs(shard)
+        c = self.engine.coords
+        if c["tp"] == 0 and c["cp"] == 0 and c["pp"] == int(self.engine.spec["policy"]["pp"]) - 1:
+            from harness.dataplane.actor import DataPlaneClient
+
+            DataPlaneClient(dataplane).put_tensors(f"{out_key}/dp{c['dp']}", {field: out})
+
+    def train_from_dataplane(self, dataplane: Any, key: str, extra_keys: list[str]) -> dict[str, float]:
+        return self.train(self._dp_shard(dataplane, key, tuple(extra_keys)))
+
     # -- inference / weights --------------------------------------------------------------
 
     def get_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
