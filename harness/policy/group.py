@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Mapping
 
 import ray
@@ -21,6 +22,9 @@ import torch
 from harness.parallel.groups import validate_policy_layout
 from harness.policy.local_world import free_port, shard_for_dp
 from harness.policy.worker import PolicyWorker
+
+
+DEATH_GRACE_S = 10.0
 
 
 class PolicyGroup:
@@ -78,15 +82,42 @@ class PolicyGroup:
     # -- fan-out ----------------------------------------------------------------------
 
     def _gather(self, refs: list, method: str) -> list:
-        out = []
-        for rank, ref in enumerate(refs):
+        """Results in rank order, or one error that names the root cause.
+
+        Waits on all ranks together. A dead actor is the root cause over the
+        collective errors it provokes on its peers, so it is reported first;
+        once a death is seen, peers get ``DEATH_GRACE_S`` to finish before the
+        call fails (a peer blocked in a collective with the dead rank would
+        otherwise wait for the backend's long timeout).
+        """
+        index = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        errors: dict[int, tuple[str, BaseException]] = {}
+        pending, deadline = list(refs), None
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not done:
+                break  # grace period over: the rest are stuck behind the dead rank
+            rank = index[done[0]]
             try:
-                out.append(ray.get(ref))
+                results[rank] = ray.get(done[0])
             except ray.exceptions.RayActorError as exc:
-                raise RuntimeError(f"policy worker {rank} (rank {rank}) died during {method}: {exc}") from exc
+                errors[rank] = ("died", exc)
+                deadline = deadline or time.monotonic() + DEATH_GRACE_S
             except ray.exceptions.RayTaskError as exc:
-                raise RuntimeError(f"policy worker {rank} (rank {rank}) failed in {method}: {exc}") from exc
-        return out
+                errors[rank] = ("failed", exc)
+        if errors or pending:
+            dead = sorted(r for r, (kind, _) in errors.items() if kind == "died")
+            first = dead[0] if dead else min(errors)
+            kind, exc = errors[first]
+            others = sorted(set(errors) - {first}) + sorted(index[p] for p in pending)
+            raise RuntimeError(
+                f"policy worker {first} (rank {first}, coords {self.coords[first]}) {kind} during {method}"
+                + (f"; ranks {others} failed or stalled after it" if others else "")
+                + f": {exc}"
+            ) from exc
+        return [results[r] for r in range(len(refs))]
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> list:
         return self._gather([getattr(w, method).remote(*args, **kwargs) for w in self.workers], method)

@@ -58,9 +58,13 @@ class Session:
         if not ray.is_initialized():
             t = time.perf_counter()
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            runtime_env: dict = {"env_vars": self.env_vars}
+            hook = os.environ.get("GOLDEN_WORKER_SETUP_HOOK")
+            if hook:  # instrumentation/mutation entry point for every Ray worker process
+                runtime_env["worker_process_setup_hook"] = hook
             ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
                      log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")),
-                     runtime_env={"env_vars": self.env_vars})
+                     runtime_env=runtime_env)
             self._started_ray = True
             self.say(f"ray up in {time.perf_counter() - t:.1f}s")
         from harness.envs.tasks import PromptLoader, make_task

@@ -1,0 +1,71 @@
+"""A policy worker dying mid-step ends the run quickly, names the worker, leaves no orphans.
+
+The workload runs in a subprocess (``golden run``) so that every process it
+starts (Ray's raylet and GCS, actors, internal engine processes) is a
+descendant we can account for afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+def _session_members(sid: int) -> set[int]:
+    """Processes whose session id is ``sid`` (everything the run started, however deep)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().split(")")[-1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # field 6 of /proc/pid/stat: session
+            out.add(int(entry.name))
+    return out
+
+
+def test_dead_policy_worker_fails_the_run_with_its_rank(tmp_path):
+    run_dir = tmp_path / "run"
+    stamp = tmp_path / "died_at"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", GOLDEN_FAULT_STAMP=str(stamp),
+               GOLDEN_WORKER_SETUP_HOOK="harness.mutations.policy_rank1_dies_in_step2")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", "qwen3_moe_tiny_streaming",
+         "plugins.policy_profiler=null", "plugins.rollout_profiler=null", "grpo.trainer=sync",
+         "--run-dir", str(run_dir)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    out, _ = proc.communicate(timeout=300)
+    ended = time.time()
+    assert proc.returncode == 1, out
+    assert stamp.exists(), "the planted fault never fired:\n" + out
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "failed"
+    assert "policy worker 1 (rank 1, coords" in run["error"] and "died during train" in run["error"], run["error"]
+    assert ended - float(stamp.read_text()) < 60, "the run took too long to notice the dead worker"
+    deadline = time.monotonic() + 30
+    while (left := _alive(_session_members(proc.pid))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"orphan processes after a failed run: {sorted(left)}"
