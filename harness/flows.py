@@ -69,6 +69,19 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     return Execution(spec, run_dir, result, time.perf_counter() - t)
 
 
+def resume(run_dir: Path, *, say: Say | None = None) -> Execution:
+    """Continue a stopped run from its newest checkpoint, then postflight it."""
+    import json
+
+    from harness.runner.run import resume_workload
+
+    run_dir = Path(run_dir)
+    spec = json.loads((run_dir / "run.json").read_text())["spec"]
+    t = time.perf_counter()
+    resume_workload(run_dir, progress=say)
+    return Execution(spec, run_dir, postflight(run_dir), time.perf_counter() - t)
+
+
 def load_golden(goldens_root: Path, workload: str, platform: str):
     """The stored golden and its tolerance table; GoldenMissing if absent."""
     from harness.parity.tolerances import ToleranceTable, load_tolerances

@@ -6,8 +6,9 @@ import argparse
 import sys
 
 
-def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workload", help="workload name (goldens/<name>/workload.yaml) or path to a workload.yaml")
+def add_workload_arguments(parser: argparse.ArgumentParser, *, workload_optional: bool = False) -> None:
+    parser.add_argument("workload", nargs="?" if workload_optional else None,
+                        help="workload name (goldens/<name>/workload.yaml) or path to a workload.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="spec overrides")
     parser.add_argument("--run-dir", default=None, help="run directory (default: runs/<workload>-<time>-<pid>)")
     parser.add_argument("--goldens", default=None, help="goldens root (default: the repository's goldens/)")

@@ -1,4 +1,8 @@
-"""``golden run WORKLOAD [key=value ...]``: run a workload and postflight it."""
+"""``golden run WORKLOAD [key=value ...]``: run a workload and postflight it.
+
+``golden run --resume RUN_DIR`` continues a stopped run from its newest
+checkpoint (written every ``grpo.checkpoint_every`` steps).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,36 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from harness.cli._workload_args import add_workload_arguments
 
-    add_workload_arguments(parser)
+    add_workload_arguments(parser, workload_optional=True)
+    parser.add_argument("--resume", metavar="RUN_DIR", default=None,
+                        help="continue this run directory from its newest checkpoint")
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cli._workload_args import execute_or_explain
+    import sys
 
-    execution, code = execute_or_explain(args)
-    if execution is None:
-        return code
+    from harness.cli._workload_args import execute_or_explain, progress
+
+    if args.resume:
+        if args.workload or args.overrides:
+            print("golden run --resume takes no workload or overrides (the run's own spec is used)", file=sys.stderr)
+            return 2
+        from harness import flows
+
+        try:
+            execution = flows.resume(args.resume, say=progress(args))
+        except FileNotFoundError as exc:
+            print(f"golden run --resume: {exc}", file=sys.stderr)
+            return 2
+        print(f"run {execution.run_dir}: {execution.postflight.status} in {execution.wall_s:.1f}s", file=sys.stderr)
+        for problem in execution.problems():
+            print(f"  FAIL {problem}", file=sys.stderr)
+    else:
+        if not args.workload:
+            print("golden run: a WORKLOAD (or --resume RUN_DIR) is required", file=sys.stderr)
+            return 2
+        execution, code = execute_or_explain(args)
+        if execution is None:
+            return code
     print(execution.run_dir)
     return 0 if execution.ok else 1

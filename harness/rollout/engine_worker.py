@@ -131,6 +131,11 @@ class EngineWorker:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
+    def set_weight_version(self, version: int) -> int:
+        """Resume support: continue the version count of the run being resumed."""
+        self.engine.weight_version = int(version)
+        return self.engine.weight_version
+
     def state_dict_info(self) -> dict:
         return self.engine.state_dict_info()
 

@@ -127,6 +127,13 @@ class RolloutWorker:
     def weight_version(self) -> int:
         return self._call("weight_version")
 
+    def set_weight_version(self, version: int) -> int:
+        """Resume support: every TP rank continues from ``version``."""
+        if self._local is not None:
+            return self._local.set_weight_version(version)
+        versions = self._procs.call("set_weight_version", version)
+        return versions[0]
+
     def state_dict_info(self) -> dict:
         return self._call("state_dict_info")
 

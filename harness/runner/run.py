@@ -72,14 +72,45 @@ def worker_env(spec: dict, run_dir: Path, run_id: str) -> dict[str, str]:
 
 def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] | None = None) -> RunOutcome:
     """Run ``spec`` into ``run_dir`` (must not exist or be empty)."""
-    say = progress or (lambda msg: None)
     run_dir = Path(run_dir)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run directory {run_dir} is not empty")
     run_dir.mkdir(parents=True, exist_ok=True)
     topology = plan(spec)  # validates before anything starts
     run_id = f"{spec['name']}-{uuid.uuid4().hex[:8]}"
-    run_doc = {
+    return _execute(spec, topology, run_dir, run_id, _new_run_doc(spec, topology, run_id), None, progress)
+
+
+def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = None) -> RunOutcome:
+    """Continue a stopped run from its newest checkpoint (``golden run --resume``).
+
+    The spec is the one in the run's ``run.json`` (no overrides); logs are cut
+    back to the checkpoint, the data plane and ledger restored from it, and the
+    profilers write a new trace segment that postflight merges at the
+    checkpoint boundary.
+    """
+    from harness.runner import checkpoint
+
+    run_dir = Path(run_dir)
+    run_doc = json.loads((run_dir / layout.RUN_JSON).read_text())
+    found = checkpoint.latest(run_dir)
+    if found is None:
+        raise FileNotFoundError(f"{run_dir}: no checkpoint to resume from (set grpo.checkpoint_every)")
+    ckpt, state = found
+    spec = run_doc["spec"]
+    topology = plan(spec)
+    checkpoint.rewind_logs(run_dir, state)
+    checkpoint.restore_stores(run_dir, ckpt)
+    segment = int(run_doc.get("segments", 1))
+    run_doc.update(status="running", error=None, segments=segment + 1,
+                   resumed=[*run_doc.get("resumed", []), {"segment": segment, "after_step": state["step"]}])
+    resume = (ckpt, state)
+    return _execute(spec, topology, run_dir, run_doc["run_id"], run_doc, resume, progress,
+                    trace_env={"HARNESS_TRACE_SEGMENT": str(segment), "HARNESS_STEP_OFFSET": str(state["step"])})
+
+
+def _new_run_doc(spec: dict, topology, run_id: str) -> dict:
+    return {
         "run_id": run_id,
         "workload": spec["name"],
         "spec": spec,
@@ -92,13 +123,19 @@ def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] |
         "expected_artifacts": expected_artifacts(spec, topology),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, resume,
+             progress: Callable[[str], None] | None, trace_env: dict[str, str] | None = None) -> RunOutcome:
+    say = progress or (lambda msg: None)
     _write_json(run_dir / layout.RUN_JSON, run_doc)
     t0 = time.perf_counter()
     error = None
+    env = {**worker_env(spec, run_dir, run_id), **(trace_env or {})}
     try:
         from harness.runner.session import Session  # torch + ray live behind this import
 
-        with Session(spec, topology, run_dir, worker_env(spec, run_dir, run_id), say) as session:
+        with Session(spec, topology, run_dir, env, say, resume=resume) as session:
             session.run_iterations()
     except KeyboardInterrupt:
         error = "interrupted (Ctrl-C)"

@@ -31,8 +31,12 @@ SHUTDOWN_TIMEOUT_S = 60
 
 class Session:
     def __init__(self, spec: dict, topology, run_dir: Path, env_vars: dict[str, str],
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], resume: tuple[Path, dict] | None = None) -> None:
+        """``resume``: (checkpoint dir, its state) from ``checkpoint.latest``; the
+        stores must already be restored (``checkpoint.restore_stores``)."""
         self.spec = spec
+        self.resume = resume
+        self.first_step = 1 if resume is None else int(resume[1]["step"]) + 1
         self.topology = topology
         self.run_dir = Path(run_dir)
         self.env_vars = env_vars
@@ -92,7 +96,15 @@ class Session:
             self.workers.append(w)
         ray.get([w.ready.remote() for w in self.workers])
         self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir)
-        self.refitter.refit(0)
+        if self.resume is not None:
+            ckpt, state = self.resume
+            self.say(f"resuming after step {state['step']} from {ckpt}")
+            self.policy.load_checkpoint(str(ckpt / "policy"))
+            self.loader.load_state_dict(state["loader"])
+            self.refitter.refit(state["step"])
+            ray.get([w.set_weight_version.remote(state["weight_version"]) for w in self.workers])
+        else:
+            self.refitter.refit(0)
         self.driver = RolloutDriver(spec, self.workers, self.tokenizer, self.episode_env, capture)
         cls = trainer_class(spec["grpo"]["trainer"])
         self.trainer = cls(spec, self.policy, self.workers, self.driver, self.loader, self.tokenizer,
@@ -122,7 +134,8 @@ class Session:
     # -- the loop --------------------------------------------------------------
     def run_iterations(self) -> None:
         iterations = int(self.spec["grpo"]["iterations"])
-        for step in range(1, iterations + 1):
+        every = int(self.spec["grpo"]["checkpoint_every"])
+        for step in range(self.first_step, iterations + 1):
             t = time.perf_counter()
             out = self.trainer.step(step)
             _append_jsonl(self.run_dir / layout.METRICS,
@@ -131,6 +144,12 @@ class Session:
                 _append_jsonl(self.run_dir / layout.ROLLOUTS, out.summaries)
             self.say(f"step {step}/{iterations}: loss={out.metrics.get('loss', float('nan')):.5f} "
                      f"reward={out.metrics.get('reward', float('nan')):.3f} ({time.perf_counter() - t:.1f}s)")
+            if every and step % every == 0 and step < iterations:
+                from harness.runner import checkpoint
+
+                checkpoint.save(self.run_dir, step, policy=self.policy, dataplane=self.dataplane,
+                                ledger=self.ledger, loader=self.loader,
+                                weight_version=self.refitter.history[-1]["version"])
 
     # -- teardown --------------------------------------------------------------
     def __exit__(self, *exc) -> None:
