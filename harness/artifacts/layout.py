@@ -21,16 +21,24 @@ ARTIFACTS_DIR = "artifacts"
 TRACE_ROLES = ("policy", "rollout")
 TRACE_SUFFIX = ".trace.jsonl"
 
-_TRACE_RE = re.compile(r"^artifacts/(policy|rollout)/rank(\d{5,})\.trace\.jsonl$")
+_TRACE_RE = re.compile(r"^artifacts/(policy|rollout)/rank(\d{5,})(?:\.seg(\d+))?\.trace\.jsonl$")
 
 
-def trace_path(role: str, rank: int) -> str:
-    """``artifacts/{role}/rank{rank:05d}.trace.jsonl`` for ``role`` in TRACE_ROLES."""
+def trace_path(role: str, rank: int, segment: int = 0) -> str:
+    """``artifacts/{role}/rank{rank:05d}.trace.jsonl`` for ``role`` in TRACE_ROLES.
+
+    A run resumed from a checkpoint writes segment ``n >= 1`` of each trace to
+    ``rank{rank:05d}.seg{n}.trace.jsonl``; postflight merges the segments at
+    the checkpoint boundary (``harness.artifacts.segments``).
+    """
     if role not in TRACE_ROLES:
         raise ValueError(f"trace role must be one of {TRACE_ROLES}, got {role!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"trace rank must be a non-negative int, got {rank!r}")
-    return f"{ARTIFACTS_DIR}/{role}/rank{rank:05d}{TRACE_SUFFIX}"
+    if isinstance(segment, bool) or not isinstance(segment, int) or segment < 0:
+        raise ValueError(f"trace segment must be a non-negative int, got {segment!r}")
+    seg = f".seg{segment}" if segment else ""
+    return f"{ARTIFACTS_DIR}/{role}/rank{rank:05d}{seg}{TRACE_SUFFIX}"
 
 
 def policy_trace_path(rank: int) -> str:
@@ -44,11 +52,20 @@ def rollout_trace_path(rank: int) -> str:
 
 
 def parse_trace_path(rel_path: str) -> tuple[str, int]:
-    """Inverse of :func:`trace_path`: ``(role, rank)``; ValueError for any other path."""
+    """Inverse of :func:`trace_path` for the first segment: ``(role, rank)``;
+    ValueError for any other path."""
+    role, rank, segment = parse_trace_segment(rel_path)
+    if segment:
+        raise ValueError(f"not a first-segment trace artifact path: {rel_path!r}")
+    return role, rank
+
+
+def parse_trace_segment(rel_path: str) -> tuple[str, int, int]:
+    """Inverse of :func:`trace_path`: ``(role, rank, segment)``."""
     match = _TRACE_RE.match(rel_path)
     if match is None:
         raise ValueError(f"not a trace artifact path: {rel_path!r}")
-    return match.group(1), int(match.group(2))
+    return match.group(1), int(match.group(2)), int(match.group(3) or 0)
 
 
 def section_name(role: str, rank: int) -> str:

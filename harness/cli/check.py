@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from harness.cli._workload_args import add_workload_arguments
 
     add_workload_arguments(parser)
-    parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit"), default="terminal")
+    parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit", "html"), default="terminal")
     parser.add_argument("--output", default=None, help="also write the report here")
 
 
@@ -36,7 +36,12 @@ def run(args: argparse.Namespace) -> int:
     except flows.GoldenMissing as exc:
         print(f"golden: {exc}", file=sys.stderr)
         return 2
-    report = render(verdict, args.format, title=f"{execution.spec['name']} [{platform}]")
+    curves = {}
+    if args.format == "html":  # the HTML report plots golden vs actual training curves
+        root = Path(args.goldens or flows.default_goldens_root())
+        golden = flows.load_golden(root, execution.spec["name"], platform)[0]
+        curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces}
+    report = render(verdict, args.format, title=f"{execution.spec['name']} [{platform}]", **curves)
     print(report)
     if args.output:
         Path(args.output).write_text(report + "\n")

@@ -1,9 +1,8 @@
-"""Recording collectives issued by any library, via a TorchDispatchMode.
+"""Recording collectives issued by any library, at the dispatcher.
 
 Every c10d collective (``torch.distributed.all_reduce``, megatron-core's
 calls, functional collectives, ...) passes the dispatcher as a ``c10d.*`` or
-``_c10d_functional.*`` op. A dispatch mode entered on a thread sees them all
-for that thread, with the process group among the arguments; its
+``_c10d_functional.*`` op, with the process group among the arguments; its
 ``group_desc`` (the ``group_desc=`` given to ``new_group``; ``default_pg`` for
 the world) names the group's kind.
 
@@ -11,12 +10,31 @@ Entries are ``[op, group_kind, dtype, numel]``: ``op`` is the
 ``torch.distributed`` API name where one is known (``all_reduce``, ...), else
 the c10d op name; ``dtype`` / ``numel`` describe the op's first tensor
 argument (summed over a tensor list). No addresses, ids or timings, so
-entries are identical across reruns.
+entries are identical across reruns. Only the outermost collective is
+recorded (a functional ``all_reduce`` is one entry, not also the
+``c10d::allreduce_`` it runs).
+
+Two interception methods (``HARNESS_TRACE_COLLECTIVES``):
+
+* ``kernel`` (default where ``torch.library.get_kernel`` exists, torch >= 2.9):
+  once per process, a Python kernel is registered in front of each collective
+  op's backend kernels (CPU, CUDA, PrivateUse1, ...; the documented
+  ``get_kernel`` wrapping pattern). It records when a recorder is active in the
+  calling thread's state and calls the original kernel. Non-collective ops pay
+  nothing. The active recorders live in torch's thread-local Python object
+  stash, which ``at::ThreadLocalState`` carries into autograd threads, like a
+  dispatch mode.
+* ``mode``: a ``TorchDispatchMode`` entered on the calling thread (the original
+  method). Every op of the window then makes a Python round trip (~4 us; 3.5x
+  on the smoke workload's generation), so it is only the fallback for older
+  torch.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import warnings
 from typing import Any
 
 import torch
@@ -55,7 +73,23 @@ OP_NAMES: dict[str, str] = {
     "all_to_all_single": "all_to_all_single",
     "broadcast": "broadcast",
 }
-IGNORED_OPS = frozenset({"wait_tensor", "_wrap_tensor_autograd"})  # bookkeeping, not collectives
+OP_NAMES.update({
+    "all_reduce_": "all_reduce",
+    "all_reduce_coalesced_": "all_reduce_coalesced",
+    "all_gather_into_tensor_out": "all_gather_into_tensor",
+    "reduce_scatter_tensor_out": "reduce_scatter_tensor",
+    "isend": "isend",
+    "irecv": "irecv",
+    "batch_p2p_ops": "batch_isend_irecv",
+})
+# bookkeeping, not collectives
+IGNORED_OPS = frozenset({"wait_tensor", "_wrap_tensor_autograd", "check_for_nan"})
+
+METHOD_ENV = "HARNESS_TRACE_COLLECTIVES"
+METHODS = ("kernel", "mode")
+# backend keys whose kernels are wrapped (those the op has a kernel for)
+WRAPPED_KEYS = ("CPU", "CUDA", "PrivateUse1", "XPU", "HPU", "MTIA", "SparseCPU", "SparseCUDA")
+_TLS_KEY = "harness.profiler.collective_recorders"
 
 
 def _group_kind(args: tuple[Any, ...], kwargs: dict[str, Any], namespace: str) -> str:
@@ -102,13 +136,162 @@ def _first_tensor(args: tuple[Any, ...]) -> tuple[str, int]:
     return "none", 0
 
 
-class CollectiveRecorder(TorchDispatchMode):
-    """Appends ``[op, group_kind, dtype, numel]`` for every collective on this thread.
+def _entry(name: str, namespace: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    dtype, numel = _first_tensor(args)
+    return [OP_NAMES.get(name, name), _group_kind(args, kwargs, namespace), dtype, numel]
 
-    Use ``start()`` / ``stop()`` (or ``with``); both must run on the same
-    thread, because dispatch modes are thread-local. Non-collective ops pass
-    through untouched (one namespace check per op).
+
+def kernel_method_available() -> bool:
+    """Whether this torch can wrap kernels (``torch.library.get_kernel``) and stash TLS objects."""
+    return hasattr(torch.library, "get_kernel") and all(
+        hasattr(torch._C, f) for f in ("_stash_obj_in_tls", "_get_obj_in_tls", "_is_key_in_tls", "_remove_obj_from_tls")
+    )
+
+
+def resolve_method(environ: dict[str, str] | None = None) -> str:
+    """``kernel`` or ``mode`` from ``HARNESS_TRACE_COLLECTIVES`` (default: kernel where available)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(METHOD_ENV, "").strip().lower()
+    if raw and raw not in METHODS:
+        raise ValueError(f"{METHOD_ENV}={raw!r}: expected one of {', '.join(METHODS)}")
+    if raw == "mode" or not kernel_method_available():
+        return "mode"
+    return "kernel"
+
+
+# -- kernel method ---------------------------------------------------------------------
+
+_install_lock = threading.Lock()
+_libraries: list[Any] = []  # torch.library.Library objects; kept alive for the process
+_installed: int | None = None  # number of wrapped (op, key) kernels once installed
+_nesting = threading.local()
+
+
+def _active_recorders() -> tuple[KernelCollectiveRecorder, ...]:
+    if torch._C._is_key_in_tls(_TLS_KEY):
+        return torch._C._get_obj_in_tls(_TLS_KEY)
+    return ()
+
+
+def _set_active_recorders(recorders: tuple[KernelCollectiveRecorder, ...]) -> None:
+    if recorders:
+        torch._C._stash_obj_in_tls(_TLS_KEY, recorders)
+    elif torch._C._is_key_in_tls(_TLS_KEY):
+        torch._C._remove_obj_from_tls(_TLS_KEY)
+
+
+def _make_kernel(original: Any, name: str, namespace: str):
+    def kernel(keyset, *args, **kwargs):
+        if not getattr(_nesting, "depth", 0):
+            recorders = [r for r in _active_recorders() if r.recording]
+            if recorders:
+                entry = _entry(name, namespace, args, kwargs)
+                for recorder in recorders:
+                    recorder.entries.append(list(entry))
+                _nesting.depth = 1  # collectives run by this one are not issued by the caller
+                try:
+                    return original.call_boxed(keyset, *args, **kwargs)
+                finally:
+                    _nesting.depth = 0
+        return original.call_boxed(keyset, *args, **kwargs)
+
+    return kernel
+
+
+def install_kernels() -> int:
+    """Wrap every collective op's backend kernels (once per process); returns how many were wrapped."""
+    global _installed
+    with _install_lock:
+        if _installed is not None:
+            return _installed
+        import torch.distributed  # noqa: F401  (registers the c10d ops)
+
+        wrapped = 0
+        for namespace in COLLECTIVE_NAMESPACES:
+            lib = torch.library.Library(namespace, "IMPL")
+            packets = [n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith(f"{namespace}::")]
+            for packet_name in sorted(set(p.split(".", 1)[0] for p in packets)):
+                if packet_name in IGNORED_OPS:
+                    continue
+                packet = getattr(getattr(torch.ops, namespace), packet_name)
+                for overload_name in packet.overloads():
+                    op = getattr(packet, overload_name)
+                    qualname = op._schema.name if not op._schema.overload_name else f"{op._schema.name}.{op._schema.overload_name}"
+                    for key in WRAPPED_KEYS:
+                        try:
+                            if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(qualname, key):
+                                continue
+                            original = torch.library.get_kernel(op, key)
+                        except (RuntimeError, ValueError, AttributeError):
+                            continue
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+                            lib.impl(op, _make_kernel(original, packet_name, namespace), key, with_keyset=True)
+                        wrapped += 1
+            _libraries.append(lib)
+        _installed = wrapped
+        return wrapped
+
+
+class KernelCollectiveRecorder:
+    """Appends ``[op, group_kind, dtype, numel]`` for every collective issued in this thread's state.
+
+    ``start()`` / ``stop()`` (or ``with``) on the same thread; stopping on
+    another thread still stops recording but raises (the entries are kept).
     """
+
+    method = "kernel"
+
+    def __init__(self) -> None:
+        self.entries: list[list[Any]] = []
+        self.recording = False
+        self._thread: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("collective recorder already started")
+        install_kernels()
+        self.recording = True
+        self._thread = threading.get_ident()
+        _set_active_recorders(tuple(r for r in _active_recorders() if r.recording) + (self,))
+
+    def stop(self) -> list[list[Any]]:
+        """Stop recording; returns the entries recorded since ``start``."""
+        if self._thread is None:
+            return self.entries
+        self.recording = False
+        thread, self._thread = self._thread, None
+        _set_active_recorders(tuple(r for r in _active_recorders() if r.recording))
+        if thread != threading.get_ident():
+            raise RuntimeError(
+                "collective recorder stopped on a different thread than it was started on "
+                "(recorders are per thread state)"
+            )
+        return self.entries
+
+    def __enter__(self) -> KernelCollectiveRecorder:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- mode method -------------------------------------------------------------------------
+
+
+class ModeCollectiveRecorder(TorchDispatchMode):
+    """The dispatch-mode method: sees every op of the window (slow), records collectives.
+
+    Use ``start()`` / ``stop()``; both must run on the same thread, because
+    dispatch modes are thread-local.
+    """
+
+    method = "mode"
 
     def __init__(self) -> None:
         super().__init__()
@@ -121,8 +304,7 @@ class CollectiveRecorder(TorchDispatchMode):
         if namespace in COLLECTIVE_NAMESPACES:
             name = func._schema.name.split("::", 1)[-1]
             if name not in IGNORED_OPS:
-                dtype, numel = _first_tensor(args)
-                self.entries.append([OP_NAMES.get(name, name), _group_kind(args, kwargs, namespace), dtype, numel])
+                self.entries.append(_entry(name, namespace, args, kwargs))
         return func(*args, **kwargs)
 
     @property
@@ -147,3 +329,15 @@ class CollectiveRecorder(TorchDispatchMode):
         self._thread = None
         self.__exit__(None, None, None)
         return self.entries
+
+
+def CollectiveRecorder(method: str | None = None) -> KernelCollectiveRecorder | ModeCollectiveRecorder:
+    """A recorder using ``method`` (default: :func:`resolve_method`)."""
+    method = method or resolve_method()
+    if method == "kernel":
+        if not kernel_method_available():
+            raise RuntimeError("the kernel method needs torch.library.get_kernel (torch >= 2.9)")
+        return KernelCollectiveRecorder()
+    if method == "mode":
+        return ModeCollectiveRecorder()
+    raise ValueError(f"unknown collective recording method {method!r}")

@@ -5,7 +5,15 @@ contracts (harness.plugins.protocols) and are loaded like any third-party
 plugin, by class path. They are configured only through the environment:
 
 * ``HARNESS_TRACE_DIR`` (required): the run directory, or its ``artifacts/``;
-* ``HARNESS_RUN_ID`` (optional): copied into the header.
+* ``HARNESS_RUN_ID`` (optional): copied into the header;
+* ``HARNESS_TRACE_OPERATORS`` (optional): operator source, ``recordfn``
+  (default), ``profiler`` or ``off`` (harness.profiler.phase);
+* ``HARNESS_TRACE_COLLECTIVES`` (optional): ``kernel`` (default) or ``mode``
+  (harness.profiler.collectives).
+
+The sources are resolved (and the C++ operator counter built, if needed) in
+the constructor, before any phase; the header records them
+(``operator_source``, ``collective_method``, ``probe_notes``).
 
 Each instance owns one file, ``artifacts/{policy|rollout}/rank{R:05d}.trace.jsonl``
 (harness.artifacts.layout), written through harness.artifacts.trace:
@@ -26,7 +34,7 @@ import torch
 import harness
 from harness.artifacts.layout import ARTIFACTS_DIR, trace_path
 from harness.artifacts.trace import TraceWriter
-from harness.profiler.phase import PhaseProbe
+from harness.profiler.phase import PhaseProbe, resolve_probe_config
 
 TRACE_DIR_ENV = "HARNESS_TRACE_DIR"
 RUN_ID_ENV = "HARNESS_RUN_ID"
@@ -51,6 +59,7 @@ class _TraceProfiler:
     def __init__(self, *, rank: int) -> None:
         self.rank = rank
         self.path = trace_file_for(self.role, rank)
+        self._probe_config = resolve_probe_config()
         cls = type(self)
         self._writer = TraceWriter(
             self.path,
@@ -62,6 +71,7 @@ class _TraceProfiler:
                 "profiler": f"{cls.__module__}.{cls.__qualname__}",
                 "harness_version": harness.__version__,
                 "torch_version": torch.__version__,
+                **self._probe_config.header_fields(),
             },
         )
         self._phase: str | None = None
@@ -77,7 +87,7 @@ class _TraceProfiler:
         if self._phase is not None:
             raise RuntimeError(f"{type(self).__name__} rank {self.rank}: phase {self._phase!r} is still open")
         self._phase = phase
-        self._probe = PhaseProbe()
+        self._probe = PhaseProbe(self._probe_config)
         self._probe.start()
 
     def _end_phase(self, outcome: str, **fields: Any) -> None:

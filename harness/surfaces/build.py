@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.artifacts import layout
+from harness.artifacts.segments import merge_segments
 from harness.artifacts.trace import TraceFile, read_trace
 
 GATED = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
@@ -29,13 +30,17 @@ class RunArtifacts:
         self.run = json.loads((self.run_dir / layout.RUN_JSON).read_text())
         self.workload: str = self.run["workload"]
         self.topology: dict = self.run["topology"]
-        self.traces: dict[str, TraceFile] = {}
+        segments: dict[str, dict[int, TraceFile]] = {}
         for role in layout.TRACE_ROLES:
             folder = self.run_dir / layout.ARTIFACTS_DIR / role
             for path in sorted(folder.glob(f"rank*{layout.TRACE_SUFFIX}")):
                 rel = path.relative_to(self.run_dir).as_posix()
-                r, rank = layout.parse_trace_path(rel)
-                self.traces[layout.section_name(r, rank)] = read_trace(path)
+                r, rank, segment = layout.parse_trace_segment(rel)
+                segments.setdefault(layout.section_name(r, rank), {})[segment] = read_trace(path)
+        # a resumed run's segments are merged at the checkpoint boundary
+        self.traces: dict[str, TraceFile] = {
+            section: merge_segments([segs[i] for i in sorted(segs)]) for section, segs in sorted(segments.items())
+        }
         self.metrics = _read_jsonl(self.run_dir / layout.METRICS)
         self.rollouts = _read_jsonl(self.run_dir / layout.ROLLOUTS)
 

@@ -1,24 +1,28 @@
-"""Verdict renderers: terminal table, Markdown (CI job summary), JUnit XML, JSON.
+"""Verdict renderers: terminal table, Markdown (CI job summary), JUnit XML, JSON, static HTML.
 
 Every renderer is a pure function ``render_<format>(verdict, *, title=...) -> str``;
 ``render(verdict, fmt)`` dispatches by name. Human formats cap the findings shown
 per surface (``limit``) and say how many were left out; JSON is always complete.
+HTML also plots the training curves when given the surface documents
+(``surfaces_actual`` / ``surfaces_golden``, {name: document}); the other formats ignore them.
 """
 
 from __future__ import annotations
 
 from harness.parity.findings import Verdict
+from harness.parity.render.html import render_html
 from harness.parity.render.json_verdict import render_json
 from harness.parity.render.junit import render_junit
 from harness.parity.render.markdown import render_markdown
 from harness.parity.render.terminal import render_terminal
 
-FORMATS = ("terminal", "markdown", "json", "junit")
+FORMATS = ("terminal", "markdown", "json", "junit", "html")
 
-__all__ = ["FORMATS", "render", "render_json", "render_junit", "render_markdown", "render_terminal"]
+__all__ = ["FORMATS", "render", "render_html", "render_json", "render_junit", "render_markdown", "render_terminal"]
 
 
-def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: bool | None = None) -> str:
+def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: bool | None = None,
+           surfaces_actual: dict | None = None, surfaces_golden: dict | None = None) -> str:
     if fmt == "terminal":
         return render_terminal(verdict, title=title, color=color)
     if fmt == "markdown":
@@ -27,4 +31,6 @@ def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: b
         return render_json(verdict, title=title)
     if fmt == "junit":
         return render_junit(verdict, title=title)
+    if fmt == "html":
+        return render_html(verdict, title=title, surfaces_actual=surfaces_actual, surfaces_golden=surfaces_golden)
     raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")

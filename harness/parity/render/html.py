@@ -1,0 +1,409 @@
+"""Static HTML report: one self-contained file that opens in a browser with no server.
+
+Inline CSS and inline SVG only: no external URL, no script (a Content-Security-Policy
+meta tag forbids both, so a value that slipped through escaping still could not run
+or fetch anything). Every value taken from the verdict or the surfaces is escaped.
+
+Layout: a header (verdict status, counts, lane mode), a per-surface summary table,
+training curves (``loss``, ``reward``, ``grad_norm`` per step from the ``training``
+surface's ``stepNNNN`` -> ``metrics``; golden dashed, actual solid, points with a
+training finding ringed red) when surface documents are given, then one findings
+table per surface (capped at ``limit`` rows; the JSON verdict is complete).
+A parity verdict has no findings tables.
+
+The output is a pure function of the arguments (no timestamps), like the other renderers.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from typing import Any, Mapping, Sequence
+
+from harness.parity.findings import Finding, Verdict
+from harness.parity.render.common import STATUS_WORD, VERDICT_WORD, coords_cell, number_cell, summary_line
+
+__all__ = ["render_html", "CURVE_METRICS"]
+
+CURVE_METRICS = ("loss", "reward", "grad_norm")
+
+_SHORT = 80          # values longer than this fold into a <details>
+_LONG = 20_000       # ... and are cut at this length inside it
+_MARKERS = 120       # point markers on a curve up to this many steps
+
+_CSS = """
+:root{--fail:#c62828;--stale:#b26a00;--info:#00838f;--parity:#2e7d32;--golden:#5c6bc0;--actual:#ef6c00;
+--line:#d0d7de;--muted:#57606a;--bg-alt:#f6f8fa}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1f2328;background:#fff}
+main{max-width:1400px;margin:0 auto;padding:0 24px 48px}
+header.verdict{padding:20px 24px;border-bottom:4px solid var(--line);margin-bottom:20px}
+header.status-fail{border-color:var(--fail);background:#fdecea}
+header.status-stale{border-color:var(--stale);background:#fff4e0}
+header.status-parity{border-color:var(--parity);background:#e8f5e9}
+h1{font-size:20px;margin:0 0 8px;word-break:break-all}
+h2{font-size:17px;margin:28px 0 8px}
+h3{font-size:14px;margin:0 0 4px}
+.badge{display:inline-block;padding:2px 10px;border-radius:12px;font-weight:700;color:#fff;font-size:13px;
+letter-spacing:.03em;vertical-align:middle}
+.badge.fail{background:var(--fail)}.badge.stale{background:var(--stale)}.badge.info{background:var(--info)}
+.badge.parity{background:var(--parity)}
+.counts{display:flex;flex-wrap:wrap;gap:8px;margin:10px 0 4px;padding:0;list-style:none}
+.counts li{background:#fff;border:1px solid var(--line);border-radius:6px;padding:4px 10px}
+.counts b{font-size:16px}
+.summary{color:var(--muted);margin:6px 0 0}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{border:1px solid var(--line);padding:4px 8px;text-align:left;vertical-align:top}
+th{background:var(--bg-alt);position:sticky;top:0}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.val,td.key,td.sec{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+td.val{max-width:360px;word-break:break-all}
+td.key{overflow-wrap:anywhere;min-width:12em}
+td.sec{white-space:nowrap}
+tr.fail td:first-child{border-left:4px solid var(--fail)}
+tr.stale td:first-child{border-left:4px solid var(--stale)}
+tr.info td:first-child{border-left:4px solid var(--info)}
+tr.parity td:first-child{border-left:4px solid var(--parity)}
+td.st{font-weight:700;white-space:nowrap}
+tr.fail td.st{color:var(--fail)}tr.stale td.st{color:var(--stale)}tr.info td.st{color:var(--info)}
+tr.parity td.st{color:var(--parity)}
+table.summary-table{width:auto;min-width:640px}
+details.values summary{cursor:pointer}
+details.values pre{white-space:pre-wrap;word-break:break-all;margin:4px 0 0;max-height:320px;overflow:auto}
+details.surface{margin:0 0 16px}
+details.surface>summary{cursor:pointer;font-size:16px;font-weight:600;padding:6px 0}
+.note{color:var(--muted);font-size:13px;margin:6px 0}
+.ok{color:var(--parity);font-weight:600}
+.curves{display:flex;flex-wrap:wrap;gap:16px}
+figure.curve{margin:0;border:1px solid var(--line);border-radius:6px;padding:8px 10px;background:#fff}
+figure.curve figcaption{font-weight:600;margin-bottom:2px}
+svg text{font:11px system-ui,sans-serif;fill:#57606a}
+svg .grid{stroke:#eaeef2;stroke-width:1}
+svg .axis{stroke:#8c959f;stroke-width:1}
+svg polyline{fill:none;stroke-width:2;stroke-linejoin:round}
+svg .golden{stroke:var(--golden);stroke-dasharray:6 4}
+svg .actual{stroke:var(--actual)}
+svg circle.golden{fill:var(--golden);stroke:none}
+svg circle.actual{fill:var(--actual);stroke:none}
+svg circle.differs{fill:none;stroke:var(--fail);stroke-width:2}
+svg circle.differs.stale{stroke:var(--stale)}svg circle.differs.info{stroke:var(--info)}
+footer{color:var(--muted);font-size:12px;margin-top:32px}
+"""
+
+
+def _e(value: Any) -> str:
+    """Escape text for element content and (double-quoted) attribute values."""
+    return html.escape(str(value), quote=True)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+def _value_html(value: Any) -> str:
+    text = _text(value)
+    if len(text) <= _SHORT:
+        return _e(text)
+    cut = text if len(text) <= _LONG else text[:_LONG] + f"… ({len(text) - _LONG} more characters)"
+    return (f'<details class="values"><summary>{_e(text[:_SHORT - 1])}…</summary>'
+            f"<pre>{_e(cut)}</pre></details>")
+
+
+def _tolerance_text(f: Finding) -> str:
+    tol = f.tolerance
+    if not isinstance(tol, Mapping):
+        return ""
+    parts = [f"{k} {tol[k]}" for k in ("abs", "rel", "when") if k in tol]
+    if "inside" in tol:
+        parts.append("inside band" if tol["inside"] else "outside band")
+    if tol.get("reason"):
+        parts.append(str(tol["reason"]))
+    return "tolerance: " + ", ".join(parts)
+
+
+_FINDING_HEADER = ["status", "section", "coords", "phase/step", "key", "kind", "golden", "actual",
+                   "abs err", "rel err", "lane"]
+
+
+def _finding_row(f: Finding) -> str:
+    tol = _tolerance_text(f)
+    lane_title = f' title="{_e(tol)}"' if tol else ""
+    note = f'<div class="note">{_e(f.note)}</div>' if f.note else ""
+    cells = [
+        f'<td class="st">{_e(STATUS_WORD.get(f.status, f.status))}</td>',
+        f'<td class="sec">{_e(f.section or "(surface)")}</td>',
+        f"<td>{_e(coords_cell(f.coords))}</td>",
+        f"<td>{_e(f.phase or '')}</td>",
+        f'<td class="key">{_e(f.key or "/")}{note}</td>',
+        f"<td>{_e(f.kind)}</td>",
+        f'<td class="val">{_value_html(f.golden)}</td>',
+        f'<td class="val">{_value_html(f.actual)}</td>',
+        f'<td class="num">{_e(number_cell(f.abs_err))}</td>',
+        f'<td class="num">{_e(number_cell(f.rel_err))}</td>',
+        f"<td{lane_title}>{_e(f.lane)}</td>",
+    ]
+    return f'<tr class="finding {_e(f.status)}">' + "".join(cells) + "</tr>"
+
+
+def _surface_status(s) -> tuple[str, str]:
+    """(text, css class) of a surface's status; a parity surface with informational findings says so."""
+    if s.status == "parity" and s.findings:
+        return "parity (info)", "info"
+    return s.status, s.status
+
+
+def _anchor(name: str) -> str:
+    return "surface-" + re.sub(r"[^A-Za-z0-9_-]", "_", name)
+
+
+# ---------------------------------------------------------------- curves (inline SVG)
+
+def _training_doc(surfaces: Any) -> Mapping | None:
+    """The training document of a {name: doc} mapping (or a training document itself)."""
+    if not isinstance(surfaces, Mapping):
+        return None
+    doc = surfaces if surfaces.get("surface") == "training" else surfaces.get("training")
+    if isinstance(doc, Mapping) and isinstance(doc.get("sections"), Mapping):
+        return doc
+    return None
+
+
+def _step_of(section_id: str, body: Mapping) -> int | None:
+    step = body.get("step")
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    m = re.fullmatch(r"step0*(\d+)", section_id)
+    return int(m.group(1)) if m else None
+
+
+def _series(doc: Mapping | None, metric: str) -> list[tuple[int, float]]:
+    """Sorted (step, value) points of one metric; non-numeric and non-finite values skipped."""
+    if doc is None:
+        return []
+    points = []
+    for sid, body in doc["sections"].items():
+        if not isinstance(body, Mapping) or not isinstance(body.get("metrics"), Mapping):
+            continue
+        step = _step_of(str(sid), body)
+        value = body["metrics"].get(metric)
+        if step is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value):
+            points.append((step, float(value)))
+    return sorted(points)
+
+
+def _metric_name(docs: Sequence[Mapping | None], wanted: str) -> str | None:
+    """``wanted`` itself, else the one metric whose last ``/`` component is ``wanted``."""
+    names: set[str] = set()
+    for doc in docs:
+        if doc is None:
+            continue
+        for body in doc["sections"].values():
+            if isinstance(body, Mapping) and isinstance(body.get("metrics"), Mapping):
+                names.update(str(k) for k in body["metrics"])
+    if wanted in names:
+        return wanted
+    tails = sorted(n for n in names if n.rsplit("/", 1)[-1] == wanted)
+    return tails[0] if tails else None
+
+
+def _nice_ticks(lo: float, hi: float, target: int = 6) -> tuple[list[float], int | None]:
+    """Round tick values covering [lo, hi] (steps of 1, 2, 2.5 or 5 x 10^k) and the decimals to print
+    them with (None: use general format). ``lo < hi``."""
+    raw = (hi - lo) / (target - 1)
+    exp = math.floor(math.log10(raw))
+    mag = 10.0 ** exp
+    mult = next(m for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= raw * (1 - 1e-12))
+    if mult == 10.0:
+        mult, exp, mag = 1.0, exp + 1, mag * 10
+    step = mult * mag
+    start, end = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    ticks = [i * step for i in range(start, end + 1)]
+    decimals = max(0, -exp + (1 if mult == 2.5 else 0))
+    big = max(abs(ticks[0]), abs(ticks[-1]))
+    return ticks, (decimals if decimals <= 8 and big < 1e6 else None)
+
+
+def _tick_label(value: float, decimals: int | None) -> str:
+    if decimals is None:
+        return f"{value:.4g}"
+    text = f"{value:.{decimals}f}"
+    return "0" if float(text) == 0 else text
+
+
+_RANK = {"info": 0, "stale": 1, "fail": 2}
+
+
+def _plot(metric: str, series: list[tuple[str, list[tuple[int, float]]]], differing: Mapping[int, str]) -> str:
+    """One SVG line chart; ``series`` = [(css class / label, points)], non-empty point lists only;
+    ``differing`` = {step: status} of the steps with a finding on this metric (ringed)."""
+    w, h, left, right, top, bottom = 440, 250, 64, 12, 30, 40
+    pw, ph = w - left - right, h - top - bottom
+    steps = [s for _, pts in series for s, _ in pts]
+    values = [v for _, pts in series for _, v in pts]
+    x0, x1 = min(steps), max(steps)
+    y0, y1 = min(values), max(values)
+    if y1 == y0:
+        pad = abs(y0) * 0.1 or 1.0
+        y0, y1 = y0 - pad, y1 + pad
+    yticks, decimals = _nice_ticks(y0, y1)
+    y0, y1 = yticks[0], yticks[-1]
+
+    def sx(step: float) -> float:
+        return left + (pw / 2 if x1 == x0 else (step - x0) / (x1 - x0) * pw)
+
+    def sy(value: float) -> float:
+        return top + (y1 - value) / (y1 - y0) * ph
+
+    out = [f'<svg class="plot" data-metric="{_e(metric)}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+           f'role="img" aria-label="{_e(metric)} per step">']
+    for yv in yticks:
+        y = sy(yv)
+        out.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}"/>')
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(_tick_label(yv, decimals))}</text>')
+    xticks = sorted(set(steps))
+    if len(xticks) > 10:
+        stride = math.ceil(len(xticks) / 10)
+        xticks = xticks[::stride] + ([xticks[-1]] if xticks[-1] not in xticks[::stride] else [])
+    for xv in xticks:
+        x = sx(xv)
+        out.append(f'<line class="axis" x1="{x:.1f}" y1="{top + ph}" x2="{x:.1f}" y2="{top + ph + 4}"/>')
+        out.append(f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle">{_e(xv)}</text>')
+    out.append(f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}"/>')
+    out.append(f'<line class="axis" x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}"/>')
+    out.append(f'<text x="{left + pw / 2:.1f}" y="{h - 6}" text-anchor="middle">step</text>')
+    for cls, pts in sorted(series, key=lambda item: item[0] == "golden"):  # golden (dashed) on top
+        coords = " ".join(f"{sx(s):.1f},{sy(v):.1f}" for s, v in pts)
+        out.append(f'<polyline class="{cls}" data-series="{cls}" data-points="{len(pts)}" points="{coords}"/>')
+        for s, v in (pts if len(pts) <= _MARKERS else ()):
+            out.append(f'<circle class="{cls}" cx="{sx(s):.1f}" cy="{sy(v):.1f}" r="2.5">'
+                       f"<title>{_e(cls)} step {_e(s)}: {_e(repr(v))}</title></circle>")
+    actual = dict(series).get("actual", [])
+    for s, v in actual:
+        if s in differing:
+            out.append(f'<circle class="differs {_e(differing[s])}" cx="{sx(s):.1f}" cy="{sy(v):.1f}" r="6">'
+                       f"<title>{_e(STATUS_WORD.get(differing[s], differing[s]))} finding at step {_e(s)}</title></circle>")
+    # legend
+    lx = left
+    for cls, _ in series:
+        out.append(f'<line class="{cls}" x1="{lx}" y1="10" x2="{lx + 22}" y2="10" style="stroke-width:2"/>')
+        out.append(f'<text x="{lx + 26}" y="14">{cls}</text>')
+        lx += 80
+    if actual:
+        for status in sorted(set(differing.values()), key=lambda st: -_RANK.get(st, 0)):
+            out.append(f'<circle class="differs {_e(status)}" cx="{lx + 6}" cy="10" r="5"/>'
+                       f'<text x="{lx + 16}" y="14">{_e(STATUS_WORD.get(status, status))}</text>')
+            lx += 70
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _curves(verdict: Verdict, surfaces_actual: Any, surfaces_golden: Any, metrics: Sequence[str]) -> list[str]:
+    golden_doc, actual_doc = _training_doc(surfaces_golden), _training_doc(surfaces_actual)
+    if golden_doc is None and actual_doc is None:
+        return []
+    differing: dict[str, dict[int, str]] = {}   # metric -> {step: worst status}
+    training = verdict.surfaces.get("training")
+    for f in (training.findings if training else []):
+        m = re.fullmatch(r"step0*(\d+)", f.phase or "")
+        if m and f.key.startswith("/metrics/"):
+            steps = differing.setdefault(f.key[len("/metrics/"):].replace("~1", "/").replace("~0", "~"), {})
+            step = int(m.group(1))
+            if _RANK.get(f.status, 0) > _RANK.get(steps.get(step, ""), -1):
+                steps[step] = f.status
+    sides = "golden (dashed) vs actual (solid)" if golden_doc is not None and actual_doc is not None else (
+        "golden only" if actual_doc is None else "actual only")
+    out = ['<section id="curves"><h2>Training curves</h2>',
+           f'<p class="note">Per-step metrics from the training surface: {_e(sides)}. '
+           "Rings mark steps with a finding on that metric (red: fail, amber: probable stale golden).</p>", '<div class="curves">']
+    for wanted in metrics:
+        name = _metric_name([golden_doc, actual_doc], wanted)
+        series = []
+        if name is not None:
+            for cls, doc in (("golden", golden_doc), ("actual", actual_doc)):
+                pts = _series(doc, name)
+                if pts:
+                    series.append((cls, pts))
+        out.append(f'<figure class="curve"><figcaption>{_e(name or wanted)}</figcaption>')
+        if series:
+            out.append(_plot(name, series, differing.get(name, {})))
+        else:
+            out.append(f'<p class="note">no numeric {_e(wanted)} metric in the training surface</p>')
+        out.append("</figure>")
+    out.append("</div></section>")
+    return out
+
+
+# ---------------------------------------------------------------- the page
+
+def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actual: Mapping | None = None,
+                surfaces_golden: Mapping | None = None, limit: int = 500,
+                metrics: Sequence[str] = CURVE_METRICS) -> str:
+    """The report as one HTML document (a string). Surfaces are {name: document} mappings."""
+    status = verdict.status
+    counts = verdict.counts()
+    names = sorted(verdict.surfaces)
+    compared = sum(verdict.surfaces[n].sections_compared for n in names)
+    differing = sum(verdict.surfaces[n].sections_differing for n in names)
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(title)}: {_e(VERDICT_WORD.get(status, status))}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f'<header class="verdict status-{_e(status)}"><h1>{_e(title)}</h1>',
+        f'<div><span class="badge {_e(status)}" id="verdict-status" data-status="{_e(status)}">'
+        f"{_e(VERDICT_WORD.get(status, status))}</span></div>",
+        '<ul class="counts">',
+        f'<li class="count-fail">failing <b>{counts["fail"]}</b></li>',
+        f'<li class="count-stale">stale-golden <b>{counts["stale"]}</b></li>',
+        f'<li class="count-info">informational <b>{counts["info"]}</b></li>',
+        f"<li>surfaces <b>{len(names)}</b></li>",
+        f"<li>sections compared <b>{compared}</b>, differing <b>{differing}</b></li>",
+        "</ul>",
+        f'<p class="summary">{_e(summary_line(verdict))}</p>',
+        "</header><main>",
+        '<section id="summary"><h2>Surfaces</h2><table class="summary-table"><thead><tr>'
+        "<th>surface</th><th>gated</th><th>status</th><th>sections</th><th>differing</th><th>findings</th>"
+        "</tr></thead><tbody>",
+    ]
+    for name in names:
+        s = verdict.surfaces[name]
+        shown, css = _surface_status(s)
+        label = f'<a href="#{_anchor(name)}">{_e(name)}</a>' if s.findings else _e(name)
+        out.append(f'<tr class="surface {_e(css)}"><td>{label}</td><td>{"yes" if s.gated else "info"}</td>'
+                   f'<td class="st">{_e(shown)}</td><td class="num">{s.sections_compared}</td>'
+                   f'<td class="num">{s.sections_differing}</td><td class="num">{len(s.findings)}</td></tr>')
+    out.append("</tbody></table></section>")
+    out.extend(_curves(verdict, surfaces_actual, surfaces_golden, metrics))
+    out.append('<section id="findings"><h2>Findings</h2>')
+    if not verdict.findings:
+        out.append('<p class="ok">No findings: every compared section matches the golden.</p>')
+    for name in names:
+        findings = verdict.surfaces[name].findings
+        if not findings:
+            continue
+        s = verdict.surfaces[name]
+        out.append(f'<details class="surface" id="{_anchor(name)}" open><summary>{_e(name)}: '
+                   f"{len(findings)} finding(s) in {s.sections_differing} section(s) "
+                   f'<span class="badge {_e(_surface_status(s)[1])}">{_e(_surface_status(s)[0])}</span></summary>')
+        stale = next((f for f in findings if f.status == "stale"), None)
+        if stale is not None:
+            out.append(f'<p class="note">Stale-golden findings fail the exact lane but are inside their '
+                       f"tolerance band ({_e(_tolerance_text(stale))}): probable stale golden.</p>")
+        out.append('<table class="findings"><thead><tr>' + "".join(f"<th>{h}</th>" for h in _FINDING_HEADER)
+                   + "</tr></thead><tbody>")
+        out.extend(_finding_row(f) for f in findings[:limit])
+        out.append("</tbody></table>")
+        if len(findings) > limit:
+            out.append(f'<p class="note">… and {len(findings) - limit} more (the JSON verdict lists all).</p>')
+        out.append("</details>")
+    out.append("</section>")
+    out.append('<footer>Static report of the golden regression gate (harness.parity.render.html); '
+               "JSON verdict: <code>--format json</code>.</footer>")
+    out.append("</main></body></html>")
+    return "\n".join(out) + "\n"
