@@ -16,14 +16,19 @@ recorded (a functional ``all_reduce`` is one entry, not also the
 
 Two interception methods (``HARNESS_TRACE_COLLECTIVES``):
 
-* ``kernel`` (default where ``torch.library.get_kernel`` exists, torch >= 2.9):
-  once per process, a Python kernel is registered in front of each collective
-  op's backend kernels (CPU, CUDA, PrivateUse1, ...; the documented
-  ``get_kernel`` wrapping pattern). It records when a recorder is active in the
-  calling thread's state and calls the original kernel. Non-collective ops pay
-  nothing. The active recorders live in torch's thread-local Python object
-  stash, which ``at::ThreadLocalState`` carries into autograd threads, like a
-  dispatch mode.
+* ``kernel`` (default): at the first recorder start in a process, a Python
+  kernel is registered for every collective op at the ``BackendSelect``
+  dispatch key (always in the dispatch key set, also under inference mode;
+  collective ops have no kernel of their own there). It records when a
+  recorder is active in the calling thread's state, then redispatches to the
+  op's real kernel with ``OpOverload.redispatch``, which releases the GIL
+  while the kernel runs, exactly as a plain call does (running the real kernel
+  with the GIL held can deadlock against gloo's worker threads, which may need
+  the GIL to free a tensor while holding the work-queue lock). Non-collective
+  ops pay nothing; a collective pays one Python call (~10 us). The active
+  recorders live in torch's thread-local Python object stash, which
+  ``at::ThreadLocalState`` carries into autograd threads, like a dispatch mode.
+  Ops on meta tensors (shape tracing) are not recorded.
 * ``mode``: a ``TorchDispatchMode`` entered on the calling thread (the original
   method). Every op of the window then makes a Python round trip (~4 us; 3.5x
   on the smoke workload's generation), so it is only the fallback for older
@@ -34,7 +39,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from typing import Any
 
 import torch
@@ -87,8 +91,6 @@ IGNORED_OPS = frozenset({"wait_tensor", "_wrap_tensor_autograd", "check_for_nan"
 
 METHOD_ENV = "HARNESS_TRACE_COLLECTIVES"
 METHODS = ("kernel", "mode")
-# backend keys whose kernels are wrapped (those the op has a kernel for)
-WRAPPED_KEYS = ("CPU", "CUDA", "PrivateUse1", "XPU", "HPU", "MTIA", "SparseCPU", "SparseCUDA")
 _TLS_KEY = "harness.profiler.collective_recorders"
 
 
@@ -142,8 +144,8 @@ def _entry(name: str, namespace: str, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 def kernel_method_available() -> bool:
-    """Whether this torch can wrap kernels (``torch.library.get_kernel``) and stash TLS objects."""
-    return hasattr(torch.library, "get_kernel") and all(
+    """Whether this torch can take the kernel method (Python kernels with keysets, TLS object stash)."""
+    return hasattr(torch._C, "_dispatch_keyset_full_after") and all(
         hasattr(torch._C, f) for f in ("_stash_obj_in_tls", "_get_obj_in_tls", "_is_key_in_tls", "_remove_obj_from_tls")
     )
 
@@ -163,7 +165,7 @@ def resolve_method(environ: dict[str, str] | None = None) -> str:
 
 _install_lock = threading.Lock()
 _libraries: list[Any] = []  # torch.library.Library objects; kept alive for the process
-_installed: int | None = None  # number of wrapped (op, key) kernels once installed
+_installed: int | None = None  # number of wrapped ops once installed
 _nesting = threading.local()
 
 
@@ -180,26 +182,41 @@ def _set_active_recorders(recorders: tuple[KernelCollectiveRecorder, ...]) -> No
         torch._C._remove_obj_from_tls(_TLS_KEY)
 
 
-def _make_kernel(original: Any, name: str, namespace: str):
+def _is_meta(args: tuple[Any, ...]) -> bool:
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            return value.is_meta
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            return value[0].is_meta
+    return False
+
+
+def _make_kernel(op: Any, name: str, namespace: str):
+    # Everything below BackendSelect: the op's real (backend or composite) kernel.
+    below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect).remove(
+        torch._C.DispatchKey.PythonDispatcher
+    )
+    redispatch = op.redispatch  # releases the GIL while the kernel runs, like a plain call
+
     def kernel(keyset, *args, **kwargs):
         if not getattr(_nesting, "depth", 0):
             recorders = [r for r in _active_recorders() if r.recording]
-            if recorders:
+            if recorders and not _is_meta(args):
                 entry = _entry(name, namespace, args, kwargs)
                 for recorder in recorders:
                     recorder.entries.append(list(entry))
                 _nesting.depth = 1  # collectives run by this one are not issued by the caller
                 try:
-                    return original.call_boxed(keyset, *args, **kwargs)
+                    return redispatch(keyset & below, *args, **kwargs)
                 finally:
                     _nesting.depth = 0
-        return original.call_boxed(keyset, *args, **kwargs)
+        return redispatch(keyset & below, *args, **kwargs)
 
     return kernel
 
 
 def install_kernels() -> int:
-    """Wrap every collective op's backend kernels (once per process); returns how many were wrapped."""
+    """Register the recording kernel for every collective op (once per process); returns how many."""
     global _installed
     with _install_lock:
         if _installed is not None:
@@ -209,25 +226,18 @@ def install_kernels() -> int:
         wrapped = 0
         for namespace in COLLECTIVE_NAMESPACES:
             lib = torch.library.Library(namespace, "IMPL")
-            packets = [n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith(f"{namespace}::")]
-            for packet_name in sorted(set(p.split(".", 1)[0] for p in packets)):
-                if packet_name in IGNORED_OPS:
-                    continue
+            names = {n.split("::", 1)[1].split(".", 1)[0] for n in torch._C._dispatch_get_all_op_names()
+                     if n.startswith(f"{namespace}::")}
+            for packet_name in sorted(names - IGNORED_OPS):
                 packet = getattr(getattr(torch.ops, namespace), packet_name)
                 for overload_name in packet.overloads():
                     op = getattr(packet, overload_name)
-                    qualname = op._schema.name if not op._schema.overload_name else f"{op._schema.name}.{op._schema.overload_name}"
-                    for key in WRAPPED_KEYS:
-                        try:
-                            if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(qualname, key):
-                                continue
-                            original = torch.library.get_kernel(op, key)
-                        except (RuntimeError, ValueError, AttributeError):
-                            continue
-                        with warnings.catch_warnings():
-                            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
-                            lib.impl(op, _make_kernel(original, packet_name, namespace), key, with_keyset=True)
-                        wrapped += 1
+                    schema = op._schema
+                    qualname = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+                    if torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "BackendSelect"):
+                        continue  # not expected for collectives; never replace someone's kernel
+                    lib.impl(op, _make_kernel(op, packet_name, namespace), "BackendSelect", with_keyset=True)
+                    wrapped += 1
             _libraries.append(lib)
         _installed = wrapped
         return wrapped
@@ -336,7 +346,7 @@ def CollectiveRecorder(method: str | None = None) -> KernelCollectiveRecorder | 
     method = method or resolve_method()
     if method == "kernel":
         if not kernel_method_available():
-            raise RuntimeError("the kernel method needs torch.library.get_kernel (torch >= 2.9)")
+            raise RuntimeError("this torch lacks what the kernel method needs (dispatch keyset helpers, TLS object stash)")
         return KernelCollectiveRecorder()
     if method == "mode":
         return ModeCollectiveRecorder()

@@ -84,8 +84,10 @@ def resolve_probe_config(environ: dict[str, str] | None = None) -> ProbeConfig:
             source = "profiler"
             notes.append(f"operator source recordfn unavailable, using profiler (same inventory, slower): {exc}")
     method = _collectives.resolve_method(env)
+    if method == "kernel":
+        _collectives.install_kernels()  # once per process, before any phase (not in its wall time)
     if method == "mode" and env.get(_collectives.METHOD_ENV, "").strip().lower() != "mode":
-        notes.append("torch.library.get_kernel unavailable: collectives recorded with a dispatch mode (slow)")
+        notes.append("kernel method unavailable in this torch: collectives recorded with a dispatch mode (slow)")
     return ProbeConfig(operators=source, collectives=method, notes=tuple(notes))
 
 

@@ -40,3 +40,53 @@ def sample_token(
     u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
     token = int(torch.searchsorted(cdf, u.reshape(1), right=True).clamp_max(logp.numel() - 1).item())
     return token, float(logp[token].item())
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    *,
+    temperatures: list[float],
+    top_ps: list[float],
+    generators: list[torch.Generator],
+) -> tuple[list[int], list[float]]:
+    """``sample_token`` for every row of ``logits [B, V]``; row ``i`` bit-identical to
+    ``sample_token(logits[i], temperature=temperatures[i], top_p=top_ps[i], generator=generators[i])``.
+
+    Greedy rows and ``top_p == 1`` rows are handled together with row-local
+    kernels (log-softmax, argmax, cumsum, searchsorted) and exactly rounded
+    element-wise ops; the float64 ``exp`` is batched only when ``V`` is a
+    multiple of 16, so every row runs in whole vector chunks as it does alone
+    (a scalar tail could round differently). Nucleus rows (``top_p < 1``) and
+    anything else go through ``sample_token`` one by one. Each row draws from
+    its own generator, one uniform per token, as ``sample_token`` does.
+    """
+    n, vocab = logits.shape
+    logits = logits.to(torch.float32)
+    tokens: list[int] = [0] * n
+    logprobs: list[float] = [0.0] * n
+    greedy = [i for i in range(n) if temperatures[i] == 0.0]
+    plain = [i for i in range(n) if temperatures[i] != 0.0 and top_ps[i] >= 1.0] if vocab % 16 == 0 else []
+    done = set(greedy) | set(plain)
+    if greedy:
+        rows = logits if len(greedy) == n else logits[greedy]
+        picked = rows.argmax(dim=-1, keepdim=True)
+        lp = torch.log_softmax(rows, dim=-1).gather(-1, picked)
+        for i, tok, val in zip(greedy, picked.view(-1).tolist(), lp.view(-1).tolist()):
+            tokens[i], logprobs[i] = tok, val
+    if plain:
+        rows = logits if len(plain) == n else logits[plain]
+        temps = torch.tensor([float(temperatures[i]) for i in plain], dtype=torch.float32, device=logits.device)
+        logp = torch.log_softmax(rows / temps.view(-1, 1), dim=-1)
+        cdf = torch.cumsum(logp.to(torch.float64).exp(), dim=-1)
+        u = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in plain])
+        u = (u * cdf[:, -1]).view(-1, 1)
+        picked = torch.searchsorted(cdf, u, right=True).clamp_max(vocab - 1)
+        lp = logp.gather(-1, picked)
+        for i, tok, val in zip(plain, picked.view(-1).tolist(), lp.view(-1).tolist()):
+            tokens[i], logprobs[i] = tok, val
+    for i in range(n):
+        if i not in done:
+            tokens[i], logprobs[i] = sample_token(
+                logits[i], temperature=temperatures[i], top_p=top_ps[i], generator=generators[i]
+            )
+    return tokens, logprobs

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -132,16 +133,20 @@ def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, re
     t0 = time.perf_counter()
     error = None
     env = {**worker_env(spec, run_dir, run_id), **(trace_env or {})}
+    previous = _terminate_as_interrupt()
     try:
         from harness.runner.session import Session  # torch + ray live behind this import
 
         with Session(spec, topology, run_dir, env, say, resume=resume) as session:
             session.run_iterations()
     except KeyboardInterrupt:
-        error = "interrupted (Ctrl-C)"
+        error = "interrupted (Ctrl-C or SIGTERM)"
     except BaseException as exc:  # noqa: BLE001 - recorded, then reported by the caller
         error = f"{type(exc).__name__}: {exc}"
         say(traceback.format_exc())
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     wall = time.perf_counter() - t0
     run_doc.update(
         status="failed" if error else "completed",
@@ -151,6 +156,18 @@ def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, re
     )
     _write_json(run_dir / layout.RUN_JSON, run_doc)
     return RunOutcome(run_dir, run_doc["status"], error, wall)
+
+
+def _terminate_as_interrupt():
+    """SIGTERM (a CI timeout, ``kill``) shuts down like Ctrl-C: workers torn down,
+    run.json marked failed. Returns the previous handler (None off the main thread)."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
 
 
 def default_progress(msg: str) -> None:

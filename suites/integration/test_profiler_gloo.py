@@ -23,12 +23,13 @@ POLICY = "harness.profiler.trace.TracePolicyProfiler"
 ROLLOUT = "harness.profiler.trace.TraceRolloutProfiler"
 
 
-def _rank_main(rank: int, world: int, run_dir: str, store_file: str) -> None:
+def _rank_main(rank: int, world: int, run_dir: str, store_file: str, extra_env: dict | None = None) -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     os.environ.update(
         HARNESS_TRACE_DIR=run_dir, HARNESS_RUN_ID="gloo-test",
         NRL_POLICY_PROFILER_CLASS=POLICY, NRL_ROLLOUT_PROFILER_CLASS=ROLLOUT,
+        **(extra_env or {}),
     )
     from harness.plugins.loader import load_policy_profiler, load_rollout_profiler
     from harness.plugins.policy_hooks import PolicyProfilerHooks
@@ -45,6 +46,8 @@ def _rank_main(rank: int, world: int, run_dir: str, store_file: str) -> None:
         out = torch.empty(2 * 3, dtype=torch.float64)
         dist.all_gather_into_tensor(out, torch.ones(3, dtype=torch.float64))  # world group
         reduced = funcol.all_reduce(torch.ones(5), "sum", tp)  # library code
+        with torch.inference_mode():  # no autograd keys in the dispatch key set
+            dist.all_reduce(torch.ones(2, dtype=torch.int32), group=tp)
         return float((data * grad).sum() + reduced.sum())
 
     policy.run_train(train, torch.ones(6))
@@ -64,12 +67,16 @@ def _rank_main(rank: int, world: int, run_dir: str, store_file: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def gloo_run(tmp_path_factory):
+def _spawn(tmp_path_factory, extra_env=None):
     run_dir = tmp_path_factory.mktemp("run")
     store = tmp_path_factory.mktemp("store") / "filestore"
-    mp.spawn(_rank_main, args=(2, str(run_dir), str(store)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, str(run_dir), str(store), extra_env), nprocs=2, join=True)
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory):
+    return _spawn(tmp_path_factory)  # defaults: recordfn operators, kernel collectives
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -89,6 +96,7 @@ def test_policy_collectives_name_group_kind_dtype_and_numel(gloo_run, rank):
         ["all_reduce", "tp", "float32", 6],
         ["all_gather_into_tensor", "default_pg", "float64", 6],
         ["all_reduce", "tp", "float32", 5],
+        ["all_reduce", "tp", "int32", 2],
     ]
     assert (step2["phase"], step2["outcome"], step2["reason"]) == ("train/step2", "aborted", "policy_train_step_aborted")
     assert step2["collectives"] == [["broadcast", "tp", "int64", 4]]
@@ -112,6 +120,31 @@ def test_ranks_agree_on_collective_sequence(gloo_run):
         for r in (0, 1)
     ]
     assert seqs[0] == seqs[1]
+
+
+def _phases(run_dir):
+    out = {}
+    for rank in (0, 1):
+        for rel in (policy_trace_path(rank), rollout_trace_path(rank)):
+            trace = read_trace(run_dir / rel)
+            assert trace.complete, (rel, trace.problems)
+            for p in trace.of_type("phase"):
+                out[(rel, p["phase"])] = p
+    return out
+
+
+def test_sources_and_methods_agree(gloo_run, tmp_path_factory):
+    """The torch.profiler source counts what the C++ counter counts (gloo's async
+    events included); the dispatch-mode method records the collectives the kernel
+    method records."""
+    base = _phases(gloo_run)
+    profiler = _phases(_spawn(tmp_path_factory, {"HARNESS_TRACE_OPERATORS": "profiler"}))
+    mode = _phases(_spawn(tmp_path_factory, {"HARNESS_TRACE_COLLECTIVES": "mode", "HARNESS_TRACE_OPERATORS": "off"}))
+    assert base.keys() == profiler.keys() == mode.keys()
+    for key, phase in base.items():
+        assert phase["operators"] == profiler[key]["operators"], key
+        assert phase["collectives"] == profiler[key]["collectives"] == mode[key]["collectives"], key
+        assert mode[key]["operators"] is None
 
 
 # -- Ray: the profiler inside a real actor -------------------------------------------

@@ -125,17 +125,161 @@ def test_close_with_open_phase_records_abort(tmp_path, monkeypatch):
     assert phase["outcome"] == "aborted" and phase["reason"] == "profiler_closed"
 
 
-def test_second_concurrent_profiler_reports_instead_of_failing(tmp_path, monkeypatch):
-    monkeypatch.setenv("HARNESS_TRACE_DIR", str(tmp_path))
+def _concurrent_phases(tmp_path):
     policy = load_policy_profiler(rank=0, environ={"NRL_POLICY_PROFILER_CLASS": POLICY})
     rollout = load_rollout_profiler(rank=0, environ={"NRL_ROLLOUT_PROFILER_CLASS": ROLLOUT})
     policy.begin_train_step()
+    torch.ones(4).mul(2)
     token = rollout.begin_engine_initialization()
+    torch.zeros(3).add_(1)
     rollout.end_engine_initialization(token)
     policy.finish_train_step()
     policy.close()
     rollout.close()
     (rphase,) = read_trace(tmp_path / rollout_trace_path(0)).of_type("phase")
-    assert rphase["operators"] is None and "already in use" in rphase["problems"][0]
     (pphase,) = read_trace(tmp_path / policy_trace_path(0)).of_type("phase")
+    return pphase, rphase
+
+
+def test_second_concurrent_profiler_reports_instead_of_failing(tmp_path, monkeypatch):
+    """torch.profiler is one session per process: the nested phase reports, it does not fail."""
+    monkeypatch.setenv("HARNESS_TRACE_DIR", str(tmp_path))
+    monkeypatch.setenv("HARNESS_TRACE_OPERATORS", "profiler")
+    pphase, rphase = _concurrent_phases(tmp_path)
+    assert rphase["operators"] is None and "already in use" in rphase["problems"][0]
     assert isinstance(pphase["operators"], dict)
+
+
+def test_concurrent_phases_both_count_with_recordfn(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_TRACE_DIR", str(tmp_path))
+    monkeypatch.delenv("HARNESS_TRACE_OPERATORS", raising=False)
+    if not _recordfn_available():
+        pytest.skip("C++ operator counter unavailable (no compiler)")
+    pphase, rphase = _concurrent_phases(tmp_path)
+    assert "problems" not in pphase and "problems" not in rphase
+    assert rphase["operators"]["aten::add_"] == 1 and "aten::mul" not in rphase["operators"]
+    # the outer window sees everything the nested one saw, and its own ops
+    assert pphase["operators"]["aten::add_"] == 1 and pphase["operators"]["aten::mul"] == 1
+
+
+# -- operator sources ------------------------------------------------------------------
+
+
+def _recordfn_available() -> bool:
+    from harness.profiler import opcount
+
+    try:
+        opcount.load()
+    except opcount.OpCountUnavailable:
+        return False
+    return True
+
+
+def _adamw_steps(steps=2):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randn(5, 8)
+
+    def train(data_, loss_fn=None, eval_mode=False):
+        opt.zero_grad(set_to_none=True)
+        with torch.profiler.record_function("user_scope"):
+            loss = model(data_).softmax(-1).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+
+    return train, data
+
+
+def _run_source(monkeypatch, run_dir, source):
+    monkeypatch.setenv("HARNESS_TRACE_DIR", str(run_dir))
+    monkeypatch.setenv("HARNESS_TRACE_OPERATORS", source)
+    hooks = PolicyProfilerHooks(load_policy_profiler(rank=0, environ={"NRL_POLICY_PROFILER_CLASS": POLICY}))
+    train, data = _adamw_steps()
+    for _ in range(3):
+        hooks.run_train(train, data)
+    hooks.close()
+    return read_trace(run_dir / policy_trace_path(0))
+
+
+def test_recordfn_and_profiler_sources_give_the_same_inventory(tmp_path, monkeypatch):
+    if not _recordfn_available():
+        pytest.skip("C++ operator counter unavailable (no compiler)")
+    fast = _run_source(monkeypatch, tmp_path / "recordfn", "recordfn")
+    slow = _run_source(monkeypatch, tmp_path / "profiler", "profiler")
+    assert fast.header["operator_source"] == "recordfn" and slow.header["operator_source"] == "profiler"
+    fast_ops = [p["operators"] for p in fast.of_type("phase")]
+    slow_ops = [p["operators"] for p in slow.of_type("phase")]
+    assert fast_ops == slow_ops
+    ops = fast_ops[-1]
+    # forward, backward (autograd engine events), optimizer and user scopes are all there
+    assert ops["aten::addmm"] == 2 and ops["user_scope"] == 1
+    assert any(name.startswith("autograd::engine::evaluate_function: AddmmBackward0") for name in ops)
+    assert any(name.startswith("Optimizer.step#AdamW.step") for name in ops)
+    # utility events dropped like torch.profiler's own aggregation does
+    assert not any(name.startswith("profiler::_record_function") for name in ops)
+
+
+def test_operators_off(tmp_path, monkeypatch):
+    trace = _run_source(monkeypatch, tmp_path, "off")
+    assert trace.complete and trace.header["operator_source"] == "off"
+    for phase in trace.of_type("phase"):
+        assert phase["operators"] is None and "problems" not in phase
+
+
+def test_unknown_operator_source_fails_worker_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_TRACE_DIR", str(tmp_path))
+    monkeypatch.setenv("HARNESS_TRACE_OPERATORS", "kineto")
+    with pytest.raises(RuntimeError, match="Failed to initialize policy profiler") as info:
+        load_policy_profiler(rank=0, environ={"NRL_POLICY_PROFILER_CLASS": POLICY})
+    assert "HARNESS_TRACE_OPERATORS" in str(info.value.__cause__)
+
+
+def test_recordfn_falls_back_to_profiler_without_a_compiler(tmp_path, monkeypatch):
+    from harness.profiler import opcount
+
+    monkeypatch.setattr(opcount, "_lib", None)
+    monkeypatch.setattr(opcount, "_lib_error", None)
+    monkeypatch.setenv("HARNESS_TRACE_BUILD_DIR", str(tmp_path / "build"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    trace = _run_source(monkeypatch, tmp_path / "run", "recordfn")
+    assert trace.complete, trace.problems
+    assert trace.header["operator_source"] == "profiler"
+    assert "recordfn unavailable" in trace.header["probe_notes"][0]
+    assert trace.of_type("phase")[-1]["operators"]["aten::addmm"] == 2
+
+
+def test_recordfn_build_is_cached_and_reused(tmp_path, monkeypatch):
+    from harness.profiler import opcount
+
+    if not _recordfn_available():
+        pytest.skip("C++ operator counter unavailable (no compiler)")
+    cxx = opcount._compiler()
+    target = opcount.library_path(cxx)
+    assert target.is_file() and target.parent == opcount.build_dir()
+    assert not list(target.parent.glob(f"{target.stem}.*.tmp"))  # published by rename, no leftovers
+
+
+def test_recordfn_stop_on_another_thread_is_reported(tmp_path, monkeypatch):
+    import threading
+
+    from harness.profiler import opcount
+
+    if not _recordfn_available():
+        pytest.skip("C++ operator counter unavailable (no compiler)")
+    counter = opcount.RecordFunctionCounter()
+    counter.start()
+    torch.ones(2).neg()
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(result=counter.stop()))
+    thread.start()
+    thread.join()
+    counts, problem = out["result"]
+    assert counts.get("aten::neg") == 1 and "different thread" in problem
+    torch.ones(2).neg()  # the inert callback left on this thread counts nowhere
+    again = opcount.RecordFunctionCounter()
+    again.start()
+    torch.ones(2).neg()
+    counts, problem = again.stop()
+    assert counts["aten::neg"] == 1 and problem is None
