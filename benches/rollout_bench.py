@@ -2,15 +2,21 @@
 
 Baselines: transformers ``generate`` (greedy, KV cache) when transformers is
 installed, and always the reference model re-run on the full sequence per
-token (no KV cache). Prints measured tokens/s and ratios; not a test.
+token (no KV cache). The native engine is timed twice: as configured (batched
+decode, the default) and request by request (``batched_decode=False``, the
+same tokens). Every contender runs ``--repeat`` times, interleaved round by
+round so load on a shared machine hits them alike; the median is reported.
+Prints measured tokens/s and ratios; not a test.
 
-    python3 benches/rollout_bench.py [--batch 8] [--new 32] [--config tiny|medium]
+    python3 benches/rollout_bench.py [--batch 8] [--new 32] [--config tiny|medium] [--repeat 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -31,28 +37,39 @@ def _prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (length,), generator=gen).tolist() for _ in range(batch)]
 
 
-def bench_engine(cfg, weights, prompts, new_tokens) -> tuple[float, list[list[int]]]:
-    engine = Engine(cfg, weights, max_batch_size=len(prompts))
+def engine_runner(cfg, weights, prompts, new_tokens, **engine_kw) -> tuple[Callable[[], float], list]:
+    """A callable timing one ``generate`` of every prompt (tokens/s), and the first run's tokens."""
+    engine = Engine(cfg, weights, max_batch_size=len(prompts), **engine_kw)
     reqs = [dict(request_id=i, prompt_ids=p, max_new_tokens=new_tokens, seed=i, temperature=0.0, top_p=1.0)
             for i, p in enumerate(prompts)]
     engine.generate(reqs[:1])  # warm-up
-    start = time.perf_counter()
-    out = engine.generate(reqs)
-    elapsed = time.perf_counter() - start
-    return sum(len(r["output_ids"]) for r in out) / elapsed, [r["output_ids"] for r in out]
+    outputs: list = []
+
+    def run() -> float:
+        start = time.perf_counter()
+        out = engine.generate(reqs)
+        elapsed = time.perf_counter() - start
+        if not outputs:
+            outputs.extend(r["output_ids"] for r in out)
+        return sum(len(r["output_ids"]) for r in out) / elapsed
+
+    return run, outputs
 
 
-@torch.no_grad()
-def bench_recompute(model, prompts, new_tokens) -> float:
-    ids = torch.tensor(prompts)
-    start = time.perf_counter()
-    for _ in range(new_tokens):
-        logits, _ = model(ids)
-        ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return len(prompts) * new_tokens / (time.perf_counter() - start)
+def recompute_runner(model, prompts, new_tokens) -> Callable[[], float]:
+    @torch.no_grad()
+    def run() -> float:
+        ids = torch.tensor(prompts)
+        start = time.perf_counter()
+        for _ in range(new_tokens):
+            logits, _ = model(ids)
+            ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        return len(prompts) * new_tokens / (time.perf_counter() - start)
+
+    return run
 
 
-def bench_transformers(cfg, weights, prompts, new_tokens) -> float | None:
+def transformers_runner(cfg, weights, prompts, new_tokens) -> Callable[[], float] | None:
     try:
         import transformers
     except ImportError:
@@ -62,10 +79,14 @@ def bench_transformers(cfg, weights, prompts, new_tokens) -> float | None:
     model.load_state_dict(hf_fused_state_dict(weights, cfg), strict=False)
     ids = torch.tensor(prompts)
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True)
-    model.generate(ids[:1], **kw)
-    start = time.perf_counter()
-    model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-    return len(prompts) * new_tokens / (time.perf_counter() - start)
+    model.generate(ids[:1], **kw)  # warm-up
+
+    def run() -> float:
+        start = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        return len(prompts) * new_tokens / (time.perf_counter() - start)
+
+    return run
 
 
 def main() -> None:
@@ -75,22 +96,42 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per contender (median reported)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = CONFIGS[args.config]
     model = build_reference_model(cfg, seed=0).eval()
     weights = {n: t.detach() for n, t in model.state_dict().items()}
     prompts = _prompts(args.batch, args.prompt, cfg.vocab)
-    native, _ = bench_engine(cfg, weights, prompts, args.new)
-    recompute = bench_recompute(model, prompts, args.new)
-    print(f"config={args.config} batch={args.batch} prompt={args.prompt} new={args.new} threads={args.threads}")
-    print(f"native engine          {native:9.1f} tok/s")
-    print(f"reference recompute    {recompute:9.1f} tok/s   native/recompute = {native / recompute:.2f}x")
-    hf = bench_transformers(cfg, weights, prompts, args.new)
+    native, native_tokens = engine_runner(cfg, weights, prompts, args.new)
+    per_request, per_request_tokens = engine_runner(cfg, weights, prompts, args.new, batched_decode=False)
+    runners: dict[str, Callable[[], float]] = {
+        "native": native, "per_request": per_request, "recompute": recompute_runner(model, prompts, args.new)}
+    hf = transformers_runner(cfg, weights, prompts, args.new)
+    if hf is not None:
+        runners["transformers"] = hf
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(args.repeat):
+        for name, run in runners.items():
+            samples[name].append(run())
+    tps = {name: statistics.median(values) for name, values in samples.items()}
+    spread = {name: (min(v), max(v)) for name, v in samples.items()}
+    print(f"config={args.config} batch={args.batch} prompt={args.prompt} new={args.new} threads={args.threads} "
+          f"repeat={args.repeat} (median tok/s, [min, max])")
+
+    def line(label: str, name: str, extra: str = "") -> None:
+        lo, hi = spread[name]
+        print(f"{label:<28}{tps[name]:9.1f} tok/s  [{lo:7.1f}, {hi:7.1f}]{extra}")
+
+    line("native engine", "native")
+    line("native, request by request", "per_request",
+         f"   batched/per-request = {tps['native'] / tps['per_request']:.2f}x, same tokens: "
+         f"{native_tokens == per_request_tokens}")
+    line("reference recompute", "recompute", f"   native/recompute = {tps['native'] / tps['recompute']:.2f}x")
     if hf is None:
-        print("transformers generate  not installed (pip install transformers to compare)")
+        print("transformers generate       not installed (pip install transformers to compare)")
     else:
-        print(f"transformers generate  {hf:9.1f} tok/s   native/transformers = {native / hf:.2f}x")
+        line("transformers generate", "transformers", f"   native/transformers = {tps['native'] / tps['transformers']:.2f}x")
 
 
 if __name__ == "__main__":

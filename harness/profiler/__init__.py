@@ -1,5 +1,6 @@
-"""Built-in trace profilers (torch.profiler operators, dispatch-mode collectives, memory).
+"""Built-in trace profilers (C++ RecordFunction operator counts or torch.profiler, dispatcher-level collectives, memory).
 
 Reached only by class path through the plugin loader, e.g.
 ``NRL_POLICY_PROFILER_CLASS=harness.profiler.trace.TracePolicyProfiler``.
+See docs/plugins.md section 5.
 """

@@ -540,8 +540,14 @@ class Engine:
 
     # -- model: one request's rows (prefill, prompt_logprobs, per-request decode) ----
 
-    def _attention_partial(self, layer: int, x: torch.Tensor, slot: int, start: int) -> torch.Tensor:
-        """This rank's o_proj partial for one request's new rows ``x [T, H]``."""
+    def _attention_partial(
+        self, layer: int, x: torch.Tensor, slot: int, start: int, rope: tuple[torch.Tensor, ...] | None = None
+    ) -> torch.Tensor:
+        """This rank's o_proj partial for one request's new rows ``x [T, H]``.
+
+        ``rope``: ``(positions, cos, sin)`` of the rows, the same for every layer
+        (``_row_rope``); computed here when absent.
+        """
         cfg, p = self.cfg, f"model.layers.{layer}.self_attn"
         t, d = x.shape[0], cfg.head_dim
         h = Fn.rms_norm(x, self.params[f"model.layers.{layer}.input_layernorm.weight"], cfg.rms_eps)
@@ -551,13 +557,17 @@ class Engine:
         if cfg.qk_norm:
             q = Fn.rms_norm(q, self.params[f"{p}.q_norm.weight"], cfg.rms_eps)
             k = Fn.rms_norm(k, self.params[f"{p}.k_norm.weight"], cfg.rms_eps)
-        positions = torch.arange(start, start + t, device=self.device)
-        cos, sin = Fn.rope_cos_sin(positions, d, cfg.rope_theta, self.dtype)
+        positions, cos, sin = rope if rope is not None else self._row_rope(start, t)
         q, k = Fn.apply_rope(q, cos, sin), Fn.apply_rope(k, cos, sin)
         self.kv.write(layer, slot, start, k[0], v[0])
         k_all, v_all = self.kv.read(layer, slot, start + t)
         out = Fn.causal_attention(q, k_all, v_all, positions, torch.arange(start + t, device=self.device))
         return F.linear(out.reshape(t, -1), self.params[f"{p}.o_proj.weight"])
+
+    def _row_rope(self, start: int, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        positions = torch.arange(start, start + t, device=self.device)
+        cos, sin = Fn.rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
+        return positions, cos, sin
 
     def _moe_partial(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """This rank's expert-column partial for one request's rows ``x [T, H]``."""
@@ -575,12 +585,12 @@ class Engine:
                 idx = token_of_slot[start : start + n]
                 e_p = f"{p}.experts.{e}"
                 y = Fn.swiglu(
-                    h[idx],
+                    h.index_select(0, idx),
                     self.params[f"{e_p}.gate_proj.weight"],
                     self.params[f"{e_p}.up_proj.weight"],
                     self.params[f"{e_p}.down_proj.weight"],
                 )
-                out = out.index_add(0, idx, y * slot_weight[start : start + n, None])
+                out.index_add_(0, idx, y * slot_weight[start : start + n, None])
             start += n
         return out
 
@@ -665,8 +675,10 @@ class Engine:
         embed = self.params["model.embed_tokens.weight"]
         xs = [F.embedding(torch.tensor(ids, device=self.device), embed) for _, _, ids in rows]
         xd = None if decode is None else F.embedding(decode.tokens, embed)
+        ropes = [self._row_rope(start, len(ids)) for _, start, ids in rows]
         for layer in range(self.cfg.layers):
-            partials = [self._attention_partial(layer, x, slot, start) for x, (slot, start, _) in zip(xs, rows)]
+            partials = [self._attention_partial(layer, x, slot, start, rope)
+                        for x, (slot, start, _), rope in zip(xs, rows, ropes)]
             if xd is None:
                 xs = [x + a for x, a in zip(xs, self._tp_sum(partials))]
             else:
