@@ -131,7 +131,8 @@ def main() -> None:
     if hf is None:
         print("transformers generate       not installed (pip install transformers to compare)")
     else:
-        line("transformers generate", "transformers", f"   native/transformers = {tps['native'] / tps['transformers']:.2f}x")
+        ratio = tps["native"] / tps["transformers"]
+        line("transformers generate", "transformers", f"   native/transformers = {ratio:.2f}x")
 
 
 if __name__ == "__main__":

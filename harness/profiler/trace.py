@@ -9,7 +9,11 @@ plugin, by class path. They are configured only through the environment:
 * ``HARNESS_TRACE_OPERATORS`` (optional): operator source, ``recordfn``
   (default), ``profiler`` or ``off`` (harness.profiler.phase);
 * ``HARNESS_TRACE_COLLECTIVES`` (optional): ``kernel`` (default) or ``mode``
-  (harness.profiler.collectives).
+  (harness.profiler.collectives);
+* ``HARNESS_TRACE_SEGMENT`` / ``HARNESS_STEP_OFFSET`` (set by ``golden run
+  --resume``): write segment N of the trace (``rank{R:05d}.segN.trace.jsonl``)
+  whose header carries ``resume_step``, and number policy steps from the
+  offset, so postflight can merge the segments (harness.artifacts.segments).
 
 The sources are resolved (and the C++ operator counter built, if needed) in
 the constructor, before any phase; the header records them
@@ -38,6 +42,19 @@ from harness.profiler.phase import PhaseProbe, resolve_probe_config
 
 TRACE_DIR_ENV = "HARNESS_TRACE_DIR"
 RUN_ID_ENV = "HARNESS_RUN_ID"
+SEGMENT_ENV = "HARNESS_TRACE_SEGMENT"
+STEP_OFFSET_ENV = "HARNESS_STEP_OFFSET"
+
+
+def _env_int(name: str, environ) -> int:
+    raw = environ.get(name, "") or "0"
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RuntimeError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise RuntimeError(f"{name}={raw!r} must be >= 0")
+    return value
 
 
 def trace_file_for(role: str, rank: int, environ: dict[str, str] | None = None) -> Path:
@@ -48,7 +65,7 @@ def trace_file_for(role: str, rank: int, environ: dict[str, str] | None = None) 
         raise RuntimeError(f"{TRACE_DIR_ENV} is not set; the trace profilers need the run directory in it")
     root = Path(raw)
     run_dir = root.parent if root.name == ARTIFACTS_DIR else root
-    return run_dir / trace_path(role, rank)
+    return run_dir / trace_path(role, rank, _env_int(SEGMENT_ENV, env))
 
 
 class _TraceProfiler:
@@ -58,6 +75,8 @@ class _TraceProfiler:
 
     def __init__(self, *, rank: int) -> None:
         self.rank = rank
+        self.segment = _env_int(SEGMENT_ENV, os.environ)
+        self.step_offset = _env_int(STEP_OFFSET_ENV, os.environ)
         self.path = trace_file_for(self.role, rank)
         self._probe_config = resolve_probe_config()
         cls = type(self)
@@ -72,6 +91,7 @@ class _TraceProfiler:
                 "harness_version": harness.__version__,
                 "torch_version": torch.__version__,
                 **self._probe_config.header_fields(),
+                **({"segment": self.segment, "resume_step": self.step_offset} if self.segment else {}),
             },
         )
         self._phase: str | None = None
@@ -120,7 +140,7 @@ class TracePolicyProfiler(_TraceProfiler):
 
     def __init__(self, *, rank: int) -> None:
         super().__init__(rank=rank)
-        self._steps_begun = 0
+        self._steps_begun = self.step_offset
 
     def begin_train_step(self) -> None:
         self._steps_begun += 1

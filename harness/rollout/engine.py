@@ -19,23 +19,28 @@ stacked into one GEMM. Two paths honour the rule:
   matrix product is a ``torch.bmm`` whose batch items are the rows: item ``i``
   is a ``[1, K] @ [K, N]`` product with the weight as a stride-0 expanded,
   transposed view, which ATen hands to BLAS item by item (``gemm_batched``):
-  the same GEMM call, bit for bit, as ``F.linear`` of that row alone (the
+  the same GEMM, bit for bit, as ``F.linear`` of that row alone (the
   per-request path). Products with ``K * N < 400`` would take ATen's naive
-  small-``bmm`` kernel instead, so such weights get zero rows appended (their
-  outputs are sliced off). Attention groups the rows by cache length and runs
-  the per-request attention shapes (``[1, D] @ [D, L]`` per head) as bmm
-  items. Element-wise ops are per element; the transcendental ones whose
-  vector and scalar code paths differ (``silu``) run on views whose rows do
-  not coalesce, so each row is one inner loop exactly as when it ran alone;
-  reductions (RMSNorm's mean, softmax, top-k) are row-local. MoE experts are
-  applied per (token, expert) slot as bmm items over gathered expert weights,
-  and a token's slot outputs are summed in expert-id order, as the
-  per-request dispatch does. The result: batched decode is bit-identical to
-  the per-request decode (``batched_decode=False``), which is batch-invariant
-  by construction. ``_probe_batched_kernels`` checks the BLAS half of that
-  claim on this machine at start-up (every weight shape, several batch
-  sizes, the RoPE table) and falls back to per-request decode, with a
-  warning, if it does not hold.
+  small-``bmm`` kernel instead, so they run per row with ``F.linear`` (zero
+  padding to a wider ``N`` does not help: MKL's ``M = 1`` results can depend
+  on the output width). Attention groups the rows by cache length and runs
+  the per-request attention shapes (``[1, D] @ [D, L]`` per head, softmax,
+  ``[1, L] @ [L, D]``) as bmm items. Element-wise ops are per element; the
+  transcendental one whose vector and scalar code paths differ in the last
+  bits (``silu``) runs on views whose rows do not coalesce, so each row is one
+  inner loop exactly as when it ran alone; reductions (RMSNorm's mean,
+  softmax, top-k, log-softmax, cumsum) are row-local. MoE experts are applied
+  per (token, expert) slot as bmm items over gathered expert weights, and a
+  token's slot outputs are summed in expert-id order, as the per-request
+  dispatch does. The result: batched decode is bit-identical to the
+  per-request decode (``batched_decode=False``), which is batch-invariant by
+  construction. ``_probe_batched_kernels`` checks the kernel-level claims on
+  this machine at start-up with random operands (each projection's mode, the
+  expert SwiGLU, grouped attention, the RoPE table) and falls back to
+  per-request decode, with a warning, if they do not hold.
+* **Prefill dedup**: identical prompts admitted in one step (a GRPO group)
+  are prefilled once; the others copy the KV prefix and sample (with their
+  own generators) from the same logits: the same computation, the same bits.
 
 The batch is the unit of scheduling and of communication: with TP > 1 one
 collective per layer and sub-layer carries every request's rows of the step.
@@ -395,7 +400,9 @@ class Engine:
         for name, shape in self._full_shapes.items():
             want = self.plan.local_shape(name, shape)
             if tuple(params[name].shape) != want or not params[name].is_contiguous():
-                raise AssertionError(f"engine parameter layout broken for {name}: {tuple(params[name].shape)} vs {want}")
+                raise AssertionError(
+                    f"engine parameter layout broken for {name}: {tuple(params[name].shape)} vs {want}"
+                )
         self.params = {name: params[name] for name in self._full_shapes}  # model order
         self._layers = layers
         self._lm_head_proj = _RowProjection(params["lm_head.weight"], [(0, cfg.vocab)])
@@ -508,7 +515,8 @@ class Engine:
         """Grouped decode attention (``n * heads`` bmm items) vs ``Fn.causal_attention`` per row."""
         hq, hkv, d = self.plan.local_heads, self.plan.local_kv_heads, self.cfg.head_dim
         n = min(self.max_batch_size, 4)
-        for length in sorted({1, 2, 24, 25, 26, 33, 64, self.cfg.max_position} & set(range(1, self.cfg.max_position + 1))):
+        lengths = {1, 2, 24, 25, 26, 33, 64, self.cfg.max_position}  # both sides of the small-bmm threshold
+        for length in sorted(n for n in lengths if n <= self.cfg.max_position):
             q = torch.randn(n, 1, hq, d, generator=gen, dtype=torch.float64).to(self.dtype)
             k = torch.randn(n, length, hkv, d, generator=gen, dtype=torch.float64).to(self.dtype)
             v = torch.randn(n, length, hkv, d, generator=gen, dtype=torch.float64).to(self.dtype)
@@ -639,7 +647,8 @@ class Engine:
         outs = []
         for (g0, g1, length), heads in zip(dec.groups, dec.group_heads):
             k_all, v_all = self.kv.gather(li, heads, length)
-            outs.append(self._grouped_attention(qk[g0:g1, :hq], k_all.view(g1 - g0, hq, length, d), v_all.view(g1 - g0, hq, length, d)))
+            n = g1 - g0
+            outs.append(self._grouped_attention(qk[g0:g1, :hq], k_all.view(n, hq, length, d), v_all.view(n, hq, length, d)))
         (out,) = layer.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
         return out
 
@@ -841,7 +850,9 @@ class _DecodeBatch:
             if len(s.tokens) - s.cached != 1:
                 raise AssertionError("batched decode rows carry exactly one new token")
             if s.cached >= engine.cfg.max_position:
-                raise RuntimeError(f"sequence length {s.cached + 1} exceeds model.max_position ({engine.cfg.max_position})")
+                raise RuntimeError(
+                    f"sequence length {s.cached + 1} exceeds model.max_position ({engine.cfg.max_position})"
+                )
         dev = engine.device
         positions = torch.tensor([s.cached for s in seqs], device=dev)
         slots = torch.tensor([s.slot for s in seqs], device=dev)

@@ -17,7 +17,15 @@ import torch
 
 class KVCachePool:
     def __init__(
-        self, *, layers: int, slots: int, max_position: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+        self,
+        *,
+        layers: int,
+        slots: int,
+        max_position: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         shape = (slots, kv_heads, max_position, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]

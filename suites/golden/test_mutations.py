@@ -47,7 +47,8 @@ def baseline(tmp_path_factory):
 def _findings(baseline, mutated, surface):
     verdict = compare(flows.gated_only(baseline.postflight.surfaces), flows.gated_only(mutated.postflight.surfaces))
     assert not verdict.ok
-    return [f for f in verdict.findings if f.surface == surface and f.status == "fail"]
+    # "stale" (exact fail, inside a tolerance band) fails the gate too
+    return [f for f in verdict.findings if f.surface == surface and f.status in ("fail", "stale")]
 
 
 def test_extra_collective_in_tp_layer(baseline, tmp_path_factory, monkeypatch):
@@ -83,7 +84,7 @@ def test_one_changed_token_in_multiturn_rollout(baseline, tmp_path_factory, monk
     monkeypatch.setattr(tool_env, "RETRY_PROMPT", tool_env.RETRY_PROMPT.replace("again", "agaim"))
     found = _findings(baseline, _run(tmp_path_factory, "rollouts"), "rollouts")
     assert found
-    assert all(f.section.startswith("step0001-attempt1-row") for f in found)
+    assert all(f.section.startswith("step000") and "-attempt1-row" in f.section for f in found)
 
 
 def test_changed_loss_coefficient(baseline, tmp_path_factory):

@@ -65,7 +65,9 @@ def test_cpu_workloads_are_small_and_scheduled_on_cpu():
     for name in EXPECTED_WORKLOADS - {"nemo_rl_qwen3_235b"}:
         spec = load_spec(name, goldens_root=GOLDENS)
         assert spec["platform"]["platforms"] == ["cpu"], name
-        assert spec["model"]["vocab"] == 256 and spec["policy"]["seq_len"] == 64, name
+        # single-turn fits 64 tokens; the 3-turn tool episodes need more room
+        max_seq = 160 if spec["env"]["turns"] > 1 else 64
+        assert spec["model"]["vocab"] == 256 and spec["policy"]["seq_len"] <= max_seq, name
         assert spec["grpo"]["prompts_per_step"] == 4 and spec["grpo"]["generations_per_prompt"] == 4, name
         assert spec["plugins"]["policy_profiler"] and spec["plugins"]["rollout_profiler"], name
 
