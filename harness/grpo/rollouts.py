@@ -84,6 +84,7 @@ class RolloutDriver:
         self.env = env
         self.capture = capture
         self.is_async = bool(spec["rollout"]["async"])
+        self._wave = 0
         self.turns = int(spec["env"]["turns"])
         if capture is None and self.turns > 1:
             raise ValueError(
@@ -152,7 +153,14 @@ class RolloutDriver:
             return []
         n = len(self.workers)
         if self.is_async:
-            refs = [self.workers[i % n].generate_one.remote(r) for i, r in enumerate(requests)]
+            # one wave per engine and turn: in flight together, scheduled deterministically
+            self._wave += 1
+            refs = []
+            for i, r in enumerate(requests):
+                engine = i % n
+                size = len(range(engine, len(requests), n))
+                wave = {"id": f"w{self._wave}-e{engine}", "size": size, "index": i // n}
+                refs.append(self.workers[engine].generate_one.remote({**r, "wave": wave}))
             return ray.get(refs)
         shards = [requests[e::n] for e in range(n)]
         outs = ray.get([w.generate.remote(s) for w, s in zip(self.workers, shards) if s])

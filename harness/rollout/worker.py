@@ -80,7 +80,9 @@ class RolloutWorker:
         configure_determinism()
         self._local = None
         self._procs = None
-        self._pending: list[tuple[dict, asyncio.Future]] = []
+        self._pending: list[tuple[dict, asyncio.Future]] = []   # arrival order, coalesced
+        self._waves: dict[str, dict[int, tuple[dict, asyncio.Future]]] = {}
+        self._wave_batches: list[list[tuple[dict, asyncio.Future]]] = []
         self._dispatcher: asyncio.Task | None = None
         self._capture_sink = None
         self._closed = False
@@ -188,16 +190,37 @@ class RolloutWorker:
         return await self._generate_batch(list(requests))
 
     async def generate_one(self, request: dict) -> dict:
-        """Async generation of one request; many may be in flight."""
+        """Async generation of one request; many may be in flight.
+
+        Scheduling: requests are batched in arrival order, which depends on
+        timing. A request may carry ``wave = {"id", "size", "index"}``: the
+        requests of one wave are then held until all ``size`` have arrived and
+        run as one batch in ``index`` order, so the engine's schedule (and the
+        operators and collectives it issues) is the same on every rerun. Tokens
+        never depend on scheduling either way (per-request seeds, batch-invariant
+        engine); the waves make the profiled inventories deterministic too.
+        """
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((request, future))
+        wave = request.get("wave")
+        if wave is None:
+            self._pending.append((request, future))
+        else:
+            request = {k: v for k, v in request.items() if k != "wave"}
+            members = self._waves.setdefault(str(wave["id"]), {})
+            members[int(wave["index"])] = (request, future)
+            if len(members) == int(wave["size"]):
+                del self._waves[str(wave["id"])]
+                self._wave_batches.append([members[i] for i in sorted(members)])
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = asyncio.ensure_future(self._dispatch())
         return await future
 
     async def _dispatch(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
+        while self._wave_batches or self._pending:
+            if self._wave_batches:
+                batch = self._wave_batches.pop(0)
+            else:
+                batch, self._pending = self._pending, []
             try:
                 results = await self._generate_batch([request for request, _ in batch])
             except BaseException as exc:
