@@ -25,6 +25,7 @@ from typing import Any
 
 from harness.capture.records import CallRecord, CaptureAdmission, CaptureValidationError
 from harness.dataplane.store import _backup, _immediate, _restore_file
+from harness.dataplane.sqlite import open_durable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS admissions (
@@ -53,12 +54,7 @@ class CaptureLedger:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._db.executescript(_SCHEMA)
+        self._db = open_durable(self.path, _SCHEMA)
         # Admissions go through a second connection with synchronous=NORMAL: in
         # WAL mode such a commit survives a process kill (not a power loss) and
         # becomes fully durable at the next FULL commit on the file, i.e. no

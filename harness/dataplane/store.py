@@ -28,6 +28,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from harness.dataplane.sqlite import open_durable
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rows (
     key     TEXT PRIMARY KEY,
@@ -96,12 +98,7 @@ class DataPlaneStore:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._db.executescript(_SCHEMA)
+        self._db = open_durable(self.path, _SCHEMA)
 
     # -- rows ------------------------------------------------------------
     def stage(self, key: str, row: Mapping[str, Any]) -> str:

@@ -162,3 +162,9 @@ def defaults_tree(node: dict[str, Any] | None = None, prefix: str = "") -> dict[
         elif "default" in sub:
             out[path] = sub["default"]
     return out
+
+
+def section_defaults(section: str) -> dict[str, Any]:
+    """The defaults of one spec block as a dict, e.g. ``section_defaults("grpo.loss")``."""
+    prefix = section + "."
+    return {k[len(prefix):]: v for k, v in defaults_tree().items() if k.startswith(prefix) and "." not in k[len(prefix):]}

@@ -25,6 +25,7 @@ from harness.algos import (
     global_valid_counts,
     masked_mean,
 )
+from harness.spec.schema import section_defaults
 
 torch.set_num_threads(1)
 
@@ -163,16 +164,7 @@ def test_adv7_normalised_advantages_are_finite(rows_, loo):
 
 # ---------------------------------------------------------------- loss
 
-CFG = {
-    "ratio_clip_min": 0.2,
-    "ratio_clip_max": 0.28,
-    "kl_beta": 0.01,
-    "kl_type": "k3",
-    "kl_input_clamp": 20.0,
-    "kl_output_clamp": 10.0,
-    "token_level_loss": True,
-    "use_importance_sampling_correction": False,
-}
+CFG = {**section_defaults("grpo.loss"), "ratio_clip_max": 0.28}  # the spec's grpo.loss defaults
 
 
 @st.composite

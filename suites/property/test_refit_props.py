@@ -159,3 +159,132 @@ def test_engine_offsets_properties(counts):
         assert offsets[i + 1] - offsets[i] == counts[i]
     if all(c >= 0 for c in counts):
         assert offsets == sorted(offsets)
+
+
+# -- per-sample handle aggregation (reference 4.1) ---------------------------------------
+
+import random as _random  # noqa: E402
+
+import pytest  # noqa: E402
+
+from harness.refit.handles import aggregate_per_sample_handles  # noqa: E402
+
+
+@st.composite
+def dp_layouts(draw):
+    """{dp_rank: samples} (ranks need not be contiguous) and replicas per DP rank."""
+    ranks = draw(st.lists(st.integers(0, 9), unique=True, max_size=5))
+    samples = {r: draw(st.integers(0, 5)) for r in ranks}
+    replicas = draw(st.integers(1, 4))
+    return samples, replicas
+
+
+def _results(samples, replicas):
+    """One result per (dp, replica) worker; a handle names (dp, sample, replica)."""
+    return [
+        {"dp_rank": dp, "per_sample_handles": [(dp, i, w) for i in range(n)]}
+        for dp, n in samples.items()
+        for w in range(replicas)
+    ]
+
+
+@given(dp_layouts(), st.randoms(use_true_random=False))
+def test_handles_length_and_global_order(layout, rnd):
+    samples, replicas = layout
+    results = _results(samples, replicas)
+    rnd.shuffle(results)  # worker order across DP ranks is arbitrary
+    out = aggregate_per_sample_handles(results)
+    assert len(out) == sum(samples.values())
+    expected = [(dp, i) for dp in sorted(samples) for i in range(samples[dp])]
+    assert [s["teacher_shards"][0][:2] for s in out] == expected
+    for sample in out:
+        assert len(sample["teacher_shards"]) == replicas
+        assert len({h[:2] for h in sample["teacher_shards"]}) == 1  # one sample per entry
+
+
+@given(dp_layouts(), st.randoms(use_true_random=False))
+def test_handles_independent_of_order_across_dp_ranks(layout, rnd):
+    samples, replicas = layout
+    results = _results(samples, replicas)
+    base = aggregate_per_sample_handles(results)
+    # permute whole DP-rank blocks, keeping the relative order inside each rank
+    blocks = {}
+    for r in results:
+        blocks.setdefault(r["dp_rank"], []).append(r)
+    keys = list(blocks)
+    rnd.shuffle(keys)
+    interleaved = [r for k in keys for r in blocks[k]]
+    assert aggregate_per_sample_handles(interleaved) == base
+    # interleave the blocks too (only the within-rank order is meaningful)
+    queues = {k: list(v) for k, v in blocks.items()}
+    mixed = []
+    while any(queues.values()):
+        k = rnd.choice([k for k, q in queues.items() if q])
+        mixed.append(queues[k].pop(0))
+    assert aggregate_per_sample_handles(mixed) == base
+
+
+@given(st.integers(0, 24), st.sampled_from([1, 2, 3, 4, 6]), st.integers(1, 3))
+def test_handles_global_order_independent_of_dp_degree(n_global, dp, replicas):
+    """The same global batch sharded contiguously over any DP degree aggregates alike."""
+    n_global -= n_global % dp
+    per = n_global // dp
+    results = [
+        {"dp_rank": d, "per_sample_handles": [("s", d * per + i, w) for i in range(per)]}
+        for d in range(dp)
+        for w in range(replicas)
+    ]
+    out = aggregate_per_sample_handles(results)
+    assert [s["teacher_shards"][0][1] for s in out] == list(range(n_global))
+    assert all([h[2] for h in s["teacher_shards"]] == list(range(replicas)) for s in out)
+
+
+@given(dp_layouts(), st.randoms(use_true_random=False))
+def test_shard_order_follows_input_order_within_a_rank(layout, rnd):
+    samples, replicas = layout
+    results = _results(samples, replicas)
+    rnd.shuffle(results)
+    order = {}
+    for r in results:
+        order.setdefault(r["dp_rank"], []).append(r["per_sample_handles"][0][2] if r["per_sample_handles"] else None)
+    for sample in aggregate_per_sample_handles(results):
+        dp = sample["teacher_shards"][0][0]
+        assert [h[2] for h in sample["teacher_shards"]] == order[dp]
+
+
+@given(dp_layouts(), st.data())
+def test_length_mismatch_within_a_rank_raises(layout, data):
+    samples, replicas = layout
+    if not samples:
+        samples = {0: 1}
+    replicas = max(replicas, 2)
+    results = _results(samples, replicas)
+    victim = data.draw(st.sampled_from(results))
+    if victim["per_sample_handles"] and data.draw(st.booleans()):
+        victim["per_sample_handles"] = victim["per_sample_handles"][:-1]
+    else:
+        victim["per_sample_handles"] = victim["per_sample_handles"] + [("extra",)]
+    with pytest.raises(AssertionError, match="per_sample_handles length mismatch"):
+        aggregate_per_sample_handles(results)
+
+
+@given(st.dictionaries(st.integers(0, 9), st.integers(0, 5), max_size=5))
+def test_different_dp_ranks_may_differ_in_length(samples):
+    out = aggregate_per_sample_handles(_results(samples, 2))
+    assert len(out) == sum(samples.values())
+
+
+def test_empty_input_is_empty():
+    assert aggregate_per_sample_handles([]) == []
+    assert aggregate_per_sample_handles(iter([])) == []
+    # a rank whose workers all report no samples contributes nothing
+    assert aggregate_per_sample_handles([{"dp_rank": 3, "per_sample_handles": []}] * 2) == []
+
+
+@given(st.lists(st.integers(0, 64), max_size=20))
+def test_engine_offsets_partition_the_device_axis(counts):
+    """Non-negative counts: engine ranges [offset, offset+count) tile [0, sum) in order."""
+    offsets = derive_engine_gpu_offsets(counts)
+    covered = [d for o, c in zip(offsets, counts) for d in range(o, o + c)]
+    assert covered == list(range(sum(counts)))
+    assert derive_engine_gpu_offsets(tuple(counts)) == offsets  # any sequence

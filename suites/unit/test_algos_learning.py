@@ -16,17 +16,9 @@ import torch
 from harness.algos import ClippedPGLoss, compute_advantages, expand_to_tokens, global_valid_counts
 from harness.envs.tasks import PromptLoader, make_task
 from harness.envs.tokenizer import load_tokenizer
+from harness.spec.schema import section_defaults
 
-LOSS_CFG = {
-    "ratio_clip_min": 0.2,
-    "ratio_clip_max": 0.2,
-    "kl_beta": 0.01,
-    "kl_type": "k3",
-    "kl_input_clamp": 20.0,
-    "kl_output_clamp": 10.0,
-    "token_level_loss": True,
-    "use_importance_sampling_correction": False,
-}
+LOSS_CFG = {**section_defaults("grpo.loss")}  # the spec's grpo.loss defaults
 
 
 class FirstTokenPolicy(torch.nn.Module):

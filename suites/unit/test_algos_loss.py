@@ -8,17 +8,9 @@ import pytest
 import torch
 
 from harness.algos import ClippedPGLoss, aggregate_microbatch_metrics, global_valid_counts, rescale_metrics
+from harness.spec.schema import section_defaults
 
-DEFAULT_CFG = {
-    "ratio_clip_min": 0.2,
-    "ratio_clip_max": 0.2,
-    "kl_beta": 0.01,
-    "kl_type": "k3",
-    "kl_input_clamp": 20.0,
-    "kl_output_clamp": 10.0,
-    "token_level_loss": True,
-    "use_importance_sampling_correction": False,
-}
+DEFAULT_CFG = {**section_defaults("grpo.loss")}  # the spec's grpo.loss defaults
 
 
 def make_batch(batch: int = 4, seq: int = 6, seed: int = 0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
