@@ -16,7 +16,7 @@ Workloads:
 Each source in ``--sources`` gets its own profiler (``HARNESS_TRACE_OPERATORS``
 is read when a profiler is built; collectives use the default method). Arms
 run interleaved in blocks to spread machine noise; prints each arm's median
-step time and its ratio to the plugin-off arm. Informational only; no verdict.
+step time and its ratio to the no-plugin arm. Informational only; no verdict.
 """
 
 from __future__ import annotations
@@ -51,6 +51,35 @@ def mlp_step(hidden: int, layers: int, batch: int) -> Callable[[], object]:
     return train
 
 
+# A medium Qwen3-MoE for GPUs (qwen3_moe_and_parallelism.md 5.2, "tokenizer-free" variant, 8 layers).
+MEDIUM = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "head_dim": 128, "experts": 64, "top_k": 8,
+          "moe_intermediate": 384, "vocab": 32768, "rope_theta": 1e6, "max_position": 8192}
+
+
+def model_step(device: str, batch: int, seq: int, medium: bool) -> Callable[[], object]:
+    """Forward + backward + AdamW of the reference Qwen3-MoE (tiny, or medium on a GPU)."""
+    from harness.model.config import ModelConfig
+    from harness.model.qwen3_moe import build_reference_model
+
+    block = MEDIUM if medium else {"layers": 4, "hidden": 64, "heads": 8, "kv_heads": 2, "head_dim": 16,
+                                   "experts": 8, "top_k": 2, "moe_intermediate": 32, "vocab": 256}
+    cfg = ModelConfig.from_spec(block)
+    model = build_reference_model(cfg, seed=0).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab, (batch, seq), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def train(data_=None, loss_fn=None, eval_mode=False):  # PolicyWorker.train's signature
+        opt.zero_grad(set_to_none=True)
+        loss = -model.logprobs(ids)[:, 1:].mean()
+        loss.backward()
+        opt.step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return float(loss.detach())
+
+    return train
+
+
 def engine_step(requests: int, new_tokens: int) -> Callable[[], object]:
     from harness.rollout.engine import Engine
     from harness.rollout.engine_worker import initial_weights
@@ -71,7 +100,7 @@ def make_arm(workload: str, source: str | None, rank: int, step: Callable[[], ob
     """A callable running one observed step (``source=None``: no profiler)."""
     if source is not None:
         os.environ["HARNESS_TRACE_OPERATORS"] = source
-    if workload == "mlp":
+    if workload in ("mlp", "model"):
         hooks = PolicyProfilerHooks(None if source is None else TracePolicyProfiler(rank=rank))
         return lambda: hooks.run_train(step) and None
     rhooks = RolloutProfilerHooks(None if source is None else TraceRolloutProfiler(rank=rank))
@@ -88,7 +117,10 @@ def make_arm(workload: str, source: str | None, rank: int, step: Callable[[], ob
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=("engine", "mlp"), default="engine")
+    parser.add_argument("--workload", choices=("engine", "mlp", "model"), default="engine")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda (model workload)")
+    parser.add_argument("--medium", action="store_true", help="model workload: the medium config (GPU)")
+    parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--sources", default="recordfn,profiler", help="comma list of recordfn, profiler, off")
     parser.add_argument("--steps", type=int, default=5, help="steps per arm per block")
     parser.add_argument("--blocks", type=int, default=3)
@@ -103,14 +135,18 @@ def main() -> None:
     if args.workload == "mlp":
         step = mlp_step(args.hidden, args.layers, args.batch)
         what = f"MLP {args.layers}x{args.hidden}, batch {args.batch}, AdamW"
+    elif args.workload == "model":
+        step = model_step(args.device, args.batch, args.seq, args.medium)
+        what = (f"Qwen3-MoE {'medium' if args.medium else 'tiny'} fwd+bwd+AdamW on {args.device}, "
+                f"batch {args.batch} x seq {args.seq}")
     else:
         step = engine_step(args.requests, args.new_tokens)
         what = f"smoke engine generation, {args.requests} requests x {args.new_tokens} tokens"
     with tempfile.TemporaryDirectory() as run_dir:
         os.environ["HARNESS_TRACE_DIR"] = run_dir
-        arms = {"off": make_arm(args.workload, None, 0, step)}
+        arms = {"no-plugin": make_arm(args.workload, None, 0, step)}
         for rank, source in enumerate(sources):
-            arms[source] = make_arm(args.workload, source, rank, step)
+            arms[f"ops={source}"] = make_arm(args.workload, source, rank, step)
         times: dict[str, list[float]] = {name: [] for name in arms}
         for run in arms.values():
             run()  # warm-up
@@ -120,11 +156,11 @@ def main() -> None:
                     t0 = time.perf_counter()
                     run()
                     times[name].append(time.perf_counter() - t0)
-    off = statistics.median(times["off"])
-    print(f"workload: {what}; {len(times['off'])} steps per arm, 1 thread")
+    off = statistics.median(times["no-plugin"])
+    print(f"workload: {what}; {len(times['no-plugin'])} steps per arm, torch {torch.__version__}")
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"  {name:9s} median {med * 1e3:9.1f} ms   ratio {med / off:6.2f}")
+        print(f"  {name:12s} median {med * 1e3:9.1f} ms   ratio {med / off:6.2f}")
 
 
 if __name__ == "__main__":

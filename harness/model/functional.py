@@ -52,7 +52,7 @@ def rope_cos_sin(
 
     Returns two tensors of shape `[..., head_dim]` in `dtype`; the two halves
     of the last dim repeat the same frequencies (`cat(freqs, freqs)`)."""
-    inv_freq = rope_inv_freq(head_dim, theta)
+    inv_freq = rope_inv_freq(head_dim, theta).to(positions.device)
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [..., d/2]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)

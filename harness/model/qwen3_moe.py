@@ -159,7 +159,7 @@ class Qwen3MoeForCausalLM(nn.Module):
         pads never influence earlier tokens."""
         s = input_ids.shape[1]
         if positions is None:
-            positions = torch.arange(s)
+            positions = torch.arange(s, device=input_ids.device)
         cos, sin = Fn.rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.lm_head.weight.dtype)
         x = self.model.embed_tokens(input_ids)
         router_logits = []

@@ -52,7 +52,7 @@ from harness.parallel.groups import (
     stage_layers,
     validate_policy_layout,
 )
-from harness.parallel.pipeline import run_gpipe, stage_info
+from harness.parallel.pipeline import run_pipeline, stage_info
 
 STEP_ALREADY_OPEN = "a train step is already open; finish or abort it before beginning another"
 NO_STEP_OPEN = "no train step open; call begin_train_step first"
@@ -159,7 +159,7 @@ class PolicyEngine:
             return loss
 
         self.model.train()
-        run_gpipe(info, len(mbs), stage_forward, backward=True)
+        run_pipeline(info, len(mbs), stage_forward, backward=True)
         return metrics
 
     def _combine_over_dp(self, per_mb: list[dict[str, float]]) -> dict[str, float]:
@@ -280,7 +280,7 @@ class PolicyEngine:
         mbs = [ids[i : i + self.mbs] for i in range(0, ids.shape[0], self.mbs)]
         info = stage_info(self.groups.ranks("pp"), self.rank, self.model.activation_shape(self.mbs), self.cfg.torch_dtype())
         self.model.eval()
-        outs = run_gpipe(info, len(mbs), lambda m, x: self.model(mbs[m], x), backward=False)
+        outs = run_pipeline(info, len(mbs), lambda m, x: self.model(mbs[m], x), backward=False)
         if not self.is_last:
             return torch.empty(0)
         return torch.cat(outs)[:b].to(torch.float32)
@@ -396,3 +396,14 @@ class PolicyEngine:
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         dist.barrier()
+
+
+def create_engine(spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> Any:
+    """The engine for `spec.policy.backend`: `PolicyEngine` (native) or
+    `harness.policy.megatron.engine.MegatronPolicyEngine` (megatron-core,
+    imported only when selected)."""
+    if spec["policy"].get("backend", "native") == "megatron":
+        from harness.policy.megatron.engine import MegatronPolicyEngine
+
+        return MegatronPolicyEngine(spec, rank, topology=topology)
+    return PolicyEngine(spec, rank, topology=topology)

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import ray
 import torch
 
-from harness.policy.engine import PolicyEngine, init_distributed
+from harness.policy.engine import create_engine, init_distributed
 
 
 class PolicyWorkerImpl:
@@ -39,7 +39,7 @@ class PolicyWorkerImpl:
         self.run_dir = run_dir
         device = spec.get("platform", {}).get("device", "cpu")
         init_distributed(rank, world_size, master_addr, master_port, device)
-        self.engine = PolicyEngine(spec, rank, topology=topology)
+        self.engine = create_engine(spec, rank, topology=topology)
         self.hooks = _load_hooks(rank)
 
     def ready(self) -> dict[str, Any]:

@@ -166,9 +166,14 @@ RULES: tuple[Rule, ...] = (
     Rule("grpo.generations_per_prompt", "not grpo.leave_one_out or grpo.generations_per_prompt >= 2",
          lambda s: not s["grpo"]["leave_one_out"] or s["grpo"]["generations_per_prompt"] >= 2,
          lambda s: "a leave-one-out baseline needs at least 2 generations per prompt"),
-    Rule("policy.backend", "policy.backend != megatron or platform.device == cuda",
-         lambda s: _p(s)["backend"] != "megatron" or s["platform"]["device"] == "cuda",
-         lambda s: "the megatron backend needs platform.device: cuda"),
+    # megatron runs on cpu through harness.policy.megatron.compat; its context
+    # parallelism exists only in TEDotProductAttention (Transformer Engine, a
+    # GPU library). On cuda the engine re-checks that TE is importable at start.
+    Rule("policy.cp", "policy.backend != megatron or policy.cp == 1 or platform.device == cuda",
+         lambda s: _p(s)["backend"] != "megatron" or _p(s)["cp"] == 1 or s["platform"]["device"] == "cuda",
+         lambda s: (f"policy.cp={_p(s)['cp']} with policy.backend: megatron needs Transformer Engine "
+                    "(megatron-core context parallelism is TEDotProductAttention only), which needs "
+                    "platform.device: cuda; set policy.cp: 1 or policy.backend: native")),
     # --- rollout -----------------------------------------------------------
     Rule("rollout.backend", "rollout.backend != vllm or platform.device == cuda",
          lambda s: _r(s)["backend"] != "vllm" or s["platform"]["device"] == "cuda",

@@ -170,3 +170,13 @@ def test_params_match_reference_counts():
     assert (tiny["total"], tiny["active"]) == (314_048, 166_592)
     big = estimate_params(load_spec("nemo_rl_qwen3_235b", goldens_root=GOLDENS)["model"])
     assert (big["total"], big["active"]) == (235_093_634_560, 22_190_763_520)
+
+
+
+def test_megatron_backend_on_cpu_and_context_parallel_needs_cuda():
+    plan(make_spec({"backend": "megatron", "tp": 2}, platform={"device": "cpu"}))  # cpu is allowed (compat layer)
+    with pytest.raises(TopologyError, match=r"policy\.cp=2 with policy\.backend: megatron needs Transformer Engine") as info:
+        plan(make_spec({"backend": "megatron", "tp": 2, "cp": 2}, platform={"device": "cpu"}))
+    assert info.value.field == "policy.cp"
+    plan(make_spec({"backend": "native", "tp": 2, "cp": 2}))
+    plan(make_spec({"backend": "megatron", "tp": 2, "cp": 2}, platform={"device": "cuda"}))

@@ -1,0 +1,101 @@
+"""`policy.backend: megatron` (megatron-core GPTModel, CPU compatibility layer)
+against the native backend from the same initial weights.
+
+Skipped unless megatron-core is importable (`pip install megatron-core==0.16.1`).
+Each layout spawns its world once (`harness.policy.megatron.local_world.curve_job`):
+initial logprobs, 3 monolithic AdamW steps, the same 3 steps through the split
+API after restoring the initial checkpoint, and the refit export (HF names).
+
+Tolerances (fp32, measured on the 2-core CPU box; see docs/megatron.md):
+- initial logprobs: max |diff| <= 1e-5 (measured ~5e-7);
+- loss and grad_norm per step: rel <= 1e-4 (measured <= ~1e-6);
+- parameter checksums after 3 steps: rel <= 1e-4;
+- exported initial weights: bit-identical to the reference model.
+Adam eps is 1e-6 as in test_parallel_parity.py (router scale-invariance noise).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
+
+from harness.policy.local_world import checksums, synthetic_batch, with_layout  # noqa: E402
+from harness.policy.megatron.local_world import curve_job, spawn_engines  # noqa: E402
+from harness.model.config import ModelConfig  # noqa: E402
+from harness.model.qwen3_moe import build_reference_model  # noqa: E402
+from harness.spec import load_spec  # noqa: E402
+
+pytestmark = [pytest.mark.megatron, pytest.mark.slow]
+
+STEPS = 3
+LP_ATOL = 1e-5
+REL = 1e-4
+LAYOUTS = {
+    "1rank": dict(),
+    "tp2": dict(tp=2),
+    "tp2_ep2": dict(tp=2, ep=2),
+}
+
+
+def _spec(backend: str, **layout):
+    spec = load_spec("goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
+    base = with_layout(spec, **{**dict(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, pp_layout=None, backend=backend), **layout})
+    base["policy"]["optimizer"] = {**base["policy"]["optimizer"], "eps": 1e-6}
+    return base
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(a), 1e-12)
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    spec = _spec("native")
+    batch = synthetic_batch(spec, 8, seed=0)
+    (res,) = spawn_engines(spec, curve_job, batch, STEPS, str(tmp_path_factory.mktemp("native")))
+    return batch, res
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_megatron_matches_native(native, name, tmp_path):
+    batch, ref = native
+    spec = _spec("megatron", **LAYOUTS[name])
+    results = spawn_engines(spec, curve_job, batch, STEPS, str(tmp_path / "ckpt"))
+    r0 = results[0]
+    # refit export of the initial weights is the reference model, bit for bit
+    full = build_reference_model(ModelConfig.from_spec(spec), spec["seed"]).state_dict()
+    assert r0["init_sums"] == checksums(full)
+    for r in results:  # every rank holds full logprobs of its dp shard (dp == 1 here)
+        assert (r["logprobs0"] - ref["logprobs0"]).abs().max().item() <= LP_ATOL
+        assert (r["ref_logprobs"] - ref["logprobs0"]).abs().max().item() <= LP_ATOL
+    for path in ("mono", "split"):
+        for step, (m, n) in enumerate(zip(r0[path], ref[path])):
+            for key in ("loss", "grad_norm"):
+                assert _rel(n[key], m[key]) <= REL, f"{name} {path} step {step} {key}: native {n[key]} megatron {m[key]}"
+            assert m["global_valid_toks"] == n["global_valid_toks"]
+    for k, (s, sq, ab) in ref["mono_sums"].items():
+        ms, msq, mab = r0["mono_sums"][k]
+        assert _rel(sq, msq) <= REL and _rel(ab, mab) <= REL, f"{name} {k}: {(s, sq, ab)} vs {(ms, msq, mab)}"
+
+
+def test_context_parallel_refused_without_te():
+    pytest.importorskip("megatron.core")
+    try:
+        import transformer_engine  # noqa: F401
+        pytest.skip("Transformer Engine is importable")
+    except ImportError:
+        pass
+    from harness.policy.megatron.engine import MegatronLayoutError, check_layout
+
+    with pytest.raises(MegatronLayoutError, match=r"policy\.cp=2.*Transformer Engine"):
+        check_layout(_spec("megatron", cp=2))
+
+
+def test_megatron_package_import_is_lazy():
+    import subprocess
+    import sys
+
+    code = "import sys, harness.policy.megatron, harness.policy.engine; assert 'megatron.core' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
