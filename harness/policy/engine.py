@@ -56,6 +56,7 @@ from harness.parallel.pipeline import run_pipeline, stage_info
 
 STEP_ALREADY_OPEN = "a train step is already open; finish or abort it before beginning another"
 NO_STEP_OPEN = "no train step open; call begin_train_step first"
+EMPTY_STEP = "the open train step has no microbatch; abort it instead of finishing (no optimizer step taken)"
 CHECKPOINT_MARKER = "COMPLETE.json"
 
 TRAIN_KEYS = (
@@ -246,6 +247,8 @@ class PolicyEngine:
     def finish_train_step(self) -> dict[str, float]:
         if self._split is None:
             raise RuntimeError(NO_STEP_OPEN)
+        if not self._split["metrics"]:
+            raise RuntimeError(EMPTY_STEP)  # the step stays open; abort_train_step closes it
         state, self._split = self._split, None
         try:
             seqs, toks = dp_data.all_reduce_counts([state["seqs"], state["toks"]], self.groups["dp"])

@@ -16,8 +16,8 @@ Invariants (reference 1.8 and 2.3):
 * the profiler sees at most one finish-or-abort per begun step, never an end
   without a begin, and a profiler step is open only while the worker's is.
 
-Finishing a step that had no microbatch is a separate (strict xfail) test:
-the engine currently takes an optimizer step for it (see the test).
+Finishing a step that had no microbatch is refused (a bug this machine found:
+it used to take an optimizer step); see the separate test.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from harness.plugins.policy_hooks import ABORT_REASONS, PolicyProfilerHooks
 from harness.plugins.recording import InjectedFailure, RecordingPolicyProfiler
-from harness.policy.engine import NO_STEP_OPEN, STEP_ALREADY_OPEN, PolicyEngine, init_distributed
+from harness.policy.engine import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, PolicyEngine, init_distributed
 from harness.policy.local_world import free_port, synthetic_batch, with_layout
 from harness.spec import load_spec
 
@@ -130,7 +130,10 @@ class SplitTrain(RuleBasedStateMachine):
         try:
             metrics = self.hooks.finish_step(self.engine.finish_train_step)
         except RuntimeError as exc:
-            assert not self.open and str(exc) == NO_STEP_OPEN, exc
+            if self.open:  # an empty step is refused and stays open (abort closes it)
+                assert self.microbatches == 0 and str(exc) == EMPTY_STEP, exc
+                return
+            assert str(exc) == NO_STEP_OPEN, exc
             return
         except InjectedFailure:
             # the worker finished; only the profiler's finish raised
@@ -205,22 +208,18 @@ TestSplitTrain.settings = settings(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finish_train_step after zero microbatches still steps AdamW (momentum moves the "
-    "weights, steps_done advances) and returns metrics with zero counts; the reference "
-    "driver never finishes an empty step (it raises). Wanted: RuntimeError, no step taken.",
-)
 def test_finish_without_microbatch_takes_no_step():
+    """Found by the state machine: finishing an empty step used to step AdamW
+    (momentum moved the weights) and return zero-count metrics."""
     engine = PolicyEngine(_STATE["spec"], 0)
     engine.begin_train_step()
     engine.train_microbatch(_rows(_STATE["batch"], 2))
     engine.finish_train_step()  # Adam now has momentum
     before = {n: p.detach().clone() for n, p in engine.named}
     engine.begin_train_step()
-    try:
+    with pytest.raises(RuntimeError, match="no microbatch"):
         engine.finish_train_step()
-    except RuntimeError:
-        pass
+    assert engine.step_open  # still open: the caller must abort it
+    engine.abort_train_step()
     assert engine.steps_done == 1
     assert all(torch.equal(before[n], p) for n, p in engine.named)
