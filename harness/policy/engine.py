@@ -26,6 +26,8 @@ metric is already combined over microbatches and DP ranks.
 
 from __future__ import annotations
 
+import datetime
+
 import json
 import os
 import random
@@ -66,13 +68,19 @@ TRAIN_KEYS = (
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
-    """Per-process determinism + the default process group (gloo on CPU, nccl on cuda)."""
+    """Per-process determinism + the default process group (gloo on CPU, nccl on cuda).
+
+    Collectives time out after ``HARNESS_COLLECTIVE_TIMEOUT_S`` (default 300 s),
+    so a desynchronised rank becomes an error naming the worker instead of a
+    hang (the backends' own default is 30 minutes)."""
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESS_COLLECTIVE_TIMEOUT_S", "300")))
         dist.init_process_group(
-            backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
+            backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size,
+            timeout=timeout,
         )
 
 
@@ -230,7 +238,7 @@ class PolicyEngine:
         if self._split is not None:
             raise RuntimeError(STEP_ALREADY_OPEN)
         self.optimizer.zero_grad(set_to_none=True)
-        self._split = {"seqs": 0.0, "toks": 0.0, "metrics": []}
+        self._split = {"seqs": 0.0, "toks": 0.0, "metrics": [], "microbatches": 0}
 
     def train_microbatch(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """Forward+backward of one chunk (this rank's DP shard) with placeholder
@@ -241,13 +249,14 @@ class PolicyEngine:
         per_mb = self._forward_backward(batch, 1.0, 1.0)
         self._split["seqs"] += seqs
         self._split["toks"] += toks
-        self._split["metrics"].extend(per_mb)
+        self._split["metrics"].extend(per_mb)  # only the last pipeline stage computes metrics
+        self._split["microbatches"] += 1
         return aggregate_microbatch_metrics(per_mb) if per_mb else {}
 
     def finish_train_step(self) -> dict[str, float]:
         if self._split is None:
             raise RuntimeError(NO_STEP_OPEN)
-        if not self._split["metrics"]:
+        if not self._split["microbatches"]:
             raise RuntimeError(EMPTY_STEP)  # the step stays open; abort_train_step closes it
         state, self._split = self._split, None
         try:
