@@ -14,7 +14,7 @@ VENV_PY=.venv/bin/python
 "$VENV_PY" -m pip install -q --upgrade pip >/dev/null
 case "${1:-full}" in
     light) "$VENV_PY" -m pip install -q -e '.[dev]' ;;
-    full)  "$VENV_PY" -m pip install -q 'torch==2.13.0' -e '.[workload,dev]' ;;
+    full)  "$VENV_PY" -m pip install -q 'torch==2.13.0' -e '.[workload,dev,megatron]' ;;
     *) echo "usage: ci/bootstrap.sh [full|light]" >&2; exit 2 ;;
 esac
 echo "bootstrap: $("$VENV_PY" --version), harness installed in .venv"

@@ -42,7 +42,6 @@ from harness.capture.records import (
     CaptureValidationError,
     CommitCoords,
     StagedCall,
-    staging_key,
 )
 
 log = logging.getLogger(__name__)

@@ -37,11 +37,11 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
+from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, SplitTrainStep  # noqa: F401
 from harness.algos.loss import (
     ClippedPGLoss,
     aggregate_microbatch_metrics,
     global_valid_counts,
-    rescale_metrics,
 )
 from harness.model.config import ModelConfig
 from harness.model.parallel_model import ParallelQwen3Moe
@@ -56,9 +56,6 @@ from harness.parallel.groups import (
 )
 from harness.parallel.pipeline import run_pipeline, stage_info
 
-STEP_ALREADY_OPEN = "a train step is already open; finish or abort it before beginning another"
-NO_STEP_OPEN = "no train step open; call begin_train_step first"
-EMPTY_STEP = "the open train step has no microbatch; abort it instead of finishing (no optimizer step taken)"
 CHECKPOINT_MARKER = "COMPLETE.json"
 
 TRAIN_KEYS = (
@@ -97,7 +94,7 @@ def seed_rank(seed: int, rank: int) -> None:
         pass
 
 
-class PolicyEngine:
+class PolicyEngine(SplitTrainStep):
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
         self.spec = spec
         self.rank = rank
@@ -228,55 +225,9 @@ class PolicyEngine:
             out.append(self.loss_fn(logprobs[i : i + self.mbs], mb, seqs, toks)[1])
         return out
 
-    # -- split API ----------------------------------------------------------------
-
     @property
-    def step_open(self) -> bool:
-        return self._split is not None
-
-    def begin_train_step(self) -> None:
-        if self._split is not None:
-            raise RuntimeError(STEP_ALREADY_OPEN)
-        self.optimizer.zero_grad(set_to_none=True)
-        self._split = {"seqs": 0.0, "toks": 0.0, "metrics": [], "microbatches": 0}
-
-    def train_microbatch(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        """Forward+backward of one chunk (this rank's DP shard) with placeholder
-        global counts of 1; returns the chunk's raw (unscaled) metrics."""
-        if self._split is None:
-            raise RuntimeError(NO_STEP_OPEN)
-        seqs, toks = global_valid_counts(batch)
-        per_mb = self._forward_backward(batch, 1.0, 1.0)
-        self._split["seqs"] += seqs
-        self._split["toks"] += toks
-        self._split["metrics"].extend(per_mb)  # only the last pipeline stage computes metrics
-        self._split["microbatches"] += 1
-        return aggregate_microbatch_metrics(per_mb) if per_mb else {}
-
-    def finish_train_step(self) -> dict[str, float]:
-        if self._split is None:
-            raise RuntimeError(NO_STEP_OPEN)
-        if not self._split["microbatches"]:
-            raise RuntimeError(EMPTY_STEP)  # the step stays open; abort_train_step closes it
-        state, self._split = self._split, None
-        try:
-            seqs, toks = dp_data.all_reduce_counts([state["seqs"], state["toks"]], self.groups["dp"])
-            normaliser = toks if self.loss_fn.token_level_loss else seqs
-            combined = self._combine_over_dp(state["metrics"]) if self.is_last else {}
-            norm = self._optimizer_step(grad_scale=1.0 / normaliser if normaliser else 0.0)
-            if self.is_last:
-                combined = rescale_metrics(combined, self.loss_fn.metric_normalizations, seqs, toks)
-            return self._step_metrics(combined, norm, seqs, toks)
-        except BaseException:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise
-
-    def abort_train_step(self) -> None:
-        """Drop the open step's gradients; a no-op when no step is open."""
-        if self._split is None:
-            return
-        self._split = None
-        self.optimizer.zero_grad(set_to_none=True)
+    def split_dp_group(self):
+        return self.groups["dp"]
 
     # -- inference ------------------------------------------------------------------
 

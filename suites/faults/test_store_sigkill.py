@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from harness.cli.validate import check_path
 from harness.parity.synthetic import synthetic_manifest, synthetic_surfaces

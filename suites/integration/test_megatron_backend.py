@@ -17,7 +17,6 @@ Adam eps is 1e-6 as in test_parallel_parity.py (router scale-invariance noise).
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 

@@ -163,7 +163,6 @@ def test_engine_offsets_properties(counts):
 
 # -- per-sample handle aggregation (reference 4.1) ---------------------------------------
 
-import random as _random  # noqa: E402
 
 import pytest  # noqa: E402
 

@@ -28,12 +28,13 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from harness.algos.loss import ClippedPGLoss, aggregate_microbatch_metrics, global_valid_counts, rescale_metrics
+from harness.algos.loss import ClippedPGLoss, aggregate_microbatch_metrics, global_valid_counts
 from harness.model import functional as Fn
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
-from harness.policy.engine import CHECKPOINT_MARKER, NO_STEP_OPEN, STEP_ALREADY_OPEN, TRAIN_KEYS, seed_rank
+from harness.policy.engine import CHECKPOINT_MARKER, TRAIN_KEYS, seed_rank
+from harness.policy.split_step import SplitTrainStep
 from harness.policy.megatron import compat
 from harness.policy.megatron.model import NameMap, build_gpt_model, is_expert, is_tp_sharded
 
@@ -63,7 +64,7 @@ def check_layout(spec: Mapping[str, Any]) -> None:
         raise MegatronLayoutError("policy.sp must be true with policy.tp > 1 (megatron MoE + TP needs sequence parallel)")
 
 
-class MegatronPolicyEngine:
+class MegatronPolicyEngine(SplitTrainStep):
     backend = "megatron"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
@@ -238,48 +239,9 @@ class MegatronPolicyEngine:
         norm = self._optimizer_step()
         return self._step_metrics(combined, norm, seqs, toks)
 
-    # -- split API ----------------------------------------------------------------------------
-
     @property
-    def step_open(self) -> bool:
-        return self._split is not None
-
-    def begin_train_step(self) -> None:
-        if self._split is not None:
-            raise RuntimeError(STEP_ALREADY_OPEN)
-        self.optimizer.zero_grad(set_to_none=True)
-        self._split = {"seqs": 0.0, "toks": 0.0, "metrics": []}
-
-    def train_microbatch(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        if self._split is None:
-            raise RuntimeError(NO_STEP_OPEN)
-        seqs, toks = global_valid_counts(batch)
-        per_mb = self._forward_backward(batch, 1.0, 1.0)
-        self._split["seqs"] += seqs
-        self._split["toks"] += toks
-        self._split["metrics"].extend(per_mb)
-        return aggregate_microbatch_metrics(per_mb) if per_mb else {}
-
-    def finish_train_step(self) -> dict[str, float]:
-        if self._split is None:
-            raise RuntimeError(NO_STEP_OPEN)
-        state, self._split = self._split, None
-        try:
-            seqs, toks = dp_data.all_reduce_counts([state["seqs"], state["toks"]], self._dp_group)
-            normaliser = toks if self.loss_fn.token_level_loss else seqs
-            combined = self._combine_over_dp(state["metrics"])
-            norm = self._optimizer_step(grad_scale=1.0 / normaliser if normaliser else 0.0)
-            combined = rescale_metrics(combined, self.loss_fn.metric_normalizations, seqs, toks)
-            return self._step_metrics(combined, norm, seqs, toks)
-        except BaseException:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise
-
-    def abort_train_step(self) -> None:
-        if self._split is None:
-            return
-        self._split = None
-        self.optimizer.zero_grad(set_to_none=True)
+    def split_dp_group(self):
+        return self._dp_group
 
     # -- inference ------------------------------------------------------------------------------
 
