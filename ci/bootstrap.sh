@@ -2,7 +2,7 @@
 # Create (or reuse) .venv and install the harness with the workload half and
 # the development tools. torch is pinned to the CPU build on purpose: an
 # unpinned torch pulls several GB of CUDA wheels.
-#   ci/bootstrap.sh          workload + dev (default)
+#   ci/bootstrap.sh          workload + megatron-core backend + dev (default)
 #   ci/bootstrap.sh light    the gate half only (no torch, no ray)
 set -euo pipefail
 cd "$(dirname "$0")/.."
