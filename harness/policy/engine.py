@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import datetime
 
-import json
 import os
 import random
-from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
 
+from harness.policy.checkpoint import CHECKPOINT_MARKER, ShardedCheckpoint  # noqa: F401
 from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, SplitTrainStep  # noqa: F401
 from harness.algos.loss import (
     ClippedPGLoss,
@@ -56,7 +55,6 @@ from harness.parallel.groups import (
 )
 from harness.parallel.pipeline import run_pipeline, stage_info
 
-CHECKPOINT_MARKER = "COMPLETE.json"
 
 TRAIN_KEYS = (
     "input_ids", "input_lengths", "token_mask", "sample_mask", "advantages",
@@ -94,7 +92,9 @@ def seed_rank(seed: int, rank: int) -> None:
         pass
 
 
-class PolicyEngine(SplitTrainStep):
+class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
+    backend = "native"
+
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
         self.spec = spec
         self.rank = rank
@@ -307,58 +307,6 @@ class PolicyEngine(SplitTrainStep):
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Sharded, atomic: every rank writes `rank{r:05d}.pt` via a temp file +
-        rename; after a barrier rank 0 writes the COMPLETE.json marker. A
-        checkpoint without the marker is incomplete and refused by load."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        if self._split is not None:
-            raise RuntimeError(f"policy rank {self.rank}: cannot checkpoint while a train step is open")
-        state = {
-            "model": {n: p.detach().clone() for n, p in self.named},
-            "optimizer": self.optimizer.state_dict(),
-            "reference": self.reference_state,
-            "steps_done": self.steps_done,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-            "coords": dict(self.coords),
-        }
-        path = d / f"rank{self.rank:05d}.pt"
-        tmp = d / f".rank{self.rank:05d}.pt.tmp"
-        torch.save(state, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        dist.barrier()
-        if self.rank == 0:
-            marker = {"world": dist.get_world_size(), "policy": {k: self.spec["policy"][k] for k in ("tp", "pp", "cp", "dp", "ep", "etp")},
-                      "steps_done": self.steps_done}
-            tmp_m = d / (CHECKPOINT_MARKER + ".tmp")
-            tmp_m.write_text(json.dumps(marker, sort_keys=True))
-            os.replace(tmp_m, d / CHECKPOINT_MARKER)
-        dist.barrier()
-
-    def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        d = Path(directory)
-        marker = d / CHECKPOINT_MARKER
-        if not marker.exists():
-            raise FileNotFoundError(f"{marker}: checkpoint is incomplete or missing (no completion marker)")
-        meta = json.loads(marker.read_text())
-        if meta["world"] != dist.get_world_size():
-            raise ValueError(f"{marker}: saved with world {meta['world']}, this policy has {dist.get_world_size()} ranks")
-        path = d / f"rank{self.rank:05d}.pt"
-        state = torch.load(path, weights_only=False)
-        if state["coords"] != dict(self.coords):
-            raise ValueError(f"{path}: saved for coords {state['coords']}, this rank has {dict(self.coords)}")
-        with torch.no_grad():
-            for n, p in self.named:
-                p.copy_(state["model"][n])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.reference_state = state["reference"]
-        self.steps_done = state["steps_done"]
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        dist.barrier()
 
 
 def create_engine(spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> Any:

@@ -1,8 +1,8 @@
 """Run a policy world in plain `torch.multiprocessing` processes (no Ray).
 
 Used by the layer-level parity tests and the step benchmark: `spawn_world`
-starts `world` spawned ranks, each initialises gloo, builds a
-`PolicyEngine` and calls `fn(engine, *args)`; results come back per rank.
+starts `world` spawned ranks, each initialises gloo, builds
+the engine `spec.policy.backend` selects (`create_engine`) and calls `fn(engine, *args)`; results come back per rank.
 `synthetic_batch` builds a deterministic GRPO train batch for a spec.
 """
 
@@ -41,12 +41,12 @@ def world_size(spec: Mapping[str, Any]) -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
-    from harness.policy.engine import PolicyEngine, init_distributed
+    from harness.policy.engine import create_engine, init_distributed
     import torch.distributed as dist
 
     try:
         init_distributed(rank, world, "127.0.0.1", port)
-        engine = PolicyEngine(spec, rank)
+        engine = create_engine(spec, rank)  # the backend spec.policy.backend selects
         result = fn(engine, *args)
         buf = io.BytesIO()  # plain bytes: shared-memory tensors would die with this process
         torch.save(result, buf)

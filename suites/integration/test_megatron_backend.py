@@ -21,7 +21,8 @@ import pytest
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 
 from harness.policy.local_world import checksums, synthetic_batch, with_layout  # noqa: E402
-from harness.policy.megatron.local_world import curve_job, spawn_engines  # noqa: E402
+from harness.policy.local_world import spawn_world  # noqa: E402
+from harness.policy.megatron.local_world import curve_job  # noqa: E402
 from harness.model.config import ModelConfig  # noqa: E402
 from harness.model.qwen3_moe import build_reference_model  # noqa: E402
 from harness.spec import load_spec  # noqa: E402
@@ -53,7 +54,7 @@ def _rel(a: float, b: float) -> float:
 def native(tmp_path_factory):
     spec = _spec("native")
     batch = synthetic_batch(spec, 8, seed=0)
-    (res,) = spawn_engines(spec, curve_job, batch, STEPS, str(tmp_path_factory.mktemp("native")))
+    (res,) = spawn_world(spec, curve_job, batch, STEPS, str(tmp_path_factory.mktemp("native")), timeout_s=240.0)
     return batch, res
 
 
@@ -61,7 +62,7 @@ def native(tmp_path_factory):
 def test_megatron_matches_native(native, name, tmp_path):
     batch, ref = native
     spec = _spec("megatron", **LAYOUTS[name])
-    results = spawn_engines(spec, curve_job, batch, STEPS, str(tmp_path / "ckpt"))
+    results = spawn_world(spec, curve_job, batch, STEPS, str(tmp_path / "ckpt"), timeout_s=240.0)
     r0 = results[0]
     # refit export of the initial weights is the reference model, bit for bit
     full = build_reference_model(ModelConfig.from_spec(spec), spec["seed"]).state_dict()

@@ -19,10 +19,6 @@ shard once.
 
 from __future__ import annotations
 
-import json
-import os
-import random
-from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -33,7 +29,8 @@ from harness.model import functional as Fn
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
-from harness.policy.engine import CHECKPOINT_MARKER, TRAIN_KEYS, seed_rank
+from harness.policy.checkpoint import ShardedCheckpoint
+from harness.policy.engine import TRAIN_KEYS, seed_rank
 from harness.policy.split_step import SplitTrainStep
 from harness.policy.megatron import compat
 from harness.policy.megatron.model import NameMap, build_gpt_model, is_expert, is_tp_sharded
@@ -64,7 +61,7 @@ def check_layout(spec: Mapping[str, Any]) -> None:
         raise MegatronLayoutError("policy.sp must be true with policy.tp > 1 (megatron MoE + TP needs sequence parallel)")
 
 
-class MegatronPolicyEngine(SplitTrainStep):
+class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
     backend = "megatron"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
@@ -304,56 +301,3 @@ class MegatronPolicyEngine(SplitTrainStep):
 
     # -- checkpoints ------------------------------------------------------------------------------
 
-    def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        if self._split is not None:
-            raise RuntimeError(f"policy rank {self.rank}: cannot checkpoint while a train step is open")
-        state = {
-            "backend": self.backend,
-            "model": {n: p.detach().clone() for n, p in self.named},
-            "optimizer": self.optimizer.state_dict(),
-            "reference": self.reference_state,
-            "steps_done": self.steps_done,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-            "coords": dict(self.coords),
-        }
-        path = d / f"rank{self.rank:05d}.pt"
-        tmp = d / f".rank{self.rank:05d}.pt.tmp"
-        torch.save(state, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        dist.barrier()
-        if self.rank == 0:
-            marker = {"world": dist.get_world_size(), "backend": self.backend,
-                      "policy": {k: self.spec["policy"][k] for k in ("tp", "pp", "cp", "dp", "ep", "etp")},
-                      "steps_done": self.steps_done}
-            tmp_m = d / (CHECKPOINT_MARKER + ".tmp")
-            tmp_m.write_text(json.dumps(marker, sort_keys=True))
-            os.replace(tmp_m, d / CHECKPOINT_MARKER)
-        dist.barrier()
-
-    def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        d = Path(directory)
-        marker = d / CHECKPOINT_MARKER
-        if not marker.exists():
-            raise FileNotFoundError(f"{marker}: checkpoint is incomplete or missing (no completion marker)")
-        meta = json.loads(marker.read_text())
-        if meta.get("backend", "native") != self.backend:
-            raise ValueError(f"{marker}: saved by the {meta.get('backend', 'native')} backend, this policy is {self.backend}")
-        if meta["world"] != dist.get_world_size():
-            raise ValueError(f"{marker}: saved with world {meta['world']}, this policy has {dist.get_world_size()} ranks")
-        path = d / f"rank{self.rank:05d}.pt"
-        state = torch.load(path, weights_only=False)
-        if state["coords"] != dict(self.coords):
-            raise ValueError(f"{path}: saved for coords {state['coords']}, this rank has {dict(self.coords)}")
-        with torch.no_grad():
-            for n, p in self.named:
-                p.copy_(state["model"][n])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.reference_state = state["reference"]
-        self.steps_done = state["steps_done"]
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        dist.barrier()

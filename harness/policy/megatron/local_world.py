@@ -1,64 +1,13 @@
-"""Spawn a policy world in plain processes with the engine the spec selects
-(`harness.policy.engine.create_engine`), for the megatron-vs-native tests."""
+"""The megatron-vs-native comparison job, run on every rank of a world spawned by
+`harness.policy.local_world.spawn_world` (which builds the engine the spec selects)."""
 
 from __future__ import annotations
 
-import io
-import traceback
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
-import torch.multiprocessing as mp
 
-from harness.policy.local_world import checksums, free_port, shard_for_dp, world_size
-
-
-def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
-    import torch.distributed as dist
-
-    from harness.policy.engine import create_engine, init_distributed
-
-    try:
-        init_distributed(rank, world, "127.0.0.1", port)
-        engine = create_engine(spec, rank)
-        buf = io.BytesIO()
-        torch.save(fn(engine, *args), buf)
-        queue.put((rank, "ok", buf.getvalue()))
-    except BaseException as exc:  # report, never hang the parent
-        queue.put((rank, "error", f"{exc!r}\n{traceback.format_exc()}"))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def spawn_engines(spec: Mapping[str, Any], fn: Callable[..., Any], *args: Any, timeout_s: float = 240.0) -> list[Any]:
-    world = world_size(spec)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, spec, fn, args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    errors: dict[int, str] = {}
-    try:
-        for _ in range(world):
-            rank, status, payload = queue.get(timeout=timeout_s)
-            if status == "ok":
-                results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
-            else:
-                errors[rank] = payload
-                break
-    finally:
-        for p in procs:
-            p.join(timeout=5 if not errors else 1)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if errors:
-        rank = min(errors)
-        raise RuntimeError(f"policy rank {rank} failed: {errors[rank]}")
-    return [results[r] for r in range(world)]
+from harness.policy.local_world import checksums, shard_for_dp
 
 
 def curve_job(engine, batch: Mapping[str, torch.Tensor], steps: int, ckpt_dir: str) -> dict[str, Any]:
