@@ -1,7 +1,7 @@
 """Step time with the built-in trace profilers on vs off, per operator source (CPU, 1 thread).
 
-    python3 benches/plugin_overhead.py [--workload engine|mlp] [--sources recordfn,profiler,off]
-                                       [--steps 5] [--blocks 3]
+    python3 benches/plugin_overhead.py [--workload engine|mlp|model] [--sources recordfn,profiler,off]
+                                       [--components] [--steps 5] [--blocks 3]
 
 Workloads:
 
@@ -17,6 +17,14 @@ Each source in ``--sources`` gets its own profiler (``HARNESS_TRACE_OPERATORS``
 is read when a profiler is built; collectives use the default method). Arms
 run interleaved in blocks to spread machine noise; prints each arm's median
 step time and its ratio to the no-plugin arm. Informational only; no verdict.
+
+``--components`` adds arms that each wrap the step in ONE piece of what a
+trace profiler does per phase, to find where an overhead comes from:
+``c:stash`` (an object in torch's thread-local stash, as the collective
+recorder keeps its state), ``c:recorder`` (the collective recorder),
+``c:memory`` (peak-memory reset + read), ``c:probe-off`` (a whole
+``PhaseProbe`` with operators off, no file), ``c:fsync`` (one trace line
+written and fsynced, as every phase end does).
 """
 
 from __future__ import annotations
@@ -115,6 +123,57 @@ def make_arm(workload: str, source: str | None, rank: int, step: Callable[[], ob
     return run
 
 
+def component_arms(step: Callable[[], object], run_dir: str) -> dict[str, Callable[[], None]]:
+    """One arm per piece of a trace profiler's per-phase work (see the module docstring)."""
+    from harness.profiler.collectives import CollectiveRecorder
+    from harness.profiler.phase import PhaseProbe, ProbeConfig, _cuda_in_use
+
+    def stash() -> None:
+        torch._C._stash_obj_in_tls("bench.plugin_overhead", ())
+        try:
+            step()
+        finally:
+            remove = getattr(torch._C, "_remove_obj_from_tls", None)  # torch >= 2.12
+            if remove is not None:
+                remove("bench.plugin_overhead")
+            else:
+                torch._C._stash_obj_in_tls("bench.plugin_overhead", ())
+
+    def recorder() -> None:
+        rec = CollectiveRecorder()
+        rec.start()
+        try:
+            step()
+        finally:
+            rec.stop()
+
+    def memory() -> None:
+        if _cuda_in_use():
+            torch.cuda.reset_peak_memory_stats()
+        step()
+        if _cuda_in_use():
+            torch.cuda.max_memory_allocated()
+
+    def probe_off() -> None:
+        probe = PhaseProbe(ProbeConfig(operators="off"))
+        probe.start()
+        try:
+            step()
+        finally:
+            probe.stop()
+
+    fsync_path = os.path.join(run_dir, "fsync-probe.jsonl")
+
+    def fsync() -> None:
+        step()
+        with open(fsync_path, "a", encoding="utf-8") as fh:  # the trace writer keeps its file open: close enough
+            fh.write('{"type": "phase"}\n')
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    return {"c:stash": stash, "c:recorder": recorder, "c:memory": memory, "c:probe-off": probe_off, "c:fsync": fsync}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=("engine", "mlp", "model"), default="engine")
@@ -122,6 +181,7 @@ def main() -> None:
     parser.add_argument("--medium", action="store_true", help="model workload: the medium config (GPU)")
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--sources", default="recordfn,profiler", help="comma list of recordfn, profiler, off")
+    parser.add_argument("--components", action="store_true", help="add one arm per piece of the per-phase work")
     parser.add_argument("--steps", type=int, default=5, help="steps per arm per block")
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--requests", type=int, default=16)
@@ -147,6 +207,8 @@ def main() -> None:
         arms = {"no-plugin": make_arm(args.workload, None, 0, step)}
         for rank, source in enumerate(sources):
             arms[f"ops={source}"] = make_arm(args.workload, source, rank, step)
+        if args.components:
+            arms.update(component_arms(step, run_dir))
         times: dict[str, list[float]] = {name: [] for name in arms}
         for run in arms.values():
             run()  # warm-up
@@ -157,7 +219,11 @@ def main() -> None:
                     run()
                     times[name].append(time.perf_counter() - t0)
     off = statistics.median(times["no-plugin"])
-    print(f"workload: {what}; {len(times['no-plugin'])} steps per arm, torch {torch.__version__}")
+    from harness.profiler.phase import resolve_probe_config
+
+    probe = resolve_probe_config()
+    print(f"workload: {what}; {len(times['no-plugin'])} steps per arm, torch {torch.__version__}, "
+          f"collectives method {probe.collectives}")
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"  {name:12s} median {med * 1e3:9.1f} ms   ratio {med / off:6.2f}")

@@ -283,3 +283,31 @@ def test_recordfn_stop_on_another_thread_is_reported(tmp_path, monkeypatch):
     torch.ones(2).neg()
     counts, problem = again.stop()
     assert counts["aten::neg"] == 1 and problem is None
+
+
+def test_collective_recorder_state_survives_many_windows_and_gc():
+    """The recorder's thread-local state keeps exactly the references it should.
+
+    torch 2.11's TLS stash takes over the caller's reference instead of taking
+    its own (the active tuple was freed while stashed and its memory reused by
+    a Tensor, on the H200 box); ``collectives._stash`` compensates per torch,
+    measured once. Whatever this torch does, after many windows and a
+    collection the stashed tuple must still be the live recorder tuple.
+    """
+    import gc
+    import sys
+
+    from harness.profiler import collectives
+
+    assert isinstance(collectives._stash_steals_reference(), bool)
+    for _ in range(100):
+        recorder = collectives.KernelCollectiveRecorder()
+        recorder.start()
+        active = collectives._active_recorders()
+        gc.collect()
+        assert active == (recorder,) and collectives._active_recorders() is active
+        assert sys.getrefcount(active) >= 3  # ours, getrefcount's argument, the stash's
+        assert recorder.stop() == []
+        assert collectives._active_recorders() == ()
+    gc.collect()
+    assert collectives._active_recorders() == ()
