@@ -56,12 +56,23 @@ def default_run_dir(workload: str, root: Path | None = None) -> Path:
     return root / f"{workload}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
+DEVICE_PLATFORMS = ("cpu", "cuda")  # golden platforms that name the device a workload runs on
+
+
 def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,
-            goldens_root: Path | None = None, say: Say | None = None) -> Execution:
-    """Run + postflight. Raises only for unusable input (spec/topology errors)."""
+            goldens_root: Path | None = None, say: Say | None = None, platform: str | None = None) -> Execution:
+    """Run + postflight. Raises only for unusable input (spec/topology errors).
+
+    ``platform`` (explicit, else ``$GOLDEN_PLATFORM``) that names a device
+    (``cpu``, ``cuda``) runs the workload there: ``platform.device`` is
+    overridden, so one workload has a golden per device. Other platform
+    names only select the golden."""
     from harness.runner.run import run_workload
 
     spec = load_spec(workload, overrides, goldens_root=goldens_root)
+    wanted = platform or os.environ.get("GOLDEN_PLATFORM")
+    if wanted in DEVICE_PLATFORMS and wanted != spec["platform"]["device"]:
+        spec = load_spec(workload, (*overrides, f"platform.device={wanted}"), goldens_root=goldens_root)
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say)

@@ -90,7 +90,8 @@ class GoldenSession:
 
         t = time.perf_counter()
         try:
-            execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=self.root)
+            execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=self.root,
+                                      platform=self.platform_opt)
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
             entry = ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
             self._cache[workload] = entry

@@ -34,7 +34,7 @@ def execute_or_explain(args: argparse.Namespace):
     say = progress(args)
     try:
         execution = flows.execute(args.workload, overrides=tuple(args.overrides), run_dir=args.run_dir,
-                                  goldens_root=args.goldens, say=say)
+                                  goldens_root=args.goldens, say=say, platform=getattr(args, "platform", None))
     except SpecError as exc:
         print(f"golden: {exc}", file=sys.stderr)
         return None, 2

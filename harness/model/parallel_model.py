@@ -78,7 +78,8 @@ class ParallelQwen3Moe(nn.Module):
         self.layer_ids = list(layers)
         self.local_experts = list(expert.local_expert_range(cfg.experts, self.ep, self.ep_rank))
         self.vocab_start = self.tp_rank * (cfg.vocab // self.tp)
-        self.positions = context.zigzag_positions(seq_len, self.cp, self.cp_rank)
+        # a buffer, so `.to(device)` moves it with the weights (non-persistent: not in state dicts)
+        self.register_buffer("positions", context.zigzag_positions(seq_len, self.cp, self.cp_rank), persistent=False)
 
         self.shard_specs: dict[str, ShardSpec] = {}
         self._params = nn.ParameterDict()  # flat store; keys are HF names with '.' -> '|'

@@ -36,7 +36,7 @@ def _gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     if n == 1:
         return x
     front = x.movedim(dim, 0).contiguous()
-    out = torch.empty((n * front.shape[0],) + tuple(front.shape[1:]), dtype=x.dtype)
+    out = torch.empty((n * front.shape[0],) + tuple(front.shape[1:]), dtype=x.dtype, device=x.device)
     _all_gather_tensor(out, front, group=group)
     return out.movedim(0, dim)
 
@@ -48,7 +48,7 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     front = x.movedim(dim, 0).contiguous()
     if front.shape[0] % n:
         raise ValueError(f"reduce_scatter: dim {dim} size {front.shape[0]} not divisible by group size {n}")
-    out = torch.empty((front.shape[0] // n,) + tuple(front.shape[1:]), dtype=x.dtype)
+    out = torch.empty((front.shape[0] // n,) + tuple(front.shape[1:]), dtype=x.dtype, device=x.device)
     _reduce_scatter_tensor(out, front, op=dist.ReduceOp.SUM, group=group)
     return out.movedim(0, dim)
 
@@ -121,7 +121,7 @@ class _AllToAll(torch.autograd.Function):
 def _a2a(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
     if _size(group) == 1:
         return x
-    out = torch.empty((sum(out_splits),) + tuple(x.shape[1:]), dtype=x.dtype)
+    out = torch.empty((sum(out_splits),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
     return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.devices import moved
 from harness.model import functional as Fn
 from harness.parallel import comm
 
@@ -44,7 +45,7 @@ def cp_attention(
     keys. q `[b, s, hq, d]`, k/v `[b, s, hkv, d]` (local chunk)."""
     k_all = comm.all_gather(k, cp_group, SEQ_DIM)
     v_all = comm.all_gather(v, cp_group, SEQ_DIM)
-    return Fn.causal_attention(q, k_all, v_all, q_positions, gathered_positions(seq_len, cp))
+    return Fn.causal_attention(q, k_all, v_all, q_positions, moved(gathered_positions(seq_len, cp), q.device))
 
 
 def unchunk(values: torch.Tensor, seq_len: int, cp_group, cp: int) -> torch.Tensor:
@@ -55,4 +56,4 @@ def unchunk(values: torch.Tensor, seq_len: int, cp_group, cp: int) -> torch.Tens
     pos = gathered_positions(seq_len, cp)
     inverse = torch.empty_like(pos)
     inverse[pos] = torch.arange(pos.numel())
-    return gathered.index_select(SEQ_DIM, inverse)
+    return gathered.index_select(SEQ_DIM, moved(inverse, gathered.device))

@@ -19,6 +19,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from harness.devices import collective_device
+
 TP_SHARDED, TP_REPLICATED, EXPERT = "tp_sharded", "tp_replicated", "expert"
 
 
@@ -52,7 +54,7 @@ def global_grad_norm(params: Iterable[tuple[str, torch.nn.Parameter]], kinds: di
     """L2 norm of the full model's gradient (after `reduce_gradients`), the
     same value on every rank: each shard is counted by exactly one rank, then
     a world all-reduce sums the squares."""
-    sq = torch.zeros((), dtype=torch.float64)
+    sq = torch.zeros((), dtype=torch.float64, device=collective_device())
     dense_owner = coords["dp"] == 0 and coords["cp"] == 0
     for name, p in params:
         kind = kinds[name]
@@ -83,7 +85,7 @@ def clip_gradients(params: Iterable[torch.nn.Parameter], total_norm: float, max_
 
 def all_reduce_counts(values: list[float], group) -> list[float]:
     """Sum scalar counts (valid tokens/sequences) over a group (fp64)."""
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     if group is not None:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t.tolist()

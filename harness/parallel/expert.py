@@ -63,7 +63,7 @@ def moe_forward(
         start += n
     y_grouped = torch.cat(outs) if outs else grouped
     inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel())
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
     y_recv = y_grouped.index_select(0, inverse)
 
     y_back = comm.all_to_all(y_recv, in_splits, out_splits, ep_group)
@@ -88,4 +88,4 @@ def _expert_major_permutation(recv_counts: torch.Tensor) -> torch.Tensor:
     for e in range(n_local):
         for j in range(ep):
             idx.extend(range(offsets[j][e], offsets[j][e] + counts[j][e]))
-    return torch.tensor(idx, dtype=torch.long)
+    return torch.tensor(idx, dtype=torch.long, device=recv_counts.device)

@@ -53,6 +53,7 @@ class StageInfo:
     next_rank: int | None
     activation_shape: tuple[int, ...]
     dtype: torch.dtype
+    device: torch.device = torch.device("cpu")  # where activations and their grads live
 
     @property
     def is_first(self) -> bool:
@@ -63,7 +64,7 @@ class StageInfo:
         return self.stage == self.stages - 1
 
 
-def stage_info(pp_ranks: list[int], rank: int, activation_shape, dtype) -> StageInfo:
+def stage_info(pp_ranks: list[int], rank: int, activation_shape, dtype, device: torch.device | None = None) -> StageInfo:
     s = pp_ranks.index(rank)
     return StageInfo(
         stage=s,
@@ -72,6 +73,7 @@ def stage_info(pp_ranks: list[int], rank: int, activation_shape, dtype) -> Stage
         next_rank=pp_ranks[s + 1] if s + 1 < len(pp_ranks) else None,
         activation_shape=tuple(activation_shape),
         dtype=dtype,
+        device=torch.device("cpu") if device is None else device,
     )
 
 
@@ -133,7 +135,7 @@ def run_gpipe(
     for m in range(num_microbatches):
         x = None
         if not info.is_first:
-            x = torch.empty(info.activation_shape, dtype=info.dtype)
+            x = torch.empty(info.activation_shape, dtype=info.dtype, device=info.device)
             dist.recv(x, src=info.prev_rank)
             x.requires_grad_(backward)
         y = stage_forward(m, x)
@@ -147,7 +149,7 @@ def run_gpipe(
             if info.is_last:
                 y.backward()
             else:
-                g = torch.empty(info.activation_shape, dtype=info.dtype)
+                g = torch.empty(info.activation_shape, dtype=info.dtype, device=info.device)
                 dist.recv(g, src=info.next_rank)
                 y.backward(g)
             if not info.is_first:
@@ -181,7 +183,7 @@ def run_1f1b(
     ready_g: dict[int, torch.Tensor] = {}  # output grads received ahead of their backward
 
     def new_buf() -> torch.Tensor:
-        return torch.empty(info.activation_shape, dtype=info.dtype)
+        return torch.empty(info.activation_shape, dtype=info.dtype, device=info.device)
 
     for i, (kind, m) in enumerate(ops):
         nxt = ops[i + 1] if i + 1 < len(ops) else None

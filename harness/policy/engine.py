@@ -45,6 +45,7 @@ from harness.algos.loss import (
 from harness.model.config import ModelConfig
 from harness.model.parallel_model import ParallelQwen3Moe
 from harness.model.qwen3_moe import build_reference_model
+from harness.devices import local_device, moved
 from harness.parallel import data as dp_data
 from harness.parallel.groups import (
     ProcessGroups,
@@ -69,6 +70,10 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     so a desynchronised rank becomes an error naming the worker instead of a
     hang (the backends' own default is 30 minutes)."""
     torch.set_num_threads(1)
+    if device == "cuda":
+        # cuBLAS needs a fixed workspace for deterministic results (set before its first use)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.cuda.set_device(local_device(rank, device))
     torch.use_deterministic_algorithms(True)
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
@@ -90,6 +95,10 @@ def seed_rank(seed: int, rank: int) -> None:
         np.random.seed(s % (2**32))
     except ImportError:  # pragma: no cover
         pass
+
+
+def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.clone() if t.device.type == "cpu" else t.cpu()
 
 
 class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
@@ -116,10 +125,11 @@ class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
         self.full_shapes = {k: tuple(v.shape) for k, v in full.items()}
         self.seq_len = int(policy["seq_len"])
         self.mbs = int(policy["micro_batch_size"])
+        self.device = local_device(rank, spec.get("platform", {}).get("device", "cpu"))
         self.model = ParallelQwen3Moe(
             self.cfg, self.groups, stages[stage], full,
             seq_len=self.seq_len, is_first=stage == 0, is_last=stage == policy["pp"] - 1,
-        )
+        ).to(self.device)
         del full
         self.named = self.model.hf_named_parameters()
         self.kinds = self.model.param_kinds()
@@ -139,6 +149,14 @@ class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
 
     # -- pipeline driver ---------------------------------------------------------
 
+    def _on_device(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``batch`` on this rank's device (tensors arrive and leave on the CPU)."""
+        return {k: moved(v, self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def _stage_info(self):
+        return stage_info(self.groups.ranks("pp"), self.rank, self.model.activation_shape(self.mbs),
+                          self.cfg.torch_dtype(), self.device)
+
     def _microbatches(self, batch: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         b = batch["input_ids"].shape[0]
         if b == 0 or b % self.mbs:
@@ -152,8 +170,8 @@ class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
         for key in TRAIN_KEYS:
             if key not in batch:
                 raise ValueError(f"policy rank {self.rank}: train batch is missing field {key!r}")
-        mbs = self._microbatches(batch)
-        info = stage_info(self.groups.ranks("pp"), self.rank, self.model.activation_shape(self.mbs), self.cfg.torch_dtype())
+        mbs = [self._on_device(mb) for mb in self._microbatches(batch)]
+        info = self._stage_info()
         metrics: list[dict[str, float]] = []
 
         def stage_forward(m: int, x):
@@ -240,13 +258,14 @@ class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
         pad = (-b) % self.mbs
         if pad:
             ids = torch.cat([ids, ids.new_zeros((pad, ids.shape[1]))])
+        ids = moved(ids, self.device)
         mbs = [ids[i : i + self.mbs] for i in range(0, ids.shape[0], self.mbs)]
-        info = stage_info(self.groups.ranks("pp"), self.rank, self.model.activation_shape(self.mbs), self.cfg.torch_dtype())
+        info = self._stage_info()
         self.model.eval()
         outs = run_pipeline(info, len(mbs), lambda m, x: self.model(mbs[m], x), backward=False)
         if not self.is_last:
             return torch.empty(0)
-        return torch.cat(outs)[:b].to(torch.float32)
+        return moved(torch.cat(outs)[:b], torch.device("cpu")).to(torch.float32)
 
     @torch.no_grad()
     def get_reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -277,7 +296,7 @@ class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
             else:
                 own = dense_owner
             if own:
-                out.append((name, spec.dim, c["tp"], p.detach().clone()))
+                out.append((name, spec.dim, c["tp"], _cpu_copy(p.detach())))
         return out
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:

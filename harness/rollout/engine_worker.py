@@ -63,7 +63,9 @@ def resolve_eos_token_id(spec: Mapping[str, Any]) -> int | None:
 
 
 def configure_determinism() -> None:
-    """One thread, deterministic kernels: reruns are bit-identical."""
+    """One thread, deterministic kernels: reruns are bit-identical (on cuda,
+    cuBLAS gets the fixed workspace deterministic mode requires)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
 

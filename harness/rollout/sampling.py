@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.devices import moved
+
 
 def sample_token(
     logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator
@@ -37,7 +39,7 @@ def sample_token(
         nucleus[keep] = logp[keep]
         logp = torch.log_softmax(nucleus, dim=-1)
     cdf = torch.cumsum(logp.to(torch.float64).exp(), dim=0)
-    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
+    u = moved(torch.rand((), generator=generator, dtype=torch.float64), cdf.device) * cdf[-1]  # CPU generator
     token = int(torch.searchsorted(cdf, u.reshape(1), right=True).clamp_max(logp.numel() - 1).item())
     return token, float(logp[token].item())
 
@@ -78,7 +80,7 @@ def sample_rows(
         temps = torch.tensor([float(temperatures[i]) for i in plain], dtype=torch.float32, device=logits.device)
         logp = torch.log_softmax(rows / temps.view(-1, 1), dim=-1)
         cdf = torch.cumsum(logp.to(torch.float64).exp(), dim=-1)
-        u = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in plain])
+        u = moved(torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in plain]), cdf.device)
         u = (u * cdf[:, -1]).view(-1, 1)
         picked = torch.searchsorted(cdf, u, right=True).clamp_max(vocab - 1)
         lp = logp.gather(-1, picked)
