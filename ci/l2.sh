@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 python3 -m venv --system-site-packages .venv-gpu
 .venv-gpu/bin/python -m pip install -q -e '.[dev]'
 mkdir -p reports
-.venv-gpu/bin/python -m pytest suites -m gpu --junitxml=reports/l2-junit.xml \
+GOLDEN_PLATFORM=cuda .venv-gpu/bin/python -m pytest suites -m "gpu or golden" --junitxml=reports/l2-junit.xml \
     --golden-platform=cuda --golden-summary=reports/l2-summary.md "$@"

@@ -53,14 +53,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def golden_params(goldens_root: str | Path | None = None, platform: str | None = None) -> list:
-    """``pytest.param(workload, surface)`` for every scheduled workload on ``platform``."""
+    """``pytest.param(workload, surface)`` for every workload scheduled on ``platform``.
+
+    ``platform``: explicit, else ``$GOLDEN_PLATFORM``, else ``cpu`` (the host a
+    plain ``pytest -m golden`` runs on; a cuda-only workload needs
+    ``GOLDEN_PLATFORM=cuda``, as ci/l2.sh sets)."""
     from harness.spec.load import default_goldens_root, list_workloads, load_spec
 
     root = Path(goldens_root or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
     params = []
     for name in list_workloads(root):
         spec = load_spec(name, goldens_root=root)
-        plat = platform or os.environ.get("GOLDEN_PLATFORM") or spec["platform"]["device"]
+        plat = platform or os.environ.get("GOLDEN_PLATFORM") or "cpu"
         if plat not in spec["platform"]["platforms"]:
             continue
         for surface in GATED_SURFACES:

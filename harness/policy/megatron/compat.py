@@ -218,11 +218,22 @@ def _padded_reduce_scatter(orig):
 # -- apply ----------------------------------------------------------------------------
 
 
+def apply_missing_te_fix() -> None:
+    """Patch point 4 on every device: megatron-core 0.16.1 names ``te_general_gemm``
+    in the router even when Transformer Engine is absent (NameError on the first
+    MoE forward; seen on CPU and on an H200 without TE)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def apply_cpu_compat(device: str) -> bool:
     """Apply the CPU patches when `device == "cpu"`; returns True when they are
-    (now or already) in effect. A no-op on cuda."""
+    (now or already) in effect. On cuda only :func:`apply_missing_te_fix`."""
     global _APPLIED, _MODE
     if device != "cpu":
+        apply_missing_te_fix()
         return False
     if _APPLIED:
         return True
@@ -246,9 +257,8 @@ def apply_cpu_compat(device: str) -> bool:
     torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)  # type: ignore[assignment]
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
-    # 4. missing te_general_gemm (0.16.1 bug without TE)
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
+    # 4. missing te_general_gemm (0.16.1 bug without TE; also on cuda)
+    apply_missing_te_fix()
     # 5. inert streams/events
     torch.cuda.Stream = _Stream  # type: ignore[assignment,misc]
     torch.cuda.Event = _Event  # type: ignore[assignment,misc]
