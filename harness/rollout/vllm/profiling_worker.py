@@ -38,7 +38,10 @@ def class_path(platform_device: str) -> str:
 
 def _make(name: str, base: type) -> type:
     from harness.plugins.loader import ROLLOUT_PROFILER_ENV, load_rollout_profiler
-    from harness.plugins.rollout_hooks import RolloutProfilerHooks, rollout_profiler_rank
+    from harness.plugins.rollout_hooks import (
+        RolloutProfilerHooks,
+        rollout_profiler_rank,
+    )
 
     def __init__(self, vllm_config, *args: Any, **kwargs: Any) -> None:
         cfg = (vllm_config.additional_config or {}).get(PROFILER_CONFIG_KEY)
@@ -54,7 +57,7 @@ def _make(name: str, base: type) -> type:
         except BaseException as exc:
             try:
                 self._rollout_profiler_hooks.close()
-            except Exception as close_exc:
+            except Exception as close_exc:  # noqa: BLE001 - attached to the init error as a note
                 exc.add_note(f"rollout profiler close after failed vLLM worker init also failed: {close_exc!r}")
             raise
 

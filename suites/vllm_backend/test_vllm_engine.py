@@ -16,12 +16,16 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm is not installed: the optional tier ci/l3_vllm.sh runs these tests")
 
-import torch  # noqa: E402
+import torch
 
-from harness.refit.zmq_stream import ipc_address, send_weights_zmq  # noqa: E402
-from harness.rollout.engine import Engine  # noqa: E402
-from harness.rollout.engine_worker import configure_determinism, initial_weights, resolve_eos_token_id  # noqa: E402
-from suites.vllm.conftest import vllm_spec  # noqa: E402
+from harness.refit.zmq_stream import ipc_address, send_weights_zmq
+from harness.rollout.engine import Engine
+from harness.rollout.engine_worker import (
+    configure_determinism,
+    initial_weights,
+    resolve_eos_token_id,
+)
+from suites.vllm_backend.conftest import vllm_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -94,8 +98,8 @@ def test_zmq_refit_loads_the_policy_weights(spec, vllm_worker, tmp_path):
     before = vllm_worker.generate(_requests())
     policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 1))  # "trained" weights: another init
     address = ipc_address(str(tmp_path), "e0-tp0")
-    sender = threading.Thread(target=send_weights_zmq, kwargs=dict(
-        named_tensors=list(policy.items()), address=address, buffer_size_bytes=65536))
+    sender = threading.Thread(target=send_weights_zmq, kwargs={
+        "named_tensors": list(policy.items()), "address": address, "buffer_size_bytes": 65536})
     sender.start()
     version = vllm_worker.receive_weights_zmq(address=address, timeout_ms=60_000)
     sender.join(60)
