@@ -54,18 +54,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def golden_params(goldens_root: str | Path | None = None, platform: str | None = None) -> list:
     """``pytest.param(workload, surface)`` for every scheduled workload on ``platform``."""
-    from harness.spec.load import default_goldens_root, list_workloads, load_spec
+    from harness.rollout.vllm import vllm_available  # stdlib only
+    from harness.spec.load import default_goldens_root, golden_platform, list_workloads, load_spec
 
     root = Path(goldens_root or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
     params = []
     for name in list_workloads(root):
         spec = load_spec(name, goldens_root=root)
-        plat = platform or os.environ.get("GOLDEN_PLATFORM") or spec["platform"]["device"]
+        plat = platform or os.environ.get("GOLDEN_PLATFORM") or golden_platform(spec)
         if plat not in spec["platform"]["platforms"]:
             continue
+        marks = [pytest.mark.xdist_group(name)]
+        if spec["rollout"]["backend"] == "vllm":
+            marks.append(pytest.mark.skipif(not vllm_available(), reason=(
+                "rollout.backend: vllm and vllm is not installed: the optional tier ci/l3_vllm.sh runs this golden")))
         for surface in GATED_SURFACES:
-            params.append(pytest.param(name, surface, id=f"{name}-{surface}",
-                                       marks=[pytest.mark.xdist_group(name)]))
+            params.append(pytest.param(name, surface, id=f"{name}-{surface}", marks=marks))
     return params
 
 
