@@ -246,7 +246,14 @@ class VllmEngine:
             return
         try:
             if self._loop is not None:
-                llm.shutdown()
+                async def close() -> None:  # shut down on the engine's loop, then end its tasks
+                    llm.shutdown()
+                    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+
+                self._loop.run(close())
             else:
                 engine = getattr(llm, "llm_engine", None)
                 core = getattr(engine, "engine_core", None)
