@@ -47,8 +47,11 @@ class Execution:
 
 
 def platform_of(spec: dict, platform: str | None = None) -> str:
-    """The golden platform: explicit, else ``$GOLDEN_PLATFORM``, else the spec's device."""
-    return platform or os.environ.get("GOLDEN_PLATFORM") or spec["platform"]["device"]
+    """The golden platform: explicit, else ``$GOLDEN_PLATFORM``, else the spec's
+    (``harness.spec.load.golden_platform``: the device, ``cpu-vllm`` for vLLM on cpu)."""
+    from harness.spec.load import golden_platform
+
+    return platform or os.environ.get("GOLDEN_PLATFORM") or golden_platform(spec)
 
 
 def default_run_dir(workload: str, root: Path | None = None) -> Path:

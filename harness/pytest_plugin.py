@@ -55,21 +55,27 @@ def pytest_configure(config: pytest.Config) -> None:
 def golden_params(goldens_root: str | Path | None = None, platform: str | None = None) -> list:
     """``pytest.param(workload, surface)`` for every workload scheduled on ``platform``.
 
-    ``platform``: explicit, else ``$GOLDEN_PLATFORM``, else ``cpu`` (the host a
-    plain ``pytest -m golden`` runs on; a cuda-only workload needs
-    ``GOLDEN_PLATFORM=cuda``, as ci/l2.sh sets)."""
-    from harness.spec.load import default_goldens_root, list_workloads, load_spec
+    ``platform``: explicit, else ``$GOLDEN_PLATFORM``, else the host a plain
+    ``pytest -m golden`` runs on: the CPU (``cpu``, or ``cpu-vllm`` for a vLLM
+    workload on cpu). A cuda workload needs ``GOLDEN_PLATFORM=cuda``, as
+    ci/l2.sh sets."""
+    from harness.rollout.vllm import vllm_available  # stdlib only
+    from harness.spec.load import default_goldens_root, golden_platform, list_workloads, load_spec
 
     root = Path(goldens_root or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
     params = []
     for name in list_workloads(root):
         spec = load_spec(name, goldens_root=root)
-        plat = platform or os.environ.get("GOLDEN_PLATFORM") or "cpu"
+        host_default = golden_platform(spec) if spec["platform"]["device"] == "cpu" else "cpu"
+        plat = platform or os.environ.get("GOLDEN_PLATFORM") or host_default
         if plat not in spec["platform"]["platforms"]:
             continue
+        marks = [pytest.mark.xdist_group(name)]
+        if spec["rollout"]["backend"] == "vllm":
+            marks.append(pytest.mark.skipif(not vllm_available(), reason=(
+                "rollout.backend: vllm and vllm is not installed: the optional tier ci/l3_vllm.sh runs this golden")))
         for surface in GATED_SURFACES:
-            params.append(pytest.param(name, surface, id=f"{name}-{surface}",
-                                       marks=[pytest.mark.xdist_group(name)]))
+            params.append(pytest.param(name, surface, id=f"{name}-{surface}", marks=marks))
     return params
 
 

