@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from harness.capture.digests import chain_hash, cumulative_hash, delta_digest
+from harness.capture.digests import chain_hash, cumulative_hash, delta_digest, error_name
 from harness.capture.ledger import CaptureLedger
 from harness.capture.records import CallRecord, CaptureValidationError, RolloutReceipt, StagedCall
 
@@ -98,7 +98,7 @@ def _finalize(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | N
         try:
             rows = dataplane.fetch_many(keys)
         except Exception as exc:
-            raise _Reject(f"fetch_failed:{type(exc).__name__}") from None
+            raise _Reject(f"fetch_failed:{error_name(exc)}") from None
 
     ids: list[int] = []
     mask: list[int] = []

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.capture.digests import chain_hash, cumulative_hash, unit_interval
+from harness.capture.digests import chain_hash, cumulative_hash, error_name, unit_interval
 from harness.capture.ledger import CaptureLedger
 from harness.capture.records import (
     CallRecord,
@@ -252,7 +252,7 @@ class CaptureSink:
                 self.injected_failures += 1
                 raise InjectedStagingFailure(f"injected staging failure for {adm.staging_key}")
         except Exception as exc:
-            call.reason = f"stage_failed:{type(exc).__name__}"
+            call.reason = f"stage_failed:{error_name(exc)}"
             return call
         call.output = output
         return call
@@ -269,7 +269,7 @@ class CaptureSink:
             acks = [exc] * len(todo)
         for c, ack in zip(todo, acks):
             if isinstance(ack, BaseException):
-                c.reason = f"stage_failed:{type(ack).__name__}"
+                c.reason = f"stage_failed:{error_name(ack)}"
 
     def _commit(self, calls: list[_Finish]) -> None:
         """Write the ledger outcomes of a staged batch in one transaction."""
@@ -287,7 +287,7 @@ class CaptureSink:
                 else:
                     self.failed += 1
             elif c.record is not None:  # the commit was refused: the call fails instead
-                c.record, c.reason = None, f"commit_failed:{type(err).__name__}"
+                c.record, c.reason = None, f"commit_failed:{error_name(err)}"
                 refused.append(c)
             else:
                 raise err  # a failure row could not be written: fail loudly, never silently commit
