@@ -3,7 +3,9 @@
 Two workloads, each measured with capture on and off side by side in one run
 (interleaved repeats, best-of and median reported):
 
-``--workload synthetic`` (default) -- a synthetic multi-turn rollout loop: a small torch decoder stands in for the
+``--workload synthetic`` (default) -- a synthetic, turn-synchronous
+multi-turn rollout loop (every turn, the calls of all rollouts finish as one
+capture batch, as with the trainer's driver): a small torch decoder stands in for the
 engine (greedy over a seeded random MLP "LM", one forward per token, 1 thread),
 an agent loop renders a Qwen3-like template, and with capture on every call is
 admitted (prefix resolved + spliced), staged durably (SQLite WAL,
@@ -83,40 +85,41 @@ def render(messages: list[list[int]], gen: bool) -> list[int]:
 
 
 def run(engine: TinyEngine, rollouts: int, turns: int, tokens: int, capture_dir: str | None) -> tuple[float, int]:
+    """Turn-synchronous like the trainer's driver: every turn, all rollouts'
+    calls are admitted, generated (one by one: the stand-in has no batching)
+    and then finished together, the engine owner's one capture batch."""
     if capture_dir:
         ledger = CaptureLedger(f"{capture_dir}/ledger.sqlite")
         dp = DataPlaneStore(f"{capture_dir}/dataplane.sqlite")
         sink = CaptureSink(dp, CaptureLedger(f"{capture_dir}/ledger.sqlite"))
         admitter = CaptureAdmitter(ledger, dp, eos_token_id=EOS)
     produced = 0
-    receipts, plain = [], []
+    messages = [[[20 + r % 50, 21]] for r in range(rollouts)]
+    prompts = [render(m, True) for m in messages]
+    seqs: list[list[int]] = [[] for _ in range(rollouts)]
     t0 = time.perf_counter()
-    for r in range(rollouts):
-        rid = f"r{r}"
-        messages = [[20 + r % 50, 21]]
-        prompt = render(messages, True)
-        seq: list[int] = []
-        for t in range(turns):
-            cid = f"c{t}"
+    for t in range(turns):
+        finished = []
+        for r in range(rollouts):
+            rid, cid, msgs = f"r{r}", f"c{t}", messages[r]
             if capture_dir:
-                res = (admitter.admit_root(rid, cid, prompt) if t == 0 else
-                       admitter.admit_continuation(rid, cid, f"c{t - 1}", render(messages[:-1], False),
-                                                   render(messages, True)))
+                res = (admitter.admit_root(rid, cid, prompts[r]) if t == 0 else
+                       admitter.admit_continuation(rid, cid, f"c{t - 1}", render(msgs[:-1], False),
+                                                   render(msgs, True)))
                 prompt = res.prompt_ids
                 h = sink.begin_request(res.request_capture(), prompt, weight_version=0)
             else:
-                prompt = (seq[:-1] + render(messages, True)[len(render(messages[:-1], False)) - 2:]) if t else prompt
+                prompt = (seqs[r][:-1] + render(msgs, True)[len(render(msgs[:-1], False)) - 2:]) if t else prompts[r]
             out, lps = engine.generate(prompt, tokens)
             produced += len(out)
             if capture_dir:
-                sink.finish_request(h, out, lps, 0)
-            seq = prompt + out
-            messages += [out[:-1], [30 + t, 31]]
+                finished.append((h, out, lps, 0))
+            seqs[r] = prompt + out
+            msgs += [out[:-1], [30 + t, 31]]
         if capture_dir:
-            receipts.append(build_receipt(rid, ledger, reward=1.0))
-        else:
-            plain.append(seq)
+            _finish(sink, finished)
     if capture_dir:
+        receipts = [build_receipt(f"r{r}", ledger, reward=1.0) for r in range(rollouts)]
         _samples, metrics = finalize_group(receipts, dp, ledger)
         assert metrics["finalize/masked_count"] == 0
     elapsed = time.perf_counter() - t0
@@ -125,6 +128,16 @@ def run(engine: TinyEngine, rollouts: int, turns: int, tokens: int, capture_dir:
         ledger.close()
         dp.close()
     return elapsed, produced
+
+
+def _finish(sink: CaptureSink, finished: list) -> None:
+    """One group commit per turn (a sink without `finish_requests` finishes call by call)."""
+    batch = getattr(sink, "finish_requests", None)
+    if callable(batch):
+        coords = batch(finished)
+    else:
+        coords = [sink.finish_request(*f) for f in finished]
+    assert all(c["disposition"] == "staged" for c in coords), coords
 
 
 def synthetic(args: argparse.Namespace) -> None:
