@@ -204,6 +204,9 @@ def smoke(args: argparse.Namespace) -> None:
         loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
         env = make_episode_env(spec, task, tokenizer)
         cfg = capture_config_from_spec(spec, run_dir, dataplane_actor=name)
+        if args.sink_dataplane == "path":  # the sink writes the actor's SQLite file itself (no round trip)
+            cfg = {**{k: v for k, v in cfg.items() if k != "dataplane_actor"},
+                   "dataplane_path": str(run_dir / "dataplane.sqlite")}
         worker = rollout_worker_actor().remote(spec, 0, 0, str(run_dir), env_vars=env_vars, capture_config=cfg)
         ray.get(worker.ready.remote())
         on = RolloutDriver(spec, [worker], tokenizer, env, (admitter, ledger, client))
@@ -236,7 +239,7 @@ def smoke(args: argparse.Namespace) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
     med_off, med_on = statistics.median(t_off), statistics.median(t_on)
     calls_per_step = rows / len(t_on)
-    print(f"[smoke] golden={args.golden} steps={args.steps} repeats={args.repeats} "
+    print(f"[smoke] golden={args.golden} steps={args.steps} repeats={args.repeats} sink={args.sink_dataplane} "
           f"calls/step={calls_per_step:.0f} max_new_tokens={spec['rollout']['max_new_tokens']}")
     print(f"capture off: generation {1e3 * med_off:8.1f} ms/step median ({1e3 * min(t_off):.1f} best)")
     print(f"capture on : generation {1e3 * med_on:8.1f} ms/step median ({1e3 * min(t_on):.1f} best)  "
@@ -252,6 +255,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="synthetic: generated tokens per call")
     ap.add_argument("--golden", default="qwen3_moe_tiny_smoke", help="smoke: the (single-turn) golden workload")
     ap.add_argument("--steps", type=int, default=6, help="smoke: steps (prompt batches) per repeat")
+    ap.add_argument("--sink-dataplane", choices=("actor", "path"), default="actor",
+                    help="smoke: the engine owner stages through the data-plane actor (as a run does) or "
+                         "writes its SQLite file directly (measures the actor round trip)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the SQLite files go (default: a temp dir)")
     args = ap.parse_args()
