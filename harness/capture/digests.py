@@ -14,7 +14,7 @@ float width the caller used before the value was rounded to float32.
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

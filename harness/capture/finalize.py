@@ -16,12 +16,23 @@ group always keeps one row per rollout and no unverified token is trained on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from harness.capture.digests import chain_hash, cumulative_hash, delta_digest, error_name
+from harness.capture.digests import (
+    chain_hash,
+    cumulative_hash,
+    delta_digest,
+    error_name,
+)
 from harness.capture.ledger import CaptureLedger
-from harness.capture.records import CallRecord, CaptureValidationError, RolloutReceipt, StagedCall
+from harness.capture.records import (
+    CallRecord,
+    CaptureValidationError,
+    RolloutReceipt,
+    StagedCall,
+)
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,7 @@ def _finalize(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | N
     else:
         try:
             rows = dataplane.fetch_many(keys)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any fetch error masks the rollout (fail closed)
             raise _Reject(f"fetch_failed:{error_name(exc)}") from None
 
     ids: list[int] = []
@@ -172,7 +183,7 @@ def _prefetch(receipts: Sequence[RolloutReceipt], dataplane: Any) -> dict[str, d
         return {}
     try:
         return dict(zip(keys, dataplane.fetch_many(keys)))
-    except Exception:  # fall back to per-rollout fetches: failures stay per rollout
+    except Exception:  # noqa: BLE001 - fall back to per-rollout fetches: failures stay per rollout
         return {}
 
 

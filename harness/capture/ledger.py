@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Self
 
 from harness.capture.records import CallRecord, CaptureAdmission, CaptureValidationError
-from harness.dataplane.store import _backup, _immediate, _restore_file
 from harness.dataplane.sqlite import open_durable
+from harness.dataplane.store import _backup, _immediate, _restore_file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS admissions (
@@ -197,7 +198,7 @@ class CaptureLedger:
         _backup(self._db, dest)
 
     @classmethod
-    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> "CaptureLedger":
+    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> CaptureLedger:
         _restore_file(snapshot, path)
         return cls(path)
 
@@ -205,7 +206,7 @@ class CaptureLedger:
         self._fast.close()
         self._db.close()
 
-    def __enter__(self) -> "CaptureLedger":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

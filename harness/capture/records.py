@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -238,7 +239,7 @@ class StagedCall(_Record):
 
     @classmethod
     def build(cls, staging_key: str, prev_len: int, token_ids: Sequence[int], mask: Sequence[int],
-              logprobs: Sequence[float], weight_version: int | None = None) -> "StagedCall":
+              logprobs: Sequence[float], weight_version: int | None = None) -> StagedCall:
         """A new staged call; its digest is computed here, once, from the
         normalised delta (prompt positions, mask 0, get logprob 0.0)."""
         lp = np.asarray(logprobs, dtype=np.float32)
@@ -261,7 +262,7 @@ class StagedCall(_Record):
                 "weight_version": self.weight_version}
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "StagedCall":
+    def from_row(cls, row: dict[str, Any]) -> StagedCall:
         return cls.from_dict(row)
 
 

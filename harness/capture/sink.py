@@ -34,13 +34,19 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from harness.capture.digests import chain_hash, cumulative_hash, error_name, unit_interval
+from harness.capture.digests import (
+    chain_hash,
+    cumulative_hash,
+    error_name,
+    unit_interval,
+)
 from harness.capture.ledger import CaptureLedger
 from harness.capture.records import (
     CallRecord,
@@ -102,7 +108,7 @@ def _stage_many(dataplane: Any, rows: list[tuple[str, dict[str, Any]]]) -> list[
     for key, row in rows:
         try:
             out.append(dataplane.stage(key, row))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one row's error is that row's outcome
             out.append(exc)
     return out
 
@@ -125,7 +131,7 @@ class CaptureSink:
         self.epoch_span_count = 0
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> "CaptureSink":
+    def from_config(cls, cfg: dict[str, Any]) -> CaptureSink:
         """Build from plain config (works inside a Ray actor).
 
         Keys: `ledger_path` (required), exactly one of `dataplane_path` /
@@ -251,7 +257,7 @@ class CaptureSink:
             if self.fail_stage_rate > 0.0 and unit_interval(self.seed, adm.staging_key) < self.fail_stage_rate:
                 self.injected_failures += 1
                 raise InjectedStagingFailure(f"injected staging failure for {adm.staging_key}")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a capture problem fails the call, never the engine
             call.reason = f"stage_failed:{error_name(exc)}"
             return call
         call.output = output
@@ -265,7 +271,7 @@ class CaptureSink:
         rows = [(c.pending.admission.staging_key, c.staged.to_row()) for c in todo]  # type: ignore[union-attr]
         try:
             acks = _stage_many(self.dataplane, rows)  # returns after the durable ack
-        except Exception as exc:  # the batch transaction (or the actor) failed: nothing is staged
+        except Exception as exc:  # noqa: BLE001 - the batch transaction (or the actor) failed: nothing is staged
             acks = [exc] * len(todo)
         for c, ack in zip(todo, acks):
             if isinstance(ack, BaseException):
@@ -304,14 +310,14 @@ class CaptureSink:
             return []
         try:
             return list(self.ledger.record_many(records))
-        except Exception:
+        except Exception:  # noqa: BLE001 - retried record by record below
             log.warning("capture: ledger batch of %d outcomes failed; writing them one by one", len(records))
         out: list[Exception | None] = []
         for rec in records:
             try:
                 self.ledger.record_many([rec])
                 out.append(None)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - that record's outcome
                 out.append(exc)
         return out
 

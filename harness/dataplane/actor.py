@@ -12,8 +12,9 @@ anywhere in the cluster (Ray actors, engine processes attached to Ray).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import ray
 

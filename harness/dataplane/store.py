@@ -32,8 +32,9 @@ import math
 import os
 import shutil
 import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Self
 
 from harness.dataplane.sqlite import open_durable
 
@@ -241,7 +242,7 @@ class DataPlaneStore:
         _backup(self._db, dest)
 
     @classmethod
-    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> "DataPlaneStore":
+    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> DataPlaneStore:
         """Replace the store at `path` with `snapshot` and open it."""
         _restore_file(snapshot, path)
         return cls(path)
@@ -249,7 +250,7 @@ class DataPlaneStore:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "DataPlaneStore":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

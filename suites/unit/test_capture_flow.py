@@ -14,7 +14,13 @@ import pytest
 
 from harness.capture.admission import CaptureAdmitter
 from harness.capture.digests import unit_interval
-from harness.capture.finalize import Placeholder, Sample, finalize_group, finalize_rollout, rollout_summary
+from harness.capture.finalize import (
+    Placeholder,
+    Sample,
+    finalize_group,
+    finalize_rollout,
+    rollout_summary,
+)
 from harness.capture.ledger import CaptureLedger, LedgerError
 from harness.capture.receipt import build_receipt
 from harness.capture.records import CaptureValidationError
@@ -282,7 +288,7 @@ def test_refit_span_keeps_admission_epoch_and_is_counted(stores):
 
 
 def test_sink_errors_and_failure_paths(stores):
-    cfg, ledger, dp = stores
+    cfg, ledger, _dp = stores
     sink = CaptureSink.from_config(cfg)
     with pytest.raises(KeyError, match="'r/zz' is not in flight"):
         sink.finish_request("r/zz", [1], [0.0], 0)
@@ -429,7 +435,7 @@ def test_batch_and_one_by_one_write_identical_records(tmp_path):
         hs = _roots(admitter, sink, rids)
         finished = [(h, [10 + i, 11, EOS], np.array([-0.25, -0.5, -0.75]), 0) for i, h in enumerate(hs)]
         coords = sink.finish_requests(finished) if kind == "batch" else [sink.finish_request(*f) for f in finished]
-        out = coords, [ledger.manifest(r) for r in rids], [(k, dp.fetch(k)) for k in dp.keys()], sink.stats()
+        out = coords, [ledger.manifest(r) for r in rids], [(k, dp.fetch(k)) for k in dp.keys("")], sink.stats()
         sink.close(); ledger.close(); dp.close()
         return out
 
@@ -440,7 +446,7 @@ def test_batch_and_one_by_one_write_identical_records(tmp_path):
 
 
 def test_record_many_isolates_records_that_break_the_outcome_rules(stores):
-    cfg, ledger, dp = stores
+    _, ledger, _ = stores
     from harness.capture.records import CallRecord
 
     def committed(cid):

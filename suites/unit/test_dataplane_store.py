@@ -77,7 +77,7 @@ def test_row_staged_then_sigkill_survives_reopen(tmp_path):
         sys.stdout.write("staged\\n"); sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -signal.SIGKILL and proc.stdout == "staged\n"
     with DataPlaneStore(path) as reopened:
         assert reopened.fetch("r0/c0") == {"token_ids_delta": [7, 8, 9]}
@@ -174,7 +174,7 @@ def test_batch_staged_then_sigkill_survives_reopen(tmp_path):
         sys.stdout.write("staged\\n"); sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -signal.SIGKILL and proc.stdout == "staged\n", proc.stderr
     with DataPlaneStore(path) as reopened:
         assert reopened.fetch_many([f"r0/c{i}" for i in range(4)]) == [{"token_ids_delta": [i]} for i in range(4)]
