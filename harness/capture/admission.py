@@ -16,10 +16,11 @@ is written for the new call and `AdmissionResult.ok` is False.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from harness.capture.digests import cumulative_hash
+from harness.capture.digests import cumulative_hash, error_name
 from harness.capture.ledger import CaptureLedger
 from harness.capture.records import CaptureAdmission
 from harness.capture.splice import PrefixCache, replace_prefix_tokens
@@ -69,9 +70,9 @@ class CaptureAdmitter:
             return self._fail(rollout_id, model_call_id, parent_call_id, "unresolved_parent:parent_failed")
         try:
             prefix = self.prefix_cache.resolve(list(parent.staging_chain), self.dataplane.fetch_many)
-        except Exception as exc:  # a missing or tampered row: fail closed
+        except Exception as exc:  # noqa: BLE001 - a missing or tampered row: fail closed
             return self._fail(rollout_id, model_call_id, parent_call_id,
-                              f"unresolved_parent:fetch_failed:{type(exc).__name__}")
+                              f"unresolved_parent:fetch_failed:{error_name(exc)}")
         if len(prefix) != parent.cum_len or cumulative_hash(prefix) != parent.cumulative_hash:
             return self._fail(rollout_id, model_call_id, parent_call_id, "unresolved_parent:prefix_mismatch")
         try:

@@ -14,7 +14,7 @@ float width the caller used before the value was rounded to float32.
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,3 +46,10 @@ def unit_interval(seed: int, key: str) -> float:
     """Deterministic value in [0, 1) for (seed, key): fault-injection draws."""
     raw = hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8]
     return int.from_bytes(raw, "little") / 2**64
+
+
+def error_name(exc: BaseException) -> str:
+    """The class name of an error for a failure reason, the same whether it
+    was raised here or came back wrapped from a Ray actor (its `cause`)."""
+    cause = getattr(exc, "cause", None)
+    return type(cause).__name__ if isinstance(cause, BaseException) else type(exc).__name__

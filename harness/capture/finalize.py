@@ -16,12 +16,23 @@ group always keeps one row per rollout and no unverified token is trained on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from harness.capture.digests import chain_hash, cumulative_hash, delta_digest
+from harness.capture.digests import (
+    chain_hash,
+    cumulative_hash,
+    delta_digest,
+    error_name,
+)
 from harness.capture.ledger import CaptureLedger
-from harness.capture.records import CallRecord, CaptureValidationError, RolloutReceipt, StagedCall
+from harness.capture.records import (
+    CallRecord,
+    CaptureValidationError,
+    RolloutReceipt,
+    StagedCall,
+)
 
 
 @dataclass(frozen=True)
@@ -64,15 +75,18 @@ class _Reject(Exception):
     pass
 
 
-def finalize_rollout(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | None = None
-                     ) -> Sample | Placeholder:
+def finalize_rollout(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | None = None, *,
+                     prefetched: Mapping[str, dict[str, Any]] | None = None) -> Sample | Placeholder:
+    """`prefetched`: rows already fetched (digest-verified) by key, e.g. one
+    `fetch_many` for a whole group; keys it lacks are fetched here."""
     try:
-        return _finalize(receipt, dataplane, ledger)
+        return _finalize(receipt, dataplane, ledger, prefetched or {})
     except _Reject as why:
         return Placeholder(receipt.rollout_id, str(why), receipt.reward)
 
 
-def _finalize(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | None) -> Sample:
+def _finalize(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | None,
+              prefetched: Mapping[str, dict[str, Any]]) -> Sample:
     if receipt.capture_poisoned:
         raise _Reject(receipt.failure_reason or "poisoned")
     by_id = {c.model_call_id: c for c in receipt.manifest}
@@ -88,10 +102,14 @@ def _finalize(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | N
         if ledger is not None and ledger.get(rec.rollout_id, rec.model_call_id) != rec:
             raise _Reject(f"receipt_disagrees_with_ledger:{key}")
         chain.append(rec)
-    try:
-        rows = dataplane.fetch_many([r.staging_key for r in chain])
-    except Exception as exc:
-        raise _Reject(f"fetch_failed:{type(exc).__name__}") from None
+    keys = [r.staging_key for r in chain]
+    if all(k in prefetched for k in keys):
+        rows = [prefetched[k] for k in keys]
+    else:
+        try:
+            rows = dataplane.fetch_many(keys)
+        except Exception as exc:  # noqa: BLE001 - any fetch error masks the rollout (fail closed)
+            raise _Reject(f"fetch_failed:{error_name(exc)}") from None
 
     ids: list[int] = []
     mask: list[int] = []
@@ -133,8 +151,15 @@ def _finalize(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | N
 
 def finalize_group(receipts: Sequence[RolloutReceipt], dataplane: Any, ledger: CaptureLedger | None = None
                    ) -> tuple[list[Sample | Placeholder], dict[str, float]]:
-    """Finalise every receipt of a group, in order: one row per receipt."""
-    results = [finalize_rollout(r, dataplane, ledger) for r in receipts]
+    """Finalise every receipt of a group, in order: one row per receipt.
+
+    The staged rows of all terminal chains are fetched with ONE `fetch_many`
+    (one round trip to a data-plane actor; the store still verifies every
+    row's digest). If that batch fetch fails (a missing or tampered row),
+    each rollout fetches its own rows, so only the affected ones are masked.
+    """
+    prefetched = _prefetch(receipts, dataplane)
+    results = [finalize_rollout(r, dataplane, ledger, prefetched=prefetched) for r in receipts]
     n = len(results)
     heuristic = sum(1 for r in receipts if r.terminal_selection == "heuristic")
     metrics = {
@@ -143,6 +168,23 @@ def finalize_group(receipts: Sequence[RolloutReceipt], dataplane: Any, ledger: C
         "finalize/heuristic_terminal_fraction": heuristic / n if n else 0.0,
     }
     return results, metrics
+
+
+def _prefetch(receipts: Sequence[RolloutReceipt], dataplane: Any) -> dict[str, dict[str, Any]]:
+    keys: list[str] = []
+    for r in receipts:
+        if r.capture_poisoned or r.terminal_model_call_id is None:
+            continue
+        terminal = next((c for c in r.manifest if c.model_call_id == r.terminal_model_call_id), None)
+        if terminal is not None:
+            keys.extend(terminal.staging_chain)
+    keys = list(dict.fromkeys(keys))
+    if not keys:
+        return {}
+    try:
+        return dict(zip(keys, dataplane.fetch_many(keys)))
+    except Exception:  # noqa: BLE001 - fall back to per-rollout fetches: failures stay per rollout
+        return {}
 
 
 def rollout_summary(receipt: RolloutReceipt, result: Sample | Placeholder) -> dict[str, Any]:

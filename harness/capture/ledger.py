@@ -12,6 +12,9 @@ Tables:
 Every write is its own `BEGIN IMMEDIATE` transaction. Outcome rows commit
 under `synchronous=FULL` (fsync before return); admission rows under NORMAL
 (safe against a process kill, fsynced by the next outcome commit).
+Group commit: `record_many(records)` writes a batch of outcomes (committed
+and failed) in ONE transaction, with per-record isolation -- a record that
+breaks the outcome rules gets its `LedgerError` back and the rest commit.
 Several processes may write (engine owners, the trainer's admitter).
 """
 
@@ -20,12 +23,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from harness.capture.records import CallRecord, CaptureAdmission, CaptureValidationError
-from harness.dataplane.store import _backup, _immediate, _restore_file
 from harness.dataplane.sqlite import open_durable
+from harness.dataplane.store import _backup, _immediate, _restore_file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS admissions (
@@ -101,24 +105,53 @@ class CaptureLedger:
         self._write_outcome(row)
         return row
 
+    def record_many(self, calls: Sequence[CallRecord]) -> list[LedgerError | None]:
+        """Write a batch of outcomes in one durable transaction (group commit).
+
+        Per record, in order: `None` (written, or already there: identical
+        bytes, or a failure for an already-failed call, whose first reason is
+        kept -- the rules of `record` / `record_failure`) or the `LedgerError`
+        it broke (a different outcome exists), in which case that record is
+        not written and the others are. The caller orders the batch after the
+        durable acks of the staged rows its committed records point at. Raises
+        (writing nothing) only if the transaction itself fails.
+        """
+        outcomes: list[LedgerError | None] = [None] * len(calls)
+        if not calls:
+            return outcomes
+        bodies = [json.dumps(c.to_dict(), sort_keys=True) for c in calls]
+        with _immediate(self._db):
+            for i, (call, body) in enumerate(zip(calls, bodies)):
+                try:
+                    self._insert_outcome(call, body)
+                except LedgerError as exc:
+                    outcomes[i] = exc
+        return outcomes
+
     def _write_outcome(self, call: CallRecord) -> None:
         body = json.dumps(call.to_dict(), sort_keys=True)
         with _immediate(self._db):
-            got = self._db.execute(
-                "SELECT status, body FROM calls WHERE rollout_id=? AND model_call_id=?",
-                (call.rollout_id, call.model_call_id),
-            ).fetchone()
-            if got is not None:
-                if got[1] == body:
-                    return
-                raise LedgerError(
-                    f"call {call.rollout_id}/{call.model_call_id} already has outcome {got[0]!r}; "
-                    f"refusing to write {call.status!r}"
-                )
-            self._db.execute(
-                "INSERT INTO calls(rollout_id, model_call_id, status, body) VALUES (?,?,?,?)",
-                (call.rollout_id, call.model_call_id, call.status, body),
+            self._insert_outcome(call, body)
+
+    def _insert_outcome(self, call: CallRecord, body: str) -> None:
+        """Inside an open transaction: insert `call` unless an outcome exists.
+        An identical row, or a failure over a failure, is a no-op; anything
+        else over an existing outcome raises `LedgerError` (nothing written)."""
+        got = self._db.execute(
+            "SELECT status, body FROM calls WHERE rollout_id=? AND model_call_id=?",
+            (call.rollout_id, call.model_call_id),
+        ).fetchone()
+        if got is not None:
+            if got[1] == body or (got[0] == "failed" and not call.committed):
+                return
+            raise LedgerError(
+                f"call {call.rollout_id}/{call.model_call_id} already has outcome {got[0]!r}; "
+                f"refusing to write {call.status!r}"
             )
+        self._db.execute(
+            "INSERT INTO calls(rollout_id, model_call_id, status, body) VALUES (?,?,?,?)",
+            (call.rollout_id, call.model_call_id, call.status, body),
+        )
 
     # -- reads -------------------------------------------------------------
     def get(self, rollout_id: str, model_call_id: str) -> CallRecord | None:
@@ -165,7 +198,7 @@ class CaptureLedger:
         _backup(self._db, dest)
 
     @classmethod
-    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> "CaptureLedger":
+    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> CaptureLedger:
         _restore_file(snapshot, path)
         return cls(path)
 
@@ -173,7 +206,7 @@ class CaptureLedger:
         self._fast.close()
         self._db.close()
 
-    def __enter__(self) -> "CaptureLedger":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

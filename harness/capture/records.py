@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -202,11 +203,20 @@ class StagedCall(_Record):
     weight_version: int | None = None
 
     def __post_init__(self) -> None:
+        self._normalise_and_check()
+        actual = delta_digest(self.token_ids_delta, self.token_mask_delta, self.generation_log_probs_delta)
+        if actual != self.digest:
+            _fail(f"StagedCall[{self.staging_key}]", "digest",
+                  f"recorded {self.digest[:16]}... but the delta hashes to {actual[:16]}...")
+
+    def _normalise_and_check(self) -> None:
+        """Coerce to ints / float32-exact floats and enforce the row rules
+        (vectorised: this runs for every staged and every fetched row)."""
         r = f"StagedCall[{self.staging_key}]"
         object.__setattr__(self, "token_ids_delta", tuple(int(t) for t in self.token_ids_delta))
         object.__setattr__(self, "token_mask_delta", tuple(int(m) for m in self.token_mask_delta))
         lp = np.asarray(self.generation_log_probs_delta, dtype=np.float32)
-        object.__setattr__(self, "generation_log_probs_delta", tuple(float(x) for x in lp))
+        object.__setattr__(self, "generation_log_probs_delta", tuple(lp.tolist()))
         n = len(self.token_ids_delta)
         if n == 0:
             _fail(r, "token_ids_delta", "is empty")
@@ -214,32 +224,45 @@ class StagedCall(_Record):
             _fail(r, "token_mask_delta", f"length {len(self.token_mask_delta)} != {n} token ids")
         if len(lp) != n:
             _fail(r, "generation_log_probs_delta", f"length {len(lp)} != {n} token ids")
-        for i, m in enumerate(self.token_mask_delta):
-            if m not in (0, 1):
-                _fail(r, "token_mask_delta", f"position {i} holds {m}, masks are 0/1")
-        for i, (m, x) in enumerate(zip(self.token_mask_delta, self.generation_log_probs_delta)):
+        mask = np.asarray(self.token_mask_delta, dtype=np.int64)
+        bad = np.flatnonzero((mask != 0) & (mask != 1))
+        if bad.size:
+            i = int(bad[0])
+            _fail(r, "token_mask_delta", f"position {i} holds {self.token_mask_delta[i]}, masks are 0/1")
+        bad = np.flatnonzero(~np.isfinite(lp) | ((mask == 0) & (lp != 0.0)))
+        if bad.size:
+            i = int(bad[0])
+            x = self.generation_log_probs_delta[i]
             if not math.isfinite(x):
                 _fail(r, "generation_log_probs_delta", f"position {i} is not finite ({x})")
-            if m == 0 and x != 0.0:
-                _fail(r, "generation_log_probs_delta", f"position {i} is {x} where the mask is 0 (must be 0.0)")
-        actual = delta_digest(self.token_ids_delta, self.token_mask_delta, self.generation_log_probs_delta)
-        if actual != self.digest:
-            _fail(r, "digest", f"recorded {self.digest[:16]}... but the delta hashes to {actual[:16]}...")
+            _fail(r, "generation_log_probs_delta", f"position {i} is {x} where the mask is 0 (must be 0.0)")
 
     @classmethod
     def build(cls, staging_key: str, prev_len: int, token_ids: Sequence[int], mask: Sequence[int],
-              logprobs: Sequence[float], weight_version: int | None = None) -> "StagedCall":
+              logprobs: Sequence[float], weight_version: int | None = None) -> StagedCall:
+        """A new staged call; its digest is computed here, once, from the
+        normalised delta (prompt positions, mask 0, get logprob 0.0)."""
         lp = np.asarray(logprobs, dtype=np.float32)
         lp = np.where(np.asarray(mask) == 0, np.float32(0.0), lp).astype(np.float32)
-        digest = delta_digest(token_ids, mask, lp)
-        return cls(staging_key, prev_len, tuple(token_ids), tuple(mask), tuple(float(x) for x in lp), digest,
-                   weight_version)
+        call = cls.__new__(cls)
+        for name, value in (("staging_key", staging_key), ("prev_len", prev_len), ("token_ids_delta", token_ids),
+                            ("token_mask_delta", mask), ("generation_log_probs_delta", lp),
+                            ("weight_version", weight_version)):
+            object.__setattr__(call, name, value)
+        call._normalise_and_check()
+        object.__setattr__(call, "digest", delta_digest(call.token_ids_delta, call.token_mask_delta,
+                                                        call.generation_log_probs_delta))
+        return call
 
     def to_row(self) -> dict[str, Any]:
-        return self.to_dict()
+        """The data-plane row (same content as `to_dict`, built directly)."""
+        return {"staging_key": self.staging_key, "prev_len": self.prev_len,
+                "token_ids_delta": list(self.token_ids_delta), "token_mask_delta": list(self.token_mask_delta),
+                "generation_log_probs_delta": list(self.generation_log_probs_delta), "digest": self.digest,
+                "weight_version": self.weight_version}
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "StagedCall":
+    def from_row(cls, row: dict[str, Any]) -> StagedCall:
         return cls.from_dict(row)
 
 

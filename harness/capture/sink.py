@@ -21,20 +21,32 @@ finish when begin had none). A request whose finish version differs spans a
 refit: it keeps its admission epoch, `epoch_span_count` counts it and a
 WARNING is logged.
 
-Thread-safe (one lock); blocking (each finish fsyncs twice).
+Group commit: `finish_requests` takes every request that finished together
+(the engine owner calls it once per `generate()` batch) and pays one
+data-plane transaction and one ledger transaction for all of them; the
+ordering invariant holds per call (no ledger record before its row's durable
+ack) and failures stay per call. `finish_request` is a batch of one.
+
+Thread-safe (one lock); blocking (a finish batch fsyncs twice, whatever its size).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from harness.capture.digests import chain_hash, cumulative_hash, unit_interval
+from harness.capture.digests import (
+    chain_hash,
+    cumulative_hash,
+    error_name,
+    unit_interval,
+)
 from harness.capture.ledger import CaptureLedger
 from harness.capture.records import (
     CallRecord,
@@ -57,7 +69,48 @@ class _Pending:
     prompt_ids: list[int]
     admission_epoch: int | None
     staging_chain: tuple[str, ...]
+    admission_seq: int | None = None
     failure_reason: str | None = None
+
+
+@dataclass
+class _Finish:
+    """One request of a finish batch on its way to an outcome."""
+
+    pending: _Pending
+    version: int | None
+    epoch: int | None
+    reason: str | None = None        # set => the call fails with this reason
+    prewritten: bool = False         # its failure row already exists (written at begin_request)
+    staged: StagedCall | None = None
+    output: list[int] | None = None
+    record: CallRecord | None = None  # the committed record, once written
+
+    def coords(self) -> dict[str, Any]:
+        adm = self.pending.admission
+        if self.record is None:
+            return CaptureSink._failed_coords(adm, self.reason or "capture_failed", self.epoch, self.version)
+        r = self.record
+        return CommitCoords(
+            rollout_id=adm.rollout_id, model_call_id=adm.model_call_id, disposition="staged",
+            prev_len=r.prev_len, delta_len=r.delta_len, cum_len=r.cum_len, digest=r.digest,
+            staging_key=adm.staging_key, chain_hash=r.chain_hash, cumulative_hash=r.cumulative_hash,
+            admission_epoch=self.epoch, weight_version=self.version,
+        ).to_dict()
+
+
+def _stage_many(dataplane: Any, rows: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """`dataplane.stage_many(rows)`; a data plane without it stages row by row."""
+    batch = getattr(dataplane, "stage_many", None)
+    if callable(batch):
+        return list(batch(rows))
+    out: list[Any] = []
+    for key, row in rows:
+        try:
+            out.append(dataplane.stage(key, row))
+        except Exception as exc:  # noqa: BLE001 - one row's error is that row's outcome
+            out.append(exc)
+    return out
 
 
 class CaptureSink:
@@ -78,7 +131,7 @@ class CaptureSink:
         self.epoch_span_count = 0
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> "CaptureSink":
+    def from_config(cls, cfg: dict[str, Any]) -> CaptureSink:
         """Build from plain config (works inside a Ray actor).
 
         Keys: `ledger_path` (required), exactly one of `dataplane_path` /
@@ -116,9 +169,10 @@ class CaptureSink:
             if handle in self._pending:
                 raise ValueError(f"capture request {handle!r} is already in flight")
             prompt = [int(t) for t in prompt_ids]
-            if self.ledger.admission_seq(adm.rollout_id, adm.model_call_id) is None:
-                self.ledger.admit(adm)  # engine-side admission (no trainer admitter in the loop)
-            pending = _Pending(adm, prompt, weight_version, (handle,))
+            seq = self.ledger.admission_seq(adm.rollout_id, adm.model_call_id)
+            if seq is None:
+                seq = self.ledger.admit(adm)  # engine-side admission (no trainer admitter in the loop)
+            pending = _Pending(adm, prompt, weight_version, (handle,), seq)
             if self.ledger.get(adm.rollout_id, adm.model_call_id) is not None:
                 # The call already has an outcome; it stands, this request is not captured.
                 self.failed += 1
@@ -135,70 +189,180 @@ class CaptureSink:
 
     def finish_request(self, handle: str, output_ids: Sequence[int], logprobs: Any,
                        weight_version: int | None) -> dict[str, Any]:
-        """Stage the delta durably, then commit; return token-free coords."""
+        """Stage the delta durably, then commit; return token-free coords.
+        (A batch of one: see `finish_requests`.)"""
+        return self.finish_requests([(handle, output_ids, logprobs, weight_version)])[0]
+
+    def finish_requests(self, finished: Sequence[tuple[str, Sequence[int], Any, int | None]]
+                        ) -> list[dict[str, Any]]:
+        """Group commit of every request that finished together (one engine
+        step / one `generate()` call): `finished` holds
+        `(handle, output_ids, logprobs, weight_version)` tuples; returns one
+        coords dict per item, in order.
+
+        One data-plane transaction stages all good deltas (one round trip to a
+        data-plane actor), then one ledger transaction writes every outcome:
+        the committed records of the rows the stage acknowledged durable, and
+        the failure rows of the rest. A call that fails (bad logprobs, empty
+        delta, injected or real staging error, ledger refusal) gets its own
+        failure row and `capture_failed` coords; the others commit. Unknown or
+        repeated handles raise `KeyError` / `ValueError` before anything is
+        written.
+        """
         with self._lock:
-            pending = self._pop(handle)
-            adm = pending.admission
-            if pending.failure_reason is not None:
-                return self._failed_coords(adm, pending.failure_reason, pending.admission_epoch, weight_version)
-            epoch = pending.admission_epoch if pending.admission_epoch is not None else weight_version
-            if epoch is not None and weight_version is not None and weight_version != epoch:
-                self.epoch_span_count += 1
-                log.warning("capture: request %s spans a refit (admitted at weight version %s, finished at %s); "
-                            "keeping the admission epoch", handle, epoch, weight_version)
-            output = [int(t) for t in output_ids]
-            lp = np.asarray(logprobs.detach().cpu() if hasattr(logprobs, "detach") else logprobs,
-                            dtype=np.float32).reshape(-1)
-            if lp.shape[0] != len(output):
-                return self._fail(adm, f"logprobs_length_mismatch:{lp.shape[0]}!={len(output)}", epoch,
-                                  weight_version)
-            if not np.isfinite(lp).all():
-                return self._fail(adm, "nonfinite_logprobs", epoch, weight_version)
-            new_prompt = pending.prompt_ids[adm.prev_len:]
-            delta_ids = new_prompt + output
-            if not delta_ids:
-                return self._fail(adm, "empty_delta", epoch, weight_version)
-            mask = [0] * len(new_prompt) + [1] * len(output)
-            delta_lp = np.concatenate([np.zeros(len(new_prompt), dtype=np.float32), lp])
+            handles = [item[0] for item in finished]
+            if len(set(handles)) != len(handles):
+                dup = next(h for h in handles if handles.count(h) > 1)
+                raise ValueError(f"capture request {dup!r} appears twice in one finish batch")
+            for h in handles:
+                if h not in self._pending:
+                    raise KeyError(f"capture request {h!r} is not in flight")
+            calls = [self._prepare(self._pending.pop(h), out, lp, v) for h, out, lp, v in finished]
+            self._stage(calls)
+            self._commit(calls)
+            return [c.coords() for c in calls]
+
+    def _prepare(self, pending: _Pending, output_ids: Sequence[int], logprobs: Any,
+                 weight_version: int | None) -> _Finish:
+        """Validate one finished request and build its staged row (no I/O)."""
+        adm = pending.admission
+        call = _Finish(pending, weight_version, pending.admission_epoch)
+        if pending.failure_reason is not None:  # its failure row was written at begin_request
+            call.reason, call.prewritten = pending.failure_reason, True
+            return call
+        epoch = pending.admission_epoch if pending.admission_epoch is not None else weight_version
+        call.epoch = epoch
+        if epoch is not None and weight_version is not None and weight_version != epoch:
+            self.epoch_span_count += 1
+            log.warning("capture: request %s spans a refit (admitted at weight version %s, finished at %s); "
+                        "keeping the admission epoch", adm.staging_key, epoch, weight_version)
+        output = [int(t) for t in output_ids]
+        lp = np.asarray(logprobs.detach().cpu() if hasattr(logprobs, "detach") else logprobs,
+                        dtype=np.float32).reshape(-1)
+        if lp.shape[0] != len(output):
+            call.reason = f"logprobs_length_mismatch:{lp.shape[0]}!={len(output)}"
+            return call
+        if not np.isfinite(lp).all():
+            call.reason = "nonfinite_logprobs"
+            return call
+        new_prompt = pending.prompt_ids[adm.prev_len:]
+        delta_ids = new_prompt + output
+        if not delta_ids:
+            call.reason = "empty_delta"
+            return call
+        mask = [0] * len(new_prompt) + [1] * len(output)
+        delta_lp = np.concatenate([np.zeros(len(new_prompt), dtype=np.float32), lp])
+        try:
+            call.staged = StagedCall.build(adm.staging_key, adm.prev_len, delta_ids, mask, delta_lp, epoch)
+            if self.fail_stage_rate > 0.0 and unit_interval(self.seed, adm.staging_key) < self.fail_stage_rate:
+                self.injected_failures += 1
+                raise InjectedStagingFailure(f"injected staging failure for {adm.staging_key}")
+        except Exception as exc:  # noqa: BLE001 - a capture problem fails the call, never the engine
+            call.reason = f"stage_failed:{error_name(exc)}"
+            return call
+        call.output = output
+        return call
+
+    def _stage(self, calls: list[_Finish]) -> None:
+        """Stage every prepared row in one durable transaction; mark failures."""
+        todo = [c for c in calls if c.reason is None]
+        if not todo:
+            return
+        rows = [(c.pending.admission.staging_key, c.staged.to_row()) for c in todo]  # type: ignore[union-attr]
+        try:
+            acks = _stage_many(self.dataplane, rows)  # returns after the durable ack
+        except Exception as exc:  # noqa: BLE001 - the batch transaction (or the actor) failed: nothing is staged
+            acks = [exc] * len(todo)
+        for c, ack in zip(todo, acks):
+            if isinstance(ack, BaseException):
+                c.reason = f"stage_failed:{error_name(ack)}"
+
+    def _commit(self, calls: list[_Finish]) -> None:
+        """Write the ledger outcomes of a staged batch in one transaction."""
+        for c in calls:
+            if c.reason is None:
+                c.record = self._committed_record(c)
+        batch = [c for c in calls if not c.prewritten]
+        outcomes = self._write_outcomes([c.record if c.record is not None else self._failure_record(c)
+                                         for c in batch])
+        refused = []
+        for c, err in zip(batch, outcomes):
+            if err is None:
+                if c.record is not None:
+                    self.staged += 1
+                else:
+                    self.failed += 1
+            elif c.record is not None:  # the commit was refused: the call fails instead
+                c.record, c.reason = None, f"commit_failed:{error_name(err)}"
+                refused.append(c)
+            else:
+                raise err  # a failure row could not be written: fail loudly, never silently commit
+        if refused:
+            for err in self._write_outcomes([self._failure_record(c) for c in refused]):
+                if err is not None:
+                    raise err
+            self.failed += len(refused)
+
+    def _write_outcomes(self, records: list[CallRecord]) -> list[Exception | None]:
+        """`ledger.record_many`; if the batch transaction itself fails, write
+        the records one by one so one bad record cannot take the others down."""
+        if not records:
+            return []
+        try:
+            return list(self.ledger.record_many(records))
+        except Exception:  # noqa: BLE001 - retried record by record below
+            log.warning("capture: ledger batch of %d outcomes failed; writing them one by one", len(records))
+        out: list[Exception | None] = []
+        for rec in records:
             try:
-                staged = StagedCall.build(handle, adm.prev_len, delta_ids, mask, delta_lp, epoch)
-                if self.fail_stage_rate > 0.0 and unit_interval(self.seed, handle) < self.fail_stage_rate:
-                    self.injected_failures += 1
-                    raise InjectedStagingFailure(f"injected staging failure for {handle}")
-                self.dataplane.stage(handle, staged.to_row())  # returns after the durable ack
-            except Exception as exc:
-                return self._fail(adm, f"stage_failed:{type(exc).__name__}", epoch, weight_version)
-            parent_hash = adm.parent_chain_hash if adm.mode == "token_in" else None
-            record = CallRecord(
-                rollout_id=adm.rollout_id, model_call_id=adm.model_call_id, status="committed",
-                parent_call_id=adm.parent_call_id,
-                admission_seq=self.ledger.admission_seq(adm.rollout_id, adm.model_call_id),
-                prev_len=adm.prev_len, delta_len=len(delta_ids), cum_len=adm.prev_len + len(delta_ids),
-                output_len=len(output), digest=staged.digest, staging_key=handle,
-                staging_chain=pending.staging_chain, chain_hash=chain_hash(parent_hash, staged.digest),
-                cumulative_hash=cumulative_hash(pending.prompt_ids + output),
-                admission_epoch=epoch, weight_version=weight_version,
-            )
-            try:
-                self.ledger.record(record)
-            except Exception as exc:
-                return self._fail(adm, f"commit_failed:{type(exc).__name__}", epoch, weight_version)
-            self.staged += 1
-            return CommitCoords(
-                rollout_id=adm.rollout_id, model_call_id=adm.model_call_id, disposition="staged",
-                prev_len=record.prev_len, delta_len=record.delta_len, cum_len=record.cum_len,
-                digest=record.digest, staging_key=handle, chain_hash=record.chain_hash,
-                cumulative_hash=record.cumulative_hash, admission_epoch=epoch, weight_version=weight_version,
-            ).to_dict()
+                self.ledger.record_many([rec])
+                out.append(None)
+            except Exception as exc:  # noqa: BLE001 - that record's outcome
+                out.append(exc)
+        return out
+
+    def _committed_record(self, c: _Finish) -> CallRecord:
+        adm, staged, pending = c.pending.admission, c.staged, c.pending
+        assert staged is not None and c.output is not None
+        parent_hash = adm.parent_chain_hash if adm.mode == "token_in" else None
+        delta_len = len(staged.token_ids_delta)
+        return CallRecord(
+            rollout_id=adm.rollout_id, model_call_id=adm.model_call_id, status="committed",
+            parent_call_id=adm.parent_call_id, admission_seq=pending.admission_seq,
+            prev_len=adm.prev_len, delta_len=delta_len, cum_len=adm.prev_len + delta_len,
+            output_len=len(c.output), digest=staged.digest, staging_key=adm.staging_key,
+            staging_chain=pending.staging_chain, chain_hash=chain_hash(parent_hash, staged.digest),
+            cumulative_hash=cumulative_hash(pending.prompt_ids + c.output),
+            admission_epoch=c.epoch, weight_version=c.version,
+        )
+
+    @staticmethod
+    def _failure_record(c: _Finish) -> CallRecord:
+        adm = c.pending.admission
+        return CallRecord(rollout_id=adm.rollout_id, model_call_id=adm.model_call_id, status="failed",
+                          parent_call_id=adm.parent_call_id, admission_seq=c.pending.admission_seq,
+                          failure_reason=c.reason)
 
     def abort_request(self, handle: str, reason: str) -> dict[str, Any]:
         """The engine gave up on the request: write a failure row."""
+        return self.abort_requests([handle], reason)[0]
+
+    def abort_requests(self, handles: Sequence[str], reason: str) -> list[dict[str, Any]]:
+        """The engine gave up on a batch: one transaction of failure rows
+        (`aborted:<reason>`, or the reason the request already failed with)."""
         with self._lock:
-            pending = self._pop(handle)
-            why = pending.failure_reason or f"aborted:{reason}"
-            if pending.failure_reason is None:
-                self._write_failure(pending.admission, why)
-            return self._failed_coords(pending.admission, why, pending.admission_epoch, None)
+            for h in handles:
+                if h not in self._pending:
+                    raise KeyError(f"capture request {h!r} is not in flight")
+            calls = []
+            for h in handles:
+                pending = self._pending.pop(h)
+                call = _Finish(pending, None, pending.admission_epoch)
+                call.reason = pending.failure_reason or f"aborted:{reason}"
+                call.prewritten = pending.failure_reason is not None
+                calls.append(call)
+            self._commit(calls)
+            return [c.coords() for c in calls]
 
     def in_flight(self) -> list[str]:
         with self._lock:
@@ -248,19 +412,9 @@ class CaptureSink:
             return "prefix_mismatch", ()
         return None, tuple(parent.staging_chain)
 
-    def _pop(self, handle: str) -> _Pending:
-        try:
-            return self._pending.pop(handle)
-        except KeyError:
-            raise KeyError(f"capture request {handle!r} is not in flight") from None
-
     def _write_failure(self, adm: CaptureAdmission, reason: str) -> None:
         self.failed += 1
         self.ledger.record_failure(adm.rollout_id, adm.model_call_id, reason, parent_call_id=adm.parent_call_id)
-
-    def _fail(self, adm: CaptureAdmission, reason: str, epoch: int | None, version: int | None) -> dict[str, Any]:
-        self._write_failure(adm, reason)
-        return self._failed_coords(adm, reason, epoch, version)
 
     @staticmethod
     def _failed_coords(adm: CaptureAdmission, reason: str, epoch: int | None, version: int | None) -> dict[str, Any]:

@@ -15,7 +15,8 @@ Pure leaf module: no torch, no ray.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def replace_prefix_tokens(

@@ -9,6 +9,13 @@ Contract:
     (`DigestMismatch` names the key), so on-disk tampering is detected.
   * Staging is idempotent for identical bytes and refuses different bytes under
     an existing key (`StagingConflict`): a staged row never changes.
+  * Group commit: `stage_many(items)` stages a batch of rows in ONE
+    transaction (one fsync) and returns one outcome per row, in order: the
+    digest, or the exception that row raised (bad key, non-JSON or non-finite
+    row, conflict). A bad row is isolated -- it is left out and the others
+    commit. Every returned digest is durable when `stage_many` returns; if the
+    transaction itself cannot commit, `stage_many` raises and nothing of the
+    batch is staged.
   * Bulk tensors (`put_tensors`) live in their own table, stored as raw bytes
     with dtype and shape, digest-verified on read. Only these two methods
     import torch, lazily, so the row path stays light.
@@ -25,8 +32,9 @@ import math
 import os
 import shutil
 import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Self
 
 from harness.dataplane.sqlite import open_durable
 
@@ -118,6 +126,44 @@ class DataPlaneStore:
             self._db.execute("INSERT INTO rows(key, digest, payload) VALUES (?,?,?)", (key, digest, payload))
         return digest
 
+    def stage_many(self, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str | Exception]:
+        """Stage `(key, row)` pairs in one durable transaction (group commit).
+
+        Returns, per item and in order, the row digest (durable on return) or
+        the exception that item raised (`ValueError`/`TypeError` for a bad key
+        or row, `StagingConflict`); failed items are not staged, the others
+        are. A duplicate key inside the batch behaves as two `stage` calls in
+        a row. Raises (staging nothing) only if the transaction fails.
+        """
+        outcomes: list[str | Exception] = []
+        prepared: list[tuple[int, str, str, bytes]] = []
+        for i, item in enumerate(items):
+            try:
+                key, row = item
+                validate_key(key)
+                payload = canonical_row_bytes(key, row)
+            except (TypeError, ValueError) as exc:
+                outcomes.append(exc)
+                continue
+            outcomes.append("")
+            prepared.append((i, key, hashlib.sha256(payload).hexdigest(), payload))
+        if not prepared:
+            return outcomes
+        with _immediate(self._db):
+            for i, key, digest, payload in prepared:
+                existing = self._db.execute("SELECT digest FROM rows WHERE key=?", (key,)).fetchone()
+                if existing is None:
+                    self._db.execute("INSERT INTO rows(key, digest, payload) VALUES (?,?,?)", (key, digest, payload))
+                    outcomes[i] = digest
+                elif existing[0] == digest:
+                    outcomes[i] = digest
+                else:
+                    outcomes[i] = StagingConflict(
+                        f"data plane key {key!r} already staged with digest {existing[0][:16]}..., "
+                        f"refusing different bytes (digest {digest[:16]}...)"
+                    )
+        return outcomes
+
     def fetch(self, key: str) -> dict[str, Any]:
         """Return the row, after verifying its stored digest."""
         got = self._db.execute("SELECT digest, payload FROM rows WHERE key=?", (key,)).fetchone()
@@ -126,6 +172,7 @@ class DataPlaneStore:
         return _decode_verified(key, got[0], got[1])
 
     def fetch_many(self, keys: Iterable[str]) -> list[dict[str, Any]]:
+        """`fetch` of every key, in order (each digest verified); raises on the first bad key."""
         return [self.fetch(k) for k in keys]
 
     def digest(self, key: str) -> str | None:
@@ -195,7 +242,7 @@ class DataPlaneStore:
         _backup(self._db, dest)
 
     @classmethod
-    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> "DataPlaneStore":
+    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> DataPlaneStore:
         """Replace the store at `path` with `snapshot` and open it."""
         _restore_file(snapshot, path)
         return cls(path)
@@ -203,7 +250,7 @@ class DataPlaneStore:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "DataPlaneStore":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,7 +8,8 @@ for bit (NaN payloads included) with the same dtype and shape.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -197,12 +197,14 @@ class RolloutWorker:
         try:
             results = await self._call_async("generate", [dict(r) for r in requests])
         except BaseException:
-            for handle in handles.values():
-                self._sink().abort_request(handle, CAPTURE_ABORT_REASON)
+            if handles:
+                self._sink().abort_requests(list(handles.values()), CAPTURE_ABORT_REASON)
             raise
-        for i, handle in handles.items():
-            r = results[i]
-            r["capture"] = self._sink().finish_request(handle, r["output_ids"], r["logprobs"], r["weight_version"])
+        if handles:  # group commit: one stage + one ledger transaction for the whole batch
+            finished = [(h, results[i]["output_ids"], results[i]["logprobs"], results[i]["weight_version"])
+                        for i, h in handles.items()]
+            for i, coords in zip(handles, self._sink().finish_requests(finished)):
+                results[i]["capture"] = coords
         return results
 
     async def generate(self, requests: list[dict]) -> list[dict]:

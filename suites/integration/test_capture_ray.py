@@ -41,8 +41,17 @@ class EngineOwner:
         h = self.sink.begin_request(admission, prompt_ids, weight_version=version)
         return self.sink.finish_request(h, output_ids, torch.tensor(logprobs), version)
 
+    def generate_batch(self, batch, version):
+        """Begin every request, then finish them all with one group commit."""
+        handles = [self.sink.begin_request(adm, prompt, weight_version=version) for adm, prompt, _, _ in batch]
+        return self.sink.finish_requests([(h, out, lp, version) for h, (_, _, out, lp) in zip(handles, batch)])
+
     def stats(self):
         return self.sink.stats()
+
+    def client_reads(self, client, key):
+        """A pickled DataPlaneClient, used inside another actor: (row, reads served locally?)."""
+        return client.fetch(key), client._rows() is not None
 
 
 def test_capture_through_ray_actors(ray_session, tmp_path):
@@ -88,5 +97,52 @@ def test_capture_through_ray_actors(ray_session, tmp_path):
     assert (tmp_path / "ckpt.sqlite").stat().st_size > 0
     assert ray.get(engine.stats.remote())["capture/staged"] == 6
     ledger.close()
+    ray.kill(engine)
+    ray.kill(handle)
+
+
+def test_group_commit_through_the_actor_and_local_reads(ray_session, tmp_path):
+    import pickle
+
+    from harness.capture.admission import CaptureAdmitter
+    from harness.capture.finalize import Placeholder, Sample, finalize_group
+    from harness.capture.ledger import CaptureLedger
+    from harness.capture.receipt import build_receipt
+    from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+    from harness.dataplane.store import StagingConflict
+
+    handle = start_dataplane_actor("dataplane-batch", str(tmp_path / "dataplane.sqlite"))
+    client = DataPlaneClient(handle)
+    # stage_many through the actor: per-row outcomes come back, in order, errors as values
+    out = client.stage_many([("x/a", {"v": 1}), ("x/b", {"v": float("nan")}), ("x/a", {"v": 2})])
+    assert isinstance(out[0], str) and isinstance(out[1], ValueError) and isinstance(out[2], StagingConflict)
+    # reads: locally on this node, the same answers as the actor gives
+    remote = DataPlaneClient(handle, local_reads=False)
+    assert client.fetch("x/a") == remote.fetch("x/a") == {"v": 1} and client._rows() is not None
+    assert remote._rows() is None and client.keys("x/") == remote.keys("x/") == ["x/a"]
+    assert client.digest("x/a") == remote.digest("x/a") == out[0] and not client.has("x/b")
+    clone = pickle.loads(pickle.dumps(client))  # travels as the handle; opens its own reader
+    assert clone.fetch("x/a") == {"v": 1}
+
+    cfg = {"ledger_path": str(tmp_path / "ledger.sqlite"), "dataplane_actor": "dataplane-batch",
+           "dataplane_namespace": "capture_test", "fail_stage_rate": 0.0, "seed": 0}
+    engine = EngineOwner.remote(cfg)
+    assert ray.get(engine.client_reads.remote(client, "x/a")) == ({"v": 1}, True)
+    ledger = CaptureLedger(cfg["ledger_path"])
+    admitter = CaptureAdmitter(ledger, client, eos_token_id=EOS)
+    client.stage("r2/c0", {"taken": True})  # r2's stage will conflict
+    batch = []
+    for r in range(4):
+        res = admitter.admit_root(f"r{r}", "c0", [1, 10 + r, 3])
+        lp = [-0.5, float("inf")] if r == 1 else [-0.5, -0.25]
+        batch.append((res.request_capture(), res.prompt_ids, [40 + r, EOS], lp))
+    coords = ray.get(engine.generate_batch.remote(batch, 0))
+    assert [c["failure_reason"] for c in coords] == [None, "nonfinite_logprobs", "stage_failed:StagingConflict", None]
+    receipts = [build_receipt(f"r{r}", ledger, reward=1.0) for r in range(4)]
+    samples, metrics = finalize_group(receipts, client, ledger)
+    assert [type(s) for s in samples] == [Sample, Placeholder, Placeholder, Sample]
+    assert samples[3].token_ids == [1, 13, 3, 43, EOS] and metrics["finalize/masked_count"] == 2.0
+    ledger.close()
+    client.close()
     ray.kill(engine)
     ray.kill(handle)

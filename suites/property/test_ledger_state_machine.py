@@ -2,13 +2,17 @@
 
 Operations, in any order the API allows: admit a root (a new rollout), admit
 a continuation (mostly of a committed call, sometimes of any call), begin,
-finish (stage succeeds, stage fails, or the engine aborts), refit, build a
-receipt (declared or heuristic terminal) and finalise.
+finish (stage succeeds, stage fails, non-finite logprobs, or the engine
+aborts), begin a wave (all admitted calls), finish a batch (group commit: several in-flight calls at once, with
+per-call staging failures, bad logprobs and aborts mixed in, sometimes the
+whole stage batch lost), refit, build a receipt (declared or heuristic
+terminal) and finalise.
 
 Invariants after every step:
   * no committed record without a durable staged row whose digest matches;
   * a failed call is never a parent of a committed call;
-  * the ledger agrees with the model's view of every call;
+  * the ledger agrees with the model's view of every call (so in a batch
+    exactly the calls that should fail have failure rows, the others commit);
 and at every finalisation:
   * a sample equals the concatenation of the calls' deltas as the model
     recorded them (tokens, mask, float32 logprobs);
@@ -44,12 +48,15 @@ NOW = st.one_of(st.none(), st.tuples(OUTPUTS, st.booleans(), OUTCOMES))
 
 
 class FlakyDataPlane:
-    """The real store, with a switch that makes the next `stage` raise (a
-    staging failure the way a lost data-plane ack would surface)."""
+    """The real store, with switches for staging failures the way a lost
+    data-plane ack would surface: `fail_next` makes the next stage call (a
+    whole batch) raise; `fail_keys` makes those rows of a batch come back as
+    errors (the store's per-row outcome) while the rest are really staged."""
 
     def __init__(self, store: DataPlaneStore):
         self.store = store
         self.fail_next = False
+        self.fail_keys: set[str] = set()
 
     def stage(self, key, row):
         if self.fail_next:
@@ -57,8 +64,26 @@ class FlakyDataPlane:
             raise ConnectionError(f"data plane unavailable while staging {key}")
         return self.store.stage(key, row)
 
+    def stage_many(self, items):
+        if self.fail_next:
+            self.fail_next = False
+            raise ConnectionError(f"data plane unavailable while staging {len(items)} rows")
+        acks = iter(self.store.stage_many([(k, r) for k, r in items if k not in self.fail_keys]))
+        return [ConnectionError(f"lost ack for {k}") if k in self.fail_keys else next(acks) for k, _ in items]
+
     def fetch_many(self, keys):
         return self.store.fetch_many(keys)
+
+
+def _generated(out: list[int], eos: bool, outcome: int) -> tuple[list[int], list[float], np.ndarray]:
+    """The engine's output for a call: ids, the logprobs the model records,
+    and the array handed to the sink (outcome 2 poisons its first entry)."""
+    output = out + ([EOS] if eos else [])
+    logprobs = [-0.125 * (i + 1) for i in range(len(output))]
+    lp = np.array(logprobs)
+    if outcome == 2 and output:
+        lp[0] = np.nan
+    return output, logprobs, lp
 
 
 @dataclass
@@ -155,24 +180,90 @@ class LedgerMachine(RuleBasedStateMachine):
         self._finish(data.draw(st.sampled_from(self._in("in_flight"))), out, eos, outcome)
 
     def _finish(self, call: Call, out: list[int], eos: bool, outcome: int) -> None:
-        """outcome 0: the engine aborts; 1: staging fails; otherwise the stage succeeds."""
+        """outcome 0: the engine aborts; 1: staging fails; 2: a non-finite
+        logprob (when there is an output); otherwise the stage succeeds."""
         if outcome == 0:
             assert self.sink.abort_request(call.handle, "cancelled")["disposition"] == "capture_failed"
             call.state = "failed"
             return
-        stage_ok = outcome != 1
-        output = out + ([EOS] if eos else [])
-        logprobs = [-0.125 * (i + 1) for i in range(len(output))]
-        self.dp.fail_next = not stage_ok
-        coords = self.sink.finish_request(call.handle, output, np.array(logprobs), self.version)
+        output, logprobs, lp = _generated(out, eos, outcome)
+        self.dp.fail_next = outcome == 1
+        coords = self.sink.finish_request(call.handle, output, lp, self.version)
         self.dp.fail_next = False
+        self._settle(call, coords, output, logprobs, outcome, lost=False)
+
+    def _settle(self, call: Call, coords: dict, output: list[int], logprobs: list[float], outcome: int,
+                lost: bool) -> None:
+        """Check one call's coords against what must have happened; update the model."""
         parent = self.calls.get((call.rollout, call.parent)) if call.parent else None
-        if not stage_ok or (parent is not None and parent.state != "committed"):
-            assert coords["disposition"] == "capture_failed"
+        bad_lp = outcome == 2 and bool(output)
+        if outcome == 1 or lost or bad_lp or (parent is not None and parent.state != "committed"):
+            assert coords["disposition"] == "capture_failed", coords
+            want = "nonfinite_logprobs" if bad_lp else "stage_failed:ConnectionError"
+            assert coords["failure_reason"] == want, coords
             call.state = "failed"
         else:
             assert coords["disposition"] == "staged", coords
             call.state, call.output, call.logprobs = "committed", output, logprobs
+
+    @precondition(lambda self: any(c.state == "admitted" for c in self.calls.values()))
+    @rule()
+    def begin_wave(self):
+        """The engine takes every admitted call at once (what a finish batch then commits)."""
+        for call in self._in("admitted"):
+            self._begin(call)
+
+    @precondition(lambda self: any(c.state == "in_flight" for c in self.calls.values()))
+    @rule(data=st.data(), lost=st.integers(0, 7))
+    def finish_batch(self, data, lost):
+        """Group commit of some in-flight calls; `lost == 0`: the whole stage batch fails."""
+        chosen = data.draw(st.lists(st.sampled_from(self._in("in_flight")), min_size=1, max_size=8,
+                                    unique_by=lambda c: (c.rollout, c.cid)))
+        self._finish_batch(chosen, [data.draw(st.tuples(OUTPUTS, st.booleans(), OUTCOMES)) for _ in chosen], lost)
+
+    @rule(prompts=st.lists(st.lists(st.integers(10, 30), min_size=1, max_size=4), min_size=2, max_size=6),
+          data=st.data(), lost=st.integers(0, 7))
+    def wave(self, prompts, data, lost):
+        """Several new rollouts and every committed call's continuation run
+        as one engine batch, finished by one group commit."""
+        calls = []
+        for prompt in prompts:
+            cid = self._new_cid()
+            rollout = f"r{self.n}"
+            assert self.admitter.admit_root(rollout, cid, prompt).ok
+            self.calls[(rollout, cid)] = call = Call(rollout, cid, None, prompt)
+            calls.append(call)
+        leaves = {c.rollout: c for c in sorted(self._in("committed"), key=lambda c: int(c.cid[1:]))}
+        for parent in list(leaves.values())[:4]:
+            cid = self._new_cid()
+            res = self.admitter.admit_continuation(parent.rollout, cid, parent.cid, [EOS], [EOS, 17])
+            assert res.ok
+            self.calls[(parent.rollout, cid)] = call = Call(parent.rollout, cid, parent.cid, res.prompt_ids)
+            calls.append(call)
+        for call in calls:
+            self._begin(call)
+        self._finish_batch(calls, [data.draw(st.tuples(OUTPUTS, st.booleans(), OUTCOMES)) for _ in calls], lost)
+
+    def _finish_batch(self, chosen: list[Call], plans: list[tuple], lost: int) -> None:
+        aborted = [c for c, (_, _, outcome) in zip(chosen, plans) if outcome == 0]
+        if aborted:
+            for c, coords in zip(aborted, self.sink.abort_requests([c.handle for c in aborted], "cancelled")):
+                assert coords["disposition"] == "capture_failed"
+                assert coords["failure_reason"] == "aborted:cancelled"
+                c.state = "failed"
+        kept = [(c, plan) for c, plan in zip(chosen, plans) if plan[2] != 0]
+        if not kept:
+            return
+        generated = [_generated(*plan) for _, plan in kept]
+        self.dp.fail_keys = {c.handle for c, plan in kept if plan[2] == 1}
+        self.dp.fail_next = lost == 0
+        coords = self.sink.finish_requests([(c.handle, out, lp, self.version)
+                                            for (c, _), (out, _, lp) in zip(kept, generated)])
+        self.dp.fail_keys, self.dp.fail_next = set(), False
+        assert len(coords) == len(kept)
+        for (c, plan), (output, logprobs, _), co in zip(kept, generated, coords):
+            assert (co["rollout_id"], co["model_call_id"]) == (c.rollout, c.cid)  # coords come back in order
+            self._settle(c, co, output, logprobs, plan[2], lost=lost == 0)
 
     @rule()
     def refit(self):

@@ -14,7 +14,13 @@ import pytest
 
 from harness.capture.admission import CaptureAdmitter
 from harness.capture.digests import unit_interval
-from harness.capture.finalize import Placeholder, Sample, finalize_group, finalize_rollout, rollout_summary
+from harness.capture.finalize import (
+    Placeholder,
+    Sample,
+    finalize_group,
+    finalize_rollout,
+    rollout_summary,
+)
 from harness.capture.ledger import CaptureLedger, LedgerError
 from harness.capture.receipt import build_receipt
 from harness.capture.records import CaptureValidationError
@@ -282,7 +288,7 @@ def test_refit_span_keeps_admission_epoch_and_is_counted(stores):
 
 
 def test_sink_errors_and_failure_paths(stores):
-    cfg, ledger, dp = stores
+    cfg, ledger, _dp = stores
     sink = CaptureSink.from_config(cfg)
     with pytest.raises(KeyError, match="'r/zz' is not in flight"):
         sink.finish_request("r/zz", [1], [0.0], 0)
@@ -325,3 +331,151 @@ def test_ledger_snapshot_restore(stores, tmp_path):
     b = finalize_rollout(build_receipt("r", ledger, reward=1.0), dp, ledger)
     assert isinstance(a, Sample) and a == b
     l2.close(); d2.close(); sink.close()
+
+
+# -- group commit (finish_requests / stage_many / record_many) ------------------------------------
+
+
+def _roots(admitter, sink, rids, prompt=(1, 5, 3)):
+    handles = []
+    for rid in rids:
+        res = admitter.admit_root(rid, "c0", list(prompt))
+        handles.append(sink.begin_request(res.request_capture(), res.prompt_ids, weight_version=0))
+    return handles
+
+
+def test_finish_batch_isolates_each_failing_call(stores):
+    cfg, ledger, dp = stores
+    sink = CaptureSink.from_config(cfg)
+    admitter = CaptureAdmitter(ledger, dp, eos_token_id=EOS)
+    # a committed parent for the drifted continuation below
+    (h,) = _roots(admitter, sink, ["p"])
+    assert sink.finish_request(h, [40, EOS], [-0.1, -0.2], 0)["disposition"] == "staged"
+    cont = admitter.admit_continuation("p", "c1", "c0", [1, 5, 3, 40, EOS], [1, 5, 3, 40, EOS, 9])
+    drifted = sink.begin_request(cont.request_capture(), [1, 5, 3, 41, EOS, 9], weight_version=0)  # poisoned at begin
+    dp.stage("r3/c0", {"someone": "else"})  # r3's key is taken: its stage gets a real StagingConflict
+    rids = [f"r{i}" for i in range(6)]
+    hs = _roots(admitter, sink, rids)
+    good_lp = [-0.5, -0.25, -0.125]
+    finished = [
+        (hs[0], [11, 12, EOS], good_lp, 0),
+        (hs[1], [11, 12, EOS], [-0.5, float("nan"), -0.1], 0),
+        (hs[2], [11, 12, EOS], [-0.5], 0),
+        (hs[3], [11, 12, EOS], good_lp, 0),
+        (drifted, [7], [-0.3], 0),
+        (hs[4], [13, EOS], good_lp[:2], 0),
+        (hs[5], [14, 15, 16, EOS], good_lp + [-1.0], 0),
+    ]
+    coords = sink.finish_requests(finished)
+    want = {"r0": None, "r1": "nonfinite_logprobs", "r2": "logprobs_length_mismatch:1!=3",
+            "r3": "stage_failed:StagingConflict", "p": "prefix_mismatch", "r4": None, "r5": None}
+    assert [(c["rollout_id"], c["failure_reason"]) for c in coords] == list(want.items())  # in batch order
+    for c in coords:
+        assert c["disposition"] == ("staged" if want[c["rollout_id"]] is None else "capture_failed")
+        call = ledger.get(c["rollout_id"], c["model_call_id"])
+        if want[c["rollout_id"]] is None:
+            assert call.committed and call.digest == c["digest"] and dp.has(call.staging_key)
+        else:
+            assert call.status == "failed" and call.failure_reason == want[c["rollout_id"]]
+    assert not dp.has("r1/c0") and not dp.has("r2/c0") and dp.fetch("r3/c0") == {"someone": "else"}
+    receipts = [build_receipt(rid, ledger, reward=1.0) for rid in rids]
+    samples, metrics = finalize_group(receipts, dp, ledger)
+    assert [isinstance(s, Sample) for s in samples] == [True, False, False, False, True, True]
+    assert samples[5].token_ids == [1, 5, 3, 14, 15, 16, EOS] and samples[5].prompt_len == 3
+    assert metrics["finalize/masked_count"] == 3.0
+    assert sink.stats()["capture/staged"] == 4 and sink.stats()["capture/failed"] == 4
+    sink.close()
+
+
+class _OrderSpy:
+    """The real store; checks at every stage_many call that none of the
+    batch's calls has a ledger outcome yet (ledger strictly after the ack)."""
+
+    def __init__(self, store, ledger_path, lose_batch=False):
+        self.store, self.ledger, self.lose_batch = store, CaptureLedger(ledger_path), lose_batch
+        self.batches = []
+
+    def stage_many(self, items):
+        for key, _ in items:
+            rid, cid = key.split("/")
+            assert self.ledger.get(rid, cid) is None, f"{key} has a ledger outcome before its stage"
+        self.batches.append([k for k, _ in items])
+        if self.lose_batch:
+            raise ConnectionError("data plane actor died")
+        return self.store.stage_many(items)
+
+
+def test_batch_ledger_records_only_after_the_durable_stage(stores):
+    cfg, ledger, dp = stores
+    spy = _OrderSpy(dp, cfg["ledger_path"])
+    sink = CaptureSink(spy, CaptureLedger(cfg["ledger_path"]))
+    admitter = CaptureAdmitter(ledger, dp, eos_token_id=EOS)
+    hs = _roots(admitter, sink, ["a", "b", "c"])
+    coords = sink.finish_requests([(h, [20 + i, EOS], [-0.5, -0.5], 1) for i, h in enumerate(hs)])
+    assert spy.batches == [["a/c0", "b/c0", "c/c0"]]  # one stage call for the whole batch
+    assert all(c["disposition"] == "staged" for c in coords)
+    assert all(ledger.get(r, "c0").committed for r in "abc")
+    # the whole batch lost: every call fails, nothing is committed or staged
+    lost = _OrderSpy(dp, cfg["ledger_path"], lose_batch=True)
+    sink2 = CaptureSink(lost, CaptureLedger(cfg["ledger_path"]))
+    hs = _roots(admitter, sink2, ["d", "e"])
+    coords = sink2.finish_requests([(h, [7, EOS], [-0.5, -0.5], 1) for h in hs])
+    assert [c["failure_reason"] for c in coords] == ["stage_failed:ConnectionError"] * 2
+    assert [ledger.get(r, "c0").status for r in "de"] == ["failed", "failed"]
+    assert not dp.has("d/c0") and not dp.has("e/c0")
+    spy.ledger.close(); lost.ledger.close(); sink.close(); sink2.close()
+
+
+def test_batch_and_one_by_one_write_identical_records(tmp_path):
+    def run(kind):
+        ledger, dp = CaptureLedger(tmp_path / kind / "l.sqlite"), DataPlaneStore(tmp_path / kind / "d.sqlite")
+        sink = CaptureSink(dp, CaptureLedger(tmp_path / kind / "l.sqlite"), fail_stage_rate=0.3, seed=2)
+        admitter = CaptureAdmitter(ledger, dp, eos_token_id=EOS)
+        rids = [f"r{i}" for i in range(8)]
+        hs = _roots(admitter, sink, rids)
+        finished = [(h, [10 + i, 11, EOS], np.array([-0.25, -0.5, -0.75]), 0) for i, h in enumerate(hs)]
+        coords = sink.finish_requests(finished) if kind == "batch" else [sink.finish_request(*f) for f in finished]
+        out = coords, [ledger.manifest(r) for r in rids], [(k, dp.fetch(k)) for k in dp.keys("")], sink.stats()
+        sink.close(); ledger.close(); dp.close()
+        return out
+
+    batch, single = run("batch"), run("single")
+    assert batch == single
+    assert batch[3]["capture/injected_failures"] == 3  # seed 2: r1, r4, r5 fail
+    assert [c["disposition"] for c in batch[0]].count("capture_failed") == 3
+
+
+def test_record_many_isolates_records_that_break_the_outcome_rules(stores):
+    _, ledger, _ = stores
+    from harness.capture.records import CallRecord
+
+    def committed(cid):
+        return CallRecord("r", cid, "committed", prev_len=0, delta_len=1, cum_len=1, digest="d", staging_key=f"r/{cid}",
+                          staging_chain=(f"r/{cid}",), chain_hash="h", cumulative_hash="c")
+
+    def failed(cid, why):
+        return CallRecord("r", cid, "failed", failure_reason=why)
+
+    ledger.record(committed("c0"))
+    out = ledger.record_many([failed("c0", "late"), failed("c1", "first"), committed("c2"), failed("c1", "second"),
+                              committed("c1"), committed("c0")])
+    assert [type(e).__name__ if e else None for e in out] == ["LedgerError", None, None, None, "LedgerError", None]
+    assert "r/c0 already has outcome 'committed'" in str(out[0]) and "'failed'" in str(out[4])
+    assert ledger.get("r", "c0").committed and ledger.get("r", "c2").committed
+    assert ledger.get("r", "c1").failure_reason == "first"  # the first failure reason is kept
+    assert ledger.record_many([]) == []
+
+
+def test_finish_requests_refuses_unknown_or_repeated_handles_before_writing(stores):
+    cfg, ledger, dp = stores
+    sink = CaptureSink.from_config(cfg)
+    (h,) = _roots(CaptureAdmitter(ledger, dp, eos_token_id=EOS), sink, ["r"])
+    with pytest.raises(KeyError, match="'r/zz' is not in flight"):
+        sink.finish_requests([(h, [4], [-0.1], 0), ("r/zz", [4], [-0.1], 0)])
+    with pytest.raises(ValueError, match="'r/c0' appears twice"):
+        sink.finish_requests([(h, [4], [-0.1], 0), (h, [4], [-0.1], 0)])
+    assert sink.in_flight() == ["r/c0"] and ledger.get("r", "c0") is None and not dp.has("r/c0")
+    assert [c["failure_reason"] for c in sink.abort_requests([h], "shutdown")] == ["aborted:shutdown"]
+    assert ledger.get("r", "c0").failure_reason == "aborted:shutdown" and sink.in_flight() == []
+    assert sink.finish_requests([]) == []
+    sink.close()

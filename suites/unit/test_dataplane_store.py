@@ -77,7 +77,7 @@ def test_row_staged_then_sigkill_survives_reopen(tmp_path):
         sys.stdout.write("staged\\n"); sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -signal.SIGKILL and proc.stdout == "staged\n"
     with DataPlaneStore(path) as reopened:
         assert reopened.fetch("r0/c0") == {"token_ids_delta": [7, 8, 9]}
@@ -118,3 +118,63 @@ def test_tensors_roundtrip_bit_exact(store):
     with pytest.raises(TypeError, match="'x'"):
         store.put_tensors("k", {"x": [1, 2]})
     assert store.delete_prefix("step1/") == 1 and store.tensor_keys() == []
+
+
+def test_stage_many_isolates_bad_rows_and_commits_the_rest(store):
+    store.stage("r0/old", ROW)
+    items = [
+        ("r1/c0", ROW),
+        ("r1/c1", {"generation_log_probs_delta": [0.0, float("inf")]}),  # non-finite: refused
+        ("", ROW),                                                       # bad key
+        ("r0/old", {**ROW, "token_ids_delta": [9]}),                     # conflict with a staged row
+        ("r1/c2", {"bad": object()}),                                    # not JSON-able
+        ("r1/c3", {"v": 3}),
+        ("r0/old", dict(ROW)),                                           # identical re-stage: idempotent
+        ("r1/c3", {"v": 4}),                                             # conflict inside the batch
+    ]
+    out = store.stage_many(items)
+    assert len(out) == len(items)
+    assert out[0] == store.digest("r1/c0") and store.fetch("r1/c0") == ROW
+    assert isinstance(out[1], ValueError) and "'r1/c1'" in str(out[1]) and "generation_log_probs_delta[1]" in str(out[1])
+    assert isinstance(out[2], ValueError) and "non-empty" in str(out[2])
+    assert isinstance(out[3], StagingConflict) and "'r0/old'" in str(out[3])
+    assert isinstance(out[4], TypeError) and "'r1/c2'" in str(out[4])
+    assert out[5] == store.digest("r1/c3") and out[6] == store.digest("r0/old")
+    assert isinstance(out[7], StagingConflict) and "'r1/c3'" in str(out[7])
+    assert store.keys() == ["r0/old", "r1/c0", "r1/c3"]  # nothing of the refused rows was stored
+    assert store.fetch("r0/old") == ROW and store.fetch("r1/c3") == {"v": 3}
+    assert store.stage_many([]) == []
+
+
+def test_stage_many_digests_equal_single_stage(store, tmp_path):
+    rows = [(f"r{i}/c0", {**ROW, "token_ids_delta": [i, i + 1, i + 2]}) for i in range(5)]
+    with DataPlaneStore(tmp_path / "single.sqlite") as single:
+        assert store.stage_many(rows) == [single.stage(k, r) for k, r in rows]
+
+
+def test_stage_many_failed_transaction_stages_nothing(store, tmp_path):
+    other = sqlite3.connect(tmp_path / "dp.sqlite", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    store._db.execute("PRAGMA busy_timeout=50")
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        store.stage_many([("r0/c0", ROW), ("r0/c1", ROW)])
+    other.execute("ROLLBACK")
+    other.close()
+    assert store.keys() == []
+
+
+def test_batch_staged_then_sigkill_survives_reopen(tmp_path):
+    path = tmp_path / "dp.sqlite"
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        from harness.dataplane.store import DataPlaneStore
+        s = DataPlaneStore({str(path)!r})
+        out = s.stage_many([("r0/c%d" % i, {{"token_ids_delta": [i]}}) for i in range(4)])
+        assert all(isinstance(d, str) for d in out), out
+        sys.stdout.write("staged\\n"); sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == -signal.SIGKILL and proc.stdout == "staged\n", proc.stderr
+    with DataPlaneStore(path) as reopened:
+        assert reopened.fetch_many([f"r0/c{i}" for i in range(4)]) == [{"token_ids_delta": [i]} for i in range(4)]
