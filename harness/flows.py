@@ -62,20 +62,28 @@ def default_run_dir(workload: str, root: Path | None = None) -> Path:
 DEVICE_PLATFORMS = ("cpu", "cuda")  # golden platforms that name the device a workload runs on
 
 
-def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,
-            goldens_root: Path | None = None, say: Say | None = None, platform: str | None = None) -> Execution:
-    """Run + postflight. Raises only for unusable input (spec/topology errors).
+def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: str | None = None,
+                      goldens_root: Path | None = None) -> dict:
+    """The spec a run for ``platform`` uses.
 
     ``platform`` (explicit, else ``$GOLDEN_PLATFORM``) that names a device
     (``cpu``, ``cuda``) runs the workload there: ``platform.device`` is
     overridden, so one workload has a golden per device. Other platform
-    names only select the golden."""
-    from harness.runner.run import run_workload
-
+    names (``cpu-vllm``) only select the golden."""
     spec = load_spec(workload, overrides, goldens_root=goldens_root)
     wanted = platform or os.environ.get("GOLDEN_PLATFORM")
     if wanted in DEVICE_PLATFORMS and wanted != spec["platform"]["device"]:
         spec = load_spec(workload, (*overrides, f"platform.device={wanted}"), goldens_root=goldens_root)
+    return spec
+
+
+def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,
+            goldens_root: Path | None = None, say: Say | None = None, platform: str | None = None) -> Execution:
+    """Run + postflight (on ``platform``'s device, see :func:`spec_for_platform`).
+    Raises only for unusable input (spec/topology errors)."""
+    from harness.runner.run import run_workload
+
+    spec = spec_for_platform(workload, overrides, platform, goldens_root)
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say)
