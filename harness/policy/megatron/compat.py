@@ -228,10 +228,9 @@ def apply_cpu_compat(device: str) -> bool:
         return True
     check_version()
     install_import_stubs()
+    import megatron.core  # noqa: F401
     import torch
     import torch.distributed as dist
-
-    import megatron.core  # noqa: F401
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer import torch_norm
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
