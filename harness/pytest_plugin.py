@@ -63,9 +63,11 @@ def golden_params(goldens_root: str | Path | None = None, platform: str | None =
         plat = platform or os.environ.get("GOLDEN_PLATFORM") or spec["platform"]["device"]
         if plat not in spec["platform"]["platforms"]:
             continue
+        marks = [pytest.mark.xdist_group(name)]
+        if spec["policy"].get("backend") == "megatron":
+            marks.append(pytest.mark.megatron)  # needs megatron-core: selectable, never skipped
         for surface in GATED_SURFACES:
-            params.append(pytest.param(name, surface, id=f"{name}-{surface}",
-                                       marks=[pytest.mark.xdist_group(name)]))
+            params.append(pytest.param(name, surface, id=f"{name}-{surface}", marks=marks))
     return params
 
 

@@ -42,6 +42,7 @@ from harness.parallel.groups import stage_layers
 from harness.policy.checkpoint import ShardedCheckpoint
 from harness.policy.engine import TRAIN_KEYS, seed_rank
 from harness.policy.megatron import compat
+from harness.policy.megatron.groups import harness_group_names
 from harness.policy.megatron.model import (
     NameMap,
     build_gpt_model,
@@ -94,14 +95,16 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
 
         self.ps = ps
         if not ps.model_parallel_is_initialized():
-            # sizes from the spec the topology planner validated (same order, tp-cp-ep-dp-pp)
-            ps.initialize_model_parallel(
-                tensor_model_parallel_size=int(policy["tp"]),
-                pipeline_model_parallel_size=int(policy["pp"]),
-                context_parallel_size=int(policy["cp"]),
-                expert_model_parallel_size=int(policy["ep"]),
-                expert_tensor_parallel_size=int(policy["etp"]),
-            )
+            # sizes from the spec the topology planner validated (same order, tp-cp-ep-dp-pp);
+            # groups described with the harness kinds (tp, pp, dp, ep, edp, ...)
+            with harness_group_names(ps):
+                ps.initialize_model_parallel(
+                    tensor_model_parallel_size=int(policy["tp"]),
+                    pipeline_model_parallel_size=int(policy["pp"]),
+                    context_parallel_size=int(policy["cp"]),
+                    expert_model_parallel_size=int(policy["ep"]),
+                    expert_tensor_parallel_size=int(policy["etp"]),
+                )
         model_parallel_cuda_manual_seed(int(spec["seed"]))
         seed_rank(spec["seed"], rank)
         self.coords = {
@@ -150,7 +153,8 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         self.is_last = stage == pp - 1
         self.steps_done = 0
         self._split: dict[str, Any] | None = None
-        self._dp_group = ps.get_data_parallel_group(with_context_parallel=True) if ps.get_data_parallel_world_size(with_context_parallel=True) > 1 else None
+        with_cp = int(policy["cp"]) > 1  # dense gradients over dp x cp ("dp" when cp == 1)
+        self._dp_group = ps.get_data_parallel_group(with_context_parallel=with_cp) if ps.get_data_parallel_world_size(with_context_parallel=with_cp) > 1 else None
         self._tp_group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
         self._edp_group = ps.get_expert_data_parallel_group() if ps.get_expert_data_parallel_world_size() > 1 else None
 
