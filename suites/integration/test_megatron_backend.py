@@ -135,3 +135,30 @@ def test_megatron_package_import_is_lazy():
 
     code = "import sys, harness.policy.megatron, harness.policy.engine; assert 'megatron.core' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_megatron_group_names_map_to_harness_kinds():
+    from harness.policy.megatron.groups import harness_group_desc
+
+    assert harness_group_desc("TENSOR_MODEL_PARALLEL_GROUP") == "tp"
+    assert harness_group_desc("PIPELINE_MODEL_PARALLEL_GROUP") == "pp"
+    assert harness_group_desc("EXPERT_DATA_PARALLEL_GROUP") == "edp"
+    assert harness_group_desc("DATA_PARALLEL_GROUP_GLOO") == "dp_gloo"
+    assert harness_group_desc("SOMETHING_NEW") == "megatron_something_new"
+    assert harness_group_desc(None) is None
+
+
+def test_megatron_golden_collectives_name_their_groups():
+    """The stored golden's collectives surface shows megatron's own collectives
+    (TP gathers, MoE all-to-alls, pipeline p2p) on harness-named groups."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "goldens/qwen3_moe_tiny_megatron_tp2pp2ep2/cpu/surfaces/collectives.json"
+    doc = json.loads(path.read_text())
+    seen = {(op, kind) for sec in doc["sections"].values() for ph in sec["phases"].values() for op, kind, *_ in ph["collectives"]}
+    kinds = {k for _, k in seen}
+    assert kinds <= {"tp", "pp", "dp", "ep", "edp", "tp_ep", "default_pg", "rollout_tp"}, kinds
+    for pair in [("all_to_all_single", "ep"), ("reduce_scatter_tensor", "tp"), ("all_gather_into_tensor", "tp"),
+                 ("send", "pp"), ("recv", "pp"), ("all_reduce", "edp")]:
+        assert pair in seen, pair
