@@ -74,6 +74,8 @@ def golden_params(goldens_root: str | Path | None = None, platform: str | None =
         if spec["rollout"]["backend"] == "vllm":
             marks.append(pytest.mark.skipif(not vllm_available(), reason=(
                 "rollout.backend: vllm and vllm is not installed: the optional tier ci/l3_vllm.sh runs this golden")))
+        if spec["policy"].get("backend") == "megatron":
+            marks.append(pytest.mark.megatron)  # needs megatron-core: selectable, never skipped
         for surface in GATED_SURFACES:
             params.append(pytest.param(name, surface, id=f"{name}-{surface}", marks=marks))
     return params

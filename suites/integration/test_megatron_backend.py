@@ -5,6 +5,9 @@ Skipped unless megatron-core is importable (`pip install megatron-core==0.16.1`)
 Each layout spawns its world once (`harness.policy.megatron.local_world.curve_job`):
 initial logprobs, 3 monolithic AdamW steps, the same 3 steps through the split
 API after restoring the initial checkpoint, and the refit export (HF names).
+Pipeline layouts (megatron-core's own 1F1B schedule over gloo) are compared
+with the native backend and with the 1-rank megatron run; logprobs and metrics
+come from the last stage, each dp rank holds its shard.
 
 Tolerances (fp32, measured on the 2-core CPU box; see docs/megatron.md):
 - initial logprobs: max |diff| <= 1e-5 (measured ~5e-7);
@@ -20,11 +23,15 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 
-from harness.policy.local_world import checksums, synthetic_batch, with_layout  # noqa: E402
-from harness.policy.local_world import spawn_world  # noqa: E402
-from harness.policy.megatron.local_world import curve_job  # noqa: E402
 from harness.model.config import ModelConfig  # noqa: E402
 from harness.model.qwen3_moe import build_reference_model  # noqa: E402
+from harness.policy.local_world import (  # noqa: E402
+    checksums,
+    spawn_world,
+    synthetic_batch,
+    with_layout,
+)
+from harness.policy.megatron.local_world import curve_job  # noqa: E402
 from harness.spec import load_spec  # noqa: E402
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
@@ -33,15 +40,19 @@ STEPS = 3
 LP_ATOL = 1e-5
 REL = 1e-4
 LAYOUTS = {
-    "1rank": dict(),
-    "tp2": dict(tp=2),
-    "tp2_ep2": dict(tp=2, ep=2),
+    "1rank": {},
+    "tp2": {"tp": 2},
+    "tp2_ep2": {"tp": 2, "ep": 2},
+    "pp2": {"pp": 2},
+    "pp2_uneven": {"pp": 2, "pp_layout": [1, 3]},
+    "tp2_pp2_ep2_dp2": {"tp": 2, "pp": 2, "ep": 2, "dp": 2},  # 8 ranks
 }
+BATCH = 8
 
 
 def _spec(backend: str, **layout):
     spec = load_spec("goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
-    base = with_layout(spec, **{**dict(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, pp_layout=None, backend=backend), **layout})
+    base = with_layout(spec, **{"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 1, "pp_layout": None, "backend": backend, **layout})
     base["policy"]["optimizer"] = {**base["policy"]["optimizer"], "eps": 1e-6}
     return base
 
@@ -53,31 +64,56 @@ def _rel(a: float, b: float) -> float:
 @pytest.fixture(scope="module")
 def native(tmp_path_factory):
     spec = _spec("native")
-    batch = synthetic_batch(spec, 8, seed=0)
+    batch = synthetic_batch(spec, BATCH, seed=0)
     (res,) = spawn_world(spec, curve_job, batch, STEPS, str(tmp_path_factory.mktemp("native")), timeout_s=240.0)
     return batch, res
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_megatron_matches_native(native, name, tmp_path):
-    batch, ref = native
-    spec = _spec("megatron", **LAYOUTS[name])
-    results = spawn_world(spec, curve_job, batch, STEPS, str(tmp_path / "ckpt"), timeout_s=240.0)
+@pytest.fixture(scope="module")
+def megatron_1rank(native, tmp_path_factory):
+    batch, _ = native
+    (res,) = spawn_world(_spec("megatron"), curve_job, batch, STEPS, str(tmp_path_factory.mktemp("m1")), timeout_s=240.0)
+    return res
+
+
+def _compare(name: str, ref: dict, results: list[dict], dp: int, pp: int, what: str) -> None:
     r0 = results[0]
-    # refit export of the initial weights is the reference model, bit for bit
-    full = build_reference_model(ModelConfig.from_spec(spec), spec["seed"]).state_dict()
-    assert r0["init_sums"] == checksums(full)
-    for r in results:  # every rank holds full logprobs of its dp shard (dp == 1 here)
-        assert (r["logprobs0"] - ref["logprobs0"]).abs().max().item() <= LP_ATOL
-        assert (r["ref_logprobs"] - ref["logprobs0"]).abs().max().item() <= LP_ATOL
-    for path in ("mono", "split"):
-        for step, (m, n) in enumerate(zip(r0[path], ref[path])):
-            for key in ("loss", "grad_norm"):
-                assert _rel(n[key], m[key]) <= REL, f"{name} {path} step {step} {key}: native {n[key]} megatron {m[key]}"
-            assert m["global_valid_toks"] == n["global_valid_toks"]
+    n = BATCH // dp
+    last = [r for r in results if r["mono"][0]]  # last-stage ranks produce metrics and logprobs
+    others = [r for r in results if not r["mono"][0]]
+    assert len(last) == len(results) // pp and all(r["logprobs0"].numel() for r in last)
+    assert all(r["logprobs0"].numel() == 0 and not r["split"][0] for r in others)
+    for r in last:  # each last-stage rank holds the logprobs of its dp shard
+        d = r["coords"]["dp"]
+        want = ref["logprobs0"][d * n : (d + 1) * n]
+        assert (r["logprobs0"] - want).abs().max().item() <= LP_ATOL, f"{name} vs {what}: logprobs dp {d}"
+        assert (r["ref_logprobs"] - want).abs().max().item() <= LP_ATOL, f"{name} vs {what}: reference logprobs dp {d}"
+        for path in ("mono", "split"):
+            for step, (m, x) in enumerate(zip(r[path], ref[path])):
+                for key in ("loss", "grad_norm"):
+                    assert _rel(x[key], m[key]) <= REL, f"{name} {path} step {step} {key}: {what} {x[key]} megatron {m[key]}"
+                assert m["global_valid_toks"] == x["global_valid_toks"]
     for k, (s, sq, ab) in ref["mono_sums"].items():
         ms, msq, mab = r0["mono_sums"][k]
-        assert _rel(sq, msq) <= REL and _rel(ab, mab) <= REL, f"{name} {k}: {(s, sq, ab)} vs {(ms, msq, mab)}"
+        assert _rel(sq, msq) <= REL and _rel(ab, mab) <= REL, f"{name} vs {what} {k}: {(s, sq, ab)} vs {(ms, msq, mab)}"
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_megatron_matches_native(native, megatron_1rank, name, tmp_path):
+    batch, ref = native
+    layout = LAYOUTS[name]
+    spec = _spec("megatron", **layout)
+    if name == "1rank":
+        results = [megatron_1rank]
+    else:
+        results = spawn_world(spec, curve_job, batch, STEPS, str(tmp_path / "ckpt"), timeout_s=400.0)
+    # refit export of the initial weights (gathered over every stage) is the reference model, bit for bit
+    full = build_reference_model(ModelConfig.from_spec(spec), spec["seed"]).state_dict()
+    assert results[0]["init_sums"] == checksums(full)
+    dp, pp = layout.get("dp", 1), layout.get("pp", 1)
+    _compare(name, ref, results, dp, pp, "native")
+    if name != "1rank":
+        _compare(name, megatron_1rank, results, dp, pp, "1-rank megatron")
 
 
 def test_context_parallel_refused_without_te():
@@ -99,3 +135,30 @@ def test_megatron_package_import_is_lazy():
 
     code = "import sys, harness.policy.megatron, harness.policy.engine; assert 'megatron.core' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_megatron_group_names_map_to_harness_kinds():
+    from harness.policy.megatron.groups import harness_group_desc
+
+    assert harness_group_desc("TENSOR_MODEL_PARALLEL_GROUP") == "tp"
+    assert harness_group_desc("PIPELINE_MODEL_PARALLEL_GROUP") == "pp"
+    assert harness_group_desc("EXPERT_DATA_PARALLEL_GROUP") == "edp"
+    assert harness_group_desc("DATA_PARALLEL_GROUP_GLOO") == "dp_gloo"
+    assert harness_group_desc("SOMETHING_NEW") == "megatron_something_new"
+    assert harness_group_desc(None) is None
+
+
+def test_megatron_golden_collectives_name_their_groups():
+    """The stored golden's collectives surface shows megatron's own collectives
+    (TP gathers, MoE all-to-alls, pipeline p2p) on harness-named groups."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "goldens/qwen3_moe_tiny_megatron_tp2pp2ep2/cpu/surfaces/collectives.json"
+    doc = json.loads(path.read_text())
+    seen = {(op, kind) for sec in doc["sections"].values() for ph in sec["phases"].values() for op, kind, *_ in ph["collectives"]}
+    kinds = {k for _, k in seen}
+    assert kinds <= {"tp", "pp", "dp", "ep", "edp", "tp_ep", "default_pg", "rollout_tp"}, kinds
+    for pair in [("all_to_all_single", "ep"), ("reduce_scatter_tensor", "tp"), ("all_gather_into_tensor", "tp"),
+                 ("send", "pp"), ("recv", "pp"), ("all_reduce", "edp")]:
+        assert pair in seen, pair

@@ -29,6 +29,11 @@ the numbers below are that list's):
    first dimension, run the collective, copy back the valid rows (MoE
    dispatch with ETP > 1).
 
+megatron's pipeline schedule (`get_forward_backward_func`, 1F1B) needs no
+patch point of its own: its CUDA device / stream uses are covered by 1, 3 and
+5, and the engine configures `batch_p2p_comm=False` (plain isend/irecv on
+gloo, see model.transformer_config).
+
 For megatron-core >= 0.19 on CPU a stub for
 `megatron.core.transformer.moe.ops.paged_stash` is registered before the
 import (its unconditional `import triton`); see `install_import_stubs`.
@@ -239,10 +244,9 @@ def apply_cpu_compat(device: str) -> bool:
         return True
     check_version()
     install_import_stubs()
+    import megatron.core  # noqa: F401
     import torch
     import torch.distributed as dist
-
-    import megatron.core  # noqa: F401
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer import torch_norm
     from megatron.core.transformer.moe import moe_utils, token_dispatcher

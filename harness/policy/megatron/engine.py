@@ -6,8 +6,12 @@ One rank = one process; the default process group must already exist
 (`harness.policy.engine.init_distributed`). On `platform.device: cpu` the
 compatibility layer (`compat.apply_cpu_compat`) is applied first.
 
-Supported layouts (this revision): pp == 1, cp == 1, etp == 1, any tp
-(with sp), ep and dp that satisfy megatron's grids. The loss is the harness
+Supported layouts (this revision): cp == 1, etp == 1, any tp (with sp), pp
+(even or `pp_layout`), ep and dp that satisfy megatron's grids. Forward and
+backward passes (also forward-only logprobs) run through megatron-core's own
+pipeline schedule (`get_forward_backward_func`: no pipelining at pp == 1,
+non-interleaved 1F1B at pp > 1) with `pre_process` / `post_process` stage
+models holding the planner's stage layer split. The loss is the harness
 `ClippedPGLoss` on full-vocab logprobs (GPTModel `parallel_output=False`),
 so loss semantics, global-count normalisation, metrics and the split-API
 state machine are the native engine's. Gradient reductions mirror
@@ -19,21 +23,33 @@ shard once.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from harness.algos.loss import ClippedPGLoss, aggregate_microbatch_metrics, global_valid_counts
+from harness.algos.loss import (
+    ClippedPGLoss,
+    aggregate_microbatch_metrics,
+    global_valid_counts,
+)
 from harness.model import functional as Fn
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
+from harness.parallel.groups import stage_layers
 from harness.policy.checkpoint import ShardedCheckpoint
 from harness.policy.engine import TRAIN_KEYS, seed_rank
-from harness.policy.split_step import SplitTrainStep
 from harness.policy.megatron import compat
-from harness.policy.megatron.model import NameMap, build_gpt_model, is_expert, is_tp_sharded
+from harness.policy.megatron.groups import harness_group_names
+from harness.policy.megatron.model import (
+    NameMap,
+    build_gpt_model,
+    is_expert,
+    is_tp_sharded,
+)
+from harness.policy.split_step import SplitTrainStep
 
 
 class MegatronLayoutError(ValueError):
@@ -53,8 +69,6 @@ def check_layout(spec: Mapping[str, Any]) -> None:
                 "or policy.backend: native"
             ) from None
         raise MegatronLayoutError("policy.cp > 1 with the megatron backend is not wired up yet; use policy.cp: 1")
-    if int(p["pp"]) != 1:
-        raise MegatronLayoutError(f"policy.pp={p['pp']}: the megatron backend runs pp == 1 only in this revision")
     if int(p["etp"]) != 1:
         raise MegatronLayoutError(f"policy.etp={p['etp']}: the megatron backend supports etp == 1 only")
     if int(p["tp"]) > 1 and not p["sp"]:
@@ -81,14 +95,16 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
 
         self.ps = ps
         if not ps.model_parallel_is_initialized():
-            # sizes from the spec the topology planner validated (same order, tp-cp-ep-dp-pp)
-            ps.initialize_model_parallel(
-                tensor_model_parallel_size=int(policy["tp"]),
-                pipeline_model_parallel_size=int(policy["pp"]),
-                context_parallel_size=int(policy["cp"]),
-                expert_model_parallel_size=int(policy["ep"]),
-                expert_tensor_parallel_size=int(policy["etp"]),
-            )
+            # sizes from the spec the topology planner validated (same order, tp-cp-ep-dp-pp);
+            # groups described with the harness kinds (tp, pp, dp, ep, edp, ...)
+            with harness_group_names(ps):
+                ps.initialize_model_parallel(
+                    tensor_model_parallel_size=int(policy["tp"]),
+                    pipeline_model_parallel_size=int(policy["pp"]),
+                    context_parallel_size=int(policy["cp"]),
+                    expert_model_parallel_size=int(policy["ep"]),
+                    expert_tensor_parallel_size=int(policy["etp"]),
+                )
         model_parallel_cuda_manual_seed(int(spec["seed"]))
         seed_rank(spec["seed"], rank)
         self.coords = {
@@ -102,10 +118,20 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         self.tp = int(policy["tp"])
         self.seq_len = int(policy["seq_len"])
         self.mbs = int(policy["micro_batch_size"])
-        self.model = build_gpt_model(self.cfg, policy, self.device, pre_process=True, post_process=True)
-        self.names = NameMap(self.cfg, self.tp, self.coords["tp"], int(policy["ep"]), self.coords["ep"], 0)
+        pp, stage = int(policy["pp"]), self.coords["pp"]
+        self.stage_layers = stage_layers(self.cfg.layers, pp, policy.get("pp_layout"))[stage]
+        self.model = build_gpt_model(self.cfg, policy, self.device, pre_process=stage == 0, post_process=stage == pp - 1)
+        built = len(self.model.decoder.layers)
+        first = self.model.decoder.layers[0].layer_number - 1 if built else self.stage_layers.start
+        if built != len(self.stage_layers) or first != self.stage_layers.start:
+            raise MegatronLayoutError(
+                f"policy.pp_layout: megatron built layers {first}..{first + built - 1} on stage {stage}, "
+                f"the planner's split is {self.stage_layers.start}..{self.stage_layers.stop - 1}"
+            )
+        self.layer_offset = self.stage_layers.start
+        self.names = NameMap(self.cfg, self.tp, self.coords["tp"], int(policy["ep"]), self.coords["ep"], self.layer_offset)
         full = build_reference_model(self.cfg, spec["seed"]).state_dict()
-        self.full_names = list(full)
+        self.full_names = list(full)  # every HF name; each stage loads only its own
         self.full_shapes = {k: tuple(v.shape) for k, v in full.items()}
         self.named = [(n, p) for n, p in self.model.named_parameters()]
         with torch.no_grad():
@@ -124,21 +150,45 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
             betas=(float(opt["beta1"]), float(opt["beta2"])), eps=float(opt["eps"]), foreach=False,
         )
         self.loss_fn = ClippedPGLoss(spec["grpo"]["loss"])
-        self.is_last = True  # pp == 1
+        self.is_last = stage == pp - 1
         self.steps_done = 0
         self._split: dict[str, Any] | None = None
-        self._dp_group = ps.get_data_parallel_group(with_context_parallel=True) if ps.get_data_parallel_world_size(with_context_parallel=True) > 1 else None
+        with_cp = int(policy["cp"]) > 1  # dense gradients over dp x cp ("dp" when cp == 1)
+        self._dp_group = ps.get_data_parallel_group(with_context_parallel=with_cp) if ps.get_data_parallel_world_size(with_context_parallel=with_cp) > 1 else None
         self._tp_group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
         self._edp_group = ps.get_expert_data_parallel_group() if ps.get_expert_data_parallel_world_size() > 1 else None
 
-    # -- forward ------------------------------------------------------------------------
+    # -- forward (megatron's pipeline schedule) ------------------------------------------
 
-    def _logprobs(self, ids: torch.Tensor) -> torch.Tensor:
+    def _schedule(self, ids: list[torch.Tensor], on_output, *, forward_only: bool) -> list[Any]:
+        """Run megatron-core's forward(-backward) schedule over the microbatches
+        `ids` ([mbs, S] token ids each, the same on every stage). On the last stage
+        `on_output(m, logits)` returns `(loss, data)` for microbatch m: the loss is
+        backpropagated as is (`calculate_per_token_loss`: no rescaling by the
+        schedule) and the list of `data` is returned; other stages return []."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
         dev = "cuda" if self.device == "cuda" else "cpu"
-        ids = ids.to(dev)
-        pos = torch.arange(ids.shape[1], device=dev).unsqueeze(0).expand_as(ids)
-        logits = self.model(ids, pos, None)
-        return Fn.token_logprobs(logits, ids).cpu()
+        ids = [x.to(dev) for x in ids]
+        seq = ids[0].shape[1]
+        pos = torch.arange(seq, device=dev).unsqueeze(0)
+        one = torch.ones((), dtype=torch.int)
+
+        def forward_step(data_iterator, model):
+            m = next(data_iterator)
+            out = model(ids[m], pos.expand_as(ids[m]), None)
+
+            def loss_func(output):
+                loss, data = on_output(m, output)
+                return loss, one, data
+
+            return out, loss_func
+
+        run = get_forward_backward_func()
+        out = run(forward_step_func=forward_step, data_iterator=iter(range(len(ids))), model=self.model,
+                  num_microbatches=len(ids), seq_length=seq, micro_batch_size=self.mbs,
+                  forward_only=forward_only)
+        return list(out) if self.is_last else []
 
     def _microbatches(self, batch: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         b = batch["input_ids"].shape[0]
@@ -153,14 +203,14 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         for key in TRAIN_KEYS:
             if key not in batch:
                 raise ValueError(f"policy rank {self.rank}: train batch is missing field {key!r}")
+        mbs = self._microbatches(batch)
         self.model.train()
-        metrics = []
-        for mb in self._microbatches(batch):
-            lp = self._logprobs(mb["input_ids"])
-            loss, met = self.loss_fn(lp, mb, global_seqs, global_toks)
-            loss.backward()
-            metrics.append(met)
-        return metrics
+
+        def on_output(m: int, logits: torch.Tensor):
+            lp = Fn.token_logprobs(logits, mbs[m]["input_ids"].to(logits.device)).cpu()
+            return self.loss_fn(lp, mbs[m], global_seqs, global_toks)
+
+        return self._schedule([mb["input_ids"] for mb in mbs], on_output, forward_only=False)
 
     # -- gradients --------------------------------------------------------------------------
 
@@ -180,7 +230,7 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         dp_data._all_reduce_flat(expert, self._edp_group)
 
     def _grad_norm(self) -> float:
-        sq = torch.zeros((), dtype=torch.float64)
+        sq = torch.zeros((), dtype=torch.float64, device=self.named[0][1].device)  # NCCL needs it on the GPU
         c = self.coords
         for n, p in self.named:
             if is_expert(n):
@@ -214,6 +264,8 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         return aggregate_microbatch_metrics(gathered)
 
     def _step_metrics(self, loss_metrics, norm, seqs, toks) -> dict[str, float]:
+        if not self.is_last:
+            return {}
         return {**loss_metrics, "grad_norm": norm, "lr": self.lr, "wd": self.wd,
                 "global_valid_seqs": seqs, "global_valid_toks": toks}
 
@@ -228,11 +280,13 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         if eval_mode:
             with torch.no_grad():
                 lp = self.get_logprobs(batch)
+                if not self.is_last:
+                    return {}
                 per_mb = [self.loss_fn(lp[i : i + self.mbs], {k: v[i : i + self.mbs] for k, v in batch.items()}, seqs, toks)[1]
                           for i in range(0, lp.shape[0], self.mbs)]
             return self._combine_over_dp(per_mb)
         per_mb = self._forward_backward(batch, seqs, toks)
-        combined = self._combine_over_dp(per_mb)
+        combined = self._combine_over_dp(per_mb) if self.is_last else {}
         norm = self._optimizer_step()
         return self._step_metrics(combined, norm, seqs, toks)
 
@@ -249,8 +303,16 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         pad = (-b) % self.mbs
         if pad:
             ids = torch.cat([ids, ids.new_zeros((pad, ids.shape[1]))])
+        mbs = [ids[i : i + self.mbs] for i in range(0, ids.shape[0], self.mbs)]
         self.model.eval()
-        outs = [self._logprobs(ids[i : i + self.mbs]) for i in range(0, ids.shape[0], self.mbs)]
+
+        def on_output(m: int, logits: torch.Tensor):
+            lp = Fn.token_logprobs(logits, mbs[m].to(logits.device)).cpu()
+            return logits.new_zeros(()), lp
+
+        outs = self._schedule(mbs, on_output, forward_only=True)
+        if not self.is_last:
+            return torch.empty(0)
         return torch.cat(outs)[:b].to(torch.float32)
 
     @torch.no_grad()
@@ -276,20 +338,20 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
             else:
                 own = c["dp"] == 0 and c["cp"] == 0 and (is_tp_sharded(n) or c["tp"] == 0)
             if own:
-                mine.append((n, c["tp"], c["ep"], p.detach().cpu().clone()))
+                mine.append((n, c["tp"], c["ep"], self.layer_offset, p.detach().cpu().clone()))
         gathered: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         if self.rank != 0:
             return {}
-        shards: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
+        shards: dict[tuple[str, int, int], dict[int, torch.Tensor]] = {}
         for pieces in gathered:  # type: ignore[union-attr]
-            for n, tp_rank, ep_rank, t in pieces:
-                key = (n, ep_rank if is_expert(n) else 0)
+            for n, tp_rank, ep_rank, offset, t in pieces:
+                key = (n, ep_rank if is_expert(n) else 0, offset)  # stage-local names repeat over pp
                 shards.setdefault(key, {})[tp_rank if is_tp_sharded(n) else 0] = t
         out: dict[str, torch.Tensor] = {}
         ep = int(self.spec["policy"]["ep"])
-        for (n, ep_rank), parts in shards.items():
-            nm = NameMap(self.cfg, self.tp, 0, ep, ep_rank, 0)
+        for (n, ep_rank, offset), parts in shards.items():
+            nm = NameMap(self.cfg, self.tp, 0, ep, ep_rank, offset)
             out.update(nm.to_hf(n, [parts[r] for r in sorted(parts)]))
         missing = [k for k in self.full_names if k not in out]
         if missing:

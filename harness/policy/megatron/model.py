@@ -29,7 +29,8 @@ Name map, megatron (per rank) <-> HF (full):
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -42,52 +43,64 @@ def transformer_config(cfg: ModelConfig, policy: Mapping[str, Any], device: str)
 
     dtype = cfg.torch_dtype()
     tp = int(policy["tp"])
-    kw: dict[str, Any] = dict(
-        num_layers=cfg.layers,
-        hidden_size=cfg.hidden,
-        num_attention_heads=cfg.heads,
-        num_query_groups=cfg.kv_heads,
-        kv_channels=cfg.head_dim,
-        ffn_hidden_size=cfg.moe_intermediate,
-        normalization="RMSNorm",
-        layernorm_epsilon=cfg.rms_eps,
-        qk_layernorm=cfg.qk_norm,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        num_moe_experts=cfg.experts,
-        moe_router_topk=cfg.top_k,
-        moe_ffn_hidden_size=cfg.moe_intermediate,
-        moe_router_score_function="softmax",
-        moe_router_pre_softmax=not cfg.norm_topk_prob,
-        moe_router_load_balancing_type="none",
-        moe_aux_loss_coeff=0.0,
-        moe_grouped_gemm=False,
-        moe_token_dispatcher_type="alltoall",
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=int(policy["pp"]),
-        expert_model_parallel_size=int(policy["ep"]),
-        expert_tensor_parallel_size=int(policy["etp"]),
-        context_parallel_size=int(policy["cp"]),
-        sequence_parallel=tp > 1 and bool(policy["sp"]),
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        bf16=dtype == torch.bfloat16,
-        fp16=dtype == torch.float16,
-        init_method_std=cfg.init_std,
-        use_cpu_initialization=device == "cpu",
-        perform_initialization=False,  # weights come from the reference model
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        persist_layer_norm=False,
-        deterministic_mode=True,
-    )
+    kw: dict[str, Any] = {
+        "num_layers": cfg.layers,
+        "hidden_size": cfg.hidden,
+        "num_attention_heads": cfg.heads,
+        "num_query_groups": cfg.kv_heads,
+        "kv_channels": cfg.head_dim,
+        "ffn_hidden_size": cfg.moe_intermediate,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": cfg.rms_eps,
+        "qk_layernorm": cfg.qk_norm,
+        "gated_linear_unit": True,
+        "activation_func": F.silu,
+        "add_bias_linear": False,
+        "add_qkv_bias": False,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "num_moe_experts": cfg.experts,
+        "moe_router_topk": cfg.top_k,
+        "moe_ffn_hidden_size": cfg.moe_intermediate,
+        "moe_router_score_function": "softmax",
+        "moe_router_pre_softmax": not cfg.norm_topk_prob,
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": False,
+        "moe_token_dispatcher_type": "alltoall",
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": int(policy["pp"]),
+        "expert_model_parallel_size": int(policy["ep"]),
+        "expert_tensor_parallel_size": int(policy["etp"]),
+        "context_parallel_size": int(policy["cp"]),
+        "sequence_parallel": tp > 1 and bool(policy["sp"]),
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,
+        "bf16": dtype == torch.bfloat16,
+        "fp16": dtype == torch.float16,
+        "init_method_std": cfg.init_std,
+        "use_cpu_initialization": device == "cpu",
+        "perform_initialization": False,  # weights come from the reference model
+        "gradient_accumulation_fusion": False,
+        "bias_activation_fusion": False,
+        "masked_softmax_fusion": False,
+        "bias_dropout_fusion": False,
+        "apply_rope_fusion": False,
+        "persist_layer_norm": False,
+        "deterministic_mode": True,
+        # the harness loss is already normalised by the global counts: the
+        # pipeline schedule must not divide it by tokens or microbatches
+        "calculate_per_token_loss": True,
+        # point-to-point pipeline transfers as individual isend/irecv pairs
+        # (megatron's even/odd ordering); gloo has no coalesced p2p batches
+        "batch_p2p_comm": False,
+        "batch_p2p_sync": False,
+    }
+    layout = policy.get("pp_layout")
+    if int(policy["pp"]) > 1 and layout is not None:
+        # harness pp_layout = [first, last]; the middle stages split the rest evenly
+        kw["num_layers_in_first_pipeline_stage"] = int(layout[0])
+        kw["num_layers_in_last_pipeline_stage"] = int(layout[1])
     return TransformerConfig(**kw)
 
 
