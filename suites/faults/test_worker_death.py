@@ -1,8 +1,14 @@
-"""A policy worker dying mid-step ends the run quickly, names the worker, leaves no orphans.
+"""A policy worker dying mid-step ends the run, names the worker, leaves no orphans.
 
 The workload runs in a subprocess (``golden run``) so that every process it
 starts (Ray's raylet and GCS, actors, internal engine processes) is a
 descendant we can account for afterwards.
+
+The run must notice the death itself (Ray reports the dead actor), not through
+a surviving rank's collective timing out: the collective timeout is set to an
+hour, far beyond the test's hang guard, so a run that waited for it would be
+killed by the guard and fail. The detection latency is printed, not asserted
+(timing never decides a test).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ def _session_members(sid: int) -> set[int]:
 def test_dead_policy_worker_fails_the_run_with_its_rank(tmp_path):
     run_dir = tmp_path / "run"
     stamp = tmp_path / "died_at"
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", GOLDEN_FAULT_STAMP=str(stamp),
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", GOLDEN_FAULT_STAMP=str(stamp), HARNESS_COLLECTIVE_TIMEOUT_S="3600",
                GOLDEN_WORKER_SETUP_HOOK="harness.mutations.policy_rank1_dies_in_step2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", "qwen3_moe_tiny_streaming",
@@ -57,14 +63,18 @@ def test_dead_policy_worker_fails_the_run_with_its_rank(tmp_path):
          "--run-dir", str(run_dir)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    out, _ = proc.communicate(timeout=300)
+    try:
+        out, _ = proc.communicate(timeout=300)  # hang guard, far below the collective timeout
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        pytest.fail("the run hung after the worker died (it did not notice the death itself)")
     ended = time.time()
     assert proc.returncode == 1, out
     assert stamp.exists(), "the planted fault never fired:\n" + out
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "failed"
     assert "policy worker 1 (rank 1, coords" in run["error"] and "died during train" in run["error"], run["error"]
-    assert ended - float(stamp.read_text()) < 60, "the run took too long to notice the dead worker"
+    print(f"death noticed and run ended {ended - float(stamp.read_text()):.1f} s after the worker died")
     deadline = time.monotonic() + 30
     while (left := _alive(_session_members(proc.pid))) and time.monotonic() < deadline:
         time.sleep(0.5)
