@@ -46,6 +46,7 @@ from harness.model.config import ModelConfig
 from harness.model.parallel_model import ParallelQwen3Moe
 from harness.model.qwen3_moe import build_reference_model
 from harness.devices import local_device, moved
+from harness.parallel.rendezvous import join_store
 from harness.parallel import data as dp_data
 from harness.parallel.groups import (
     ProcessGroups,
@@ -66,7 +67,9 @@ TRAIN_KEYS = (
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
     """Per-process determinism + the default process group (gloo on CPU, nccl on cuda).
 
-    Collectives time out after ``HARNESS_COLLECTIVE_TIMEOUT_S`` (default 300 s),
+    Every rank joins the rendezvous store served by the process that started
+    the ranks at ``master_addr:master_port`` (harness.parallel.rendezvous: the
+    port is bound before it is handed out). Collectives time out after ``HARNESS_COLLECTIVE_TIMEOUT_S`` (default 300 s),
     so a desynchronised rank becomes an error naming the worker instead of a
     hang (the backends' own default is 30 minutes)."""
     torch.set_num_threads(1)
@@ -78,10 +81,8 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESS_COLLECTIVE_TIMEOUT_S", "300")))
-        dist.init_process_group(
-            backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size,
-            timeout=timeout,
-        )
+        store = join_store(master_addr, master_port, timeout.total_seconds())
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def seed_rank(seed: int, rank: int) -> None:

@@ -20,7 +20,8 @@ import ray
 import torch
 
 from harness.parallel.groups import validate_policy_layout
-from harness.policy.local_world import free_port, shard_for_dp
+from harness.parallel.rendezvous import HeldStore
+from harness.policy.local_world import shard_for_dp
 from harness.policy.worker import PolicyWorker
 
 
@@ -60,10 +61,10 @@ class PolicyGroup:
                 ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
             self._started_ray = True
         env = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", **(env_vars or {})}
-        port = free_port()
+        self._store = HeldStore()  # served here for the group's lifetime (ranks may create groups later)
         self.workers = [
             PolicyWorker.options(num_cpus=0, runtime_env={"env_vars": env}, name=None).remote(
-                dict(spec), r, self.world, "127.0.0.1", port, run_dir, topology
+                dict(spec), r, self.world, self._store.host, self._store.port, run_dir, topology
             )
             for r in range(self.world)
         ]
@@ -201,6 +202,9 @@ class PolicyGroup:
                 ray.kill(w)
             except Exception:
                 pass
+        store = getattr(self, "_store", None)
+        if store is not None:
+            store.close()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False

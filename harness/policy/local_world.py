@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import io
-import socket
 import traceback
 from typing import Any, Callable, Mapping
 
@@ -20,12 +19,7 @@ import torch.multiprocessing as mp
 from harness.model import functional as Fn
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness.parallel.rendezvous import HeldStore
 
 
 def with_layout(spec: Mapping[str, Any], **policy: Any) -> dict[str, Any]:
@@ -65,7 +59,8 @@ def spawn_world(spec: Mapping[str, Any], fn: Callable[..., Any], *args: Any, tim
     world = world_size(spec)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    held = HeldStore()
+    port = held.port
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, spec, fn, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
@@ -86,6 +81,7 @@ def spawn_world(spec: Mapping[str, Any], fn: Callable[..., Any], *args: Any, tim
             if p.is_alive():
                 p.kill()
                 p.join()
+        held.close()
     if errors:
         rank = min(errors)
         raise RuntimeError(f"policy rank {rank} failed: {errors[rank]}")

@@ -19,7 +19,6 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
-import socket
 import threading
 import time
 import traceback
@@ -28,12 +27,6 @@ from typing import Any
 
 READY_TIMEOUT_S = 300.0
 EXIT_TIMEOUT_S = 20.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -57,8 +50,10 @@ def engine_process_main(conn: Any, spec: dict, tp_rank: int, tp_size: int, port:
         try:
             group = None
             if tp_size > 1:
+                from harness.parallel.rendezvous import DEFAULT_HOST, join_store
+
                 dist.init_process_group(
-                    "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=tp_rank, world_size=tp_size
+                    "gloo", store=join_store(DEFAULT_HOST, port, READY_TIMEOUT_S), rank=tp_rank, world_size=tp_size
                 )
                 group = dist.new_group(list(range(tp_size)), group_desc="rollout_tp")
             from harness.rollout.engine_worker import EngineWorker
@@ -93,8 +88,9 @@ def engine_process_main(conn: Any, spec: dict, tp_rank: int, tp_size: int, port:
 class EngineProcesses:
     """The actor-side handle on an engine's internal processes."""
 
-    def __init__(self, label: str, processes: list, conns: list) -> None:
+    def __init__(self, label: str, processes: list, conns: list, store: Any = None) -> None:
         self.label = label
+        self._store = store  # the held rendezvous store, served for the processes' lifetime
         self.processes = processes
         self.conns = conns
         self._lock = threading.Lock()
@@ -103,8 +99,11 @@ class EngineProcesses:
     @classmethod
     def start(cls, spec: Mapping[str, Any], *, tp_size: int, rank_prefix: int, label: str, env: Mapping[str, str]) -> "EngineProcesses":
         """Spawn ``tp_size`` processes and wait until every engine is built and warmed up."""
+        from harness.parallel.rendezvous import HeldStore
+
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        store = HeldStore() if tp_size > 1 else None
+        port = store.port if store is not None else 0
         processes, conns = [], []
         for rank in range(tp_size):
             parent, child = ctx.Pipe(duplex=True)
@@ -118,7 +117,7 @@ class EngineProcesses:
             child.close()
             processes.append(proc)
             conns.append(parent)
-        self = cls(label, processes, conns)
+        self = cls(label, processes, conns, store)
         try:
             self.pids = self._collect("__init__", timeout_s=READY_TIMEOUT_S)
         except BaseException:
@@ -189,3 +188,6 @@ class EngineProcesses:
                 conn.close()
             self.conns = []
             self.processes = []
+            if self._store is not None:
+                self._store.close()
+                self._store = None

@@ -32,7 +32,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from harness.plugins.policy_hooks import ABORT_REASONS, PolicyProfilerHooks
 from harness.plugins.recording import InjectedFailure, RecordingPolicyProfiler
 from harness.policy.engine import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, PolicyEngine, init_distributed
-from harness.policy.local_world import free_port, synthetic_batch, with_layout
+from harness.parallel.rendezvous import HeldStore
+from harness.policy.local_world import synthetic_batch, with_layout
 from harness.spec import load_spec
 
 SPEC_PATH = "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml"
@@ -54,7 +55,9 @@ def one_rank_world():
     was_det = torch.are_deterministic_algorithms_enabled()
     if was_init and dist.get_world_size() != 1:
         pytest.skip("a default process group of another size is already initialised")
-    init_distributed(0, 1, "127.0.0.1", free_port())
+    held = HeldStore()  # this process serves the store its one rank joins
+    _STATE["store"] = held
+    init_distributed(0, 1, held.host, held.port)
     spec = _spec()
     _STATE["spec"] = spec
     _STATE["batch"] = synthetic_batch(spec, 4, seed=0)

@@ -1,0 +1,25 @@
+"""The rendezvous store is bound before its port is handed out (no pick-then-bind race)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from harness.parallel.rendezvous import HeldStore, join_store
+
+
+def test_held_store_port_is_taken_while_held_and_ranks_can_join():
+    held = HeldStore()
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind((held.host, held.port))  # nobody else can take it between hand-out and join
+    client = join_store(held.host, held.port, timeout_s=10)
+    client.set("rank0", "ready")
+    assert join_store(held.host, held.port, timeout_s=10).get("rank0") == b"ready"
+    held.close()
+    held.close()  # idempotent
+
+
+def test_two_held_stores_get_different_ports():
+    a, b = HeldStore(), HeldStore()
+    assert a.port != b.port
