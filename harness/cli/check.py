@@ -15,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
     parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit", "html"), default="terminal")
     parser.add_argument("--output", default=None, help="also write the report here")
+    parser.add_argument("--show-info", action="store_true", help="terminal: list informational (not gated) findings too")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         root = Path(args.goldens or flows.default_goldens_root())
         golden = flows.load_golden(root, execution.spec["name"], platform)[0]
         curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces}
-    report = render(verdict, args.format, title=f"{execution.spec['name']} [{platform}]", **curves)
+    report = render(verdict, args.format, title=f"{execution.spec['name']} [{platform}]", show_info=args.show_info, **curves)
     print(report)
     if args.output:
         Path(args.output).write_text(report + "\n")

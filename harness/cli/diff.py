@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goldens-root", type=Path, default=None, help="goldens folder for a workload name")
     parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit", "html"), default="terminal")
     parser.add_argument("--output", type=Path, default=None, help="write the report here instead of stdout")
+    parser.add_argument("--show-info", action="store_true", help="terminal: list informational (not gated) findings too")
     lanes = parser.add_mutually_exclusive_group()
     lanes.add_argument("--nondeterministic", action="store_true", help="tolerance bands decide (GPU platforms)")
     lanes.add_argument("--deterministic", action="store_true", help="exact lane decides even if tolerances.yaml says otherwise")
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"golden diff: unusable input: {exc}", file=sys.stderr)
         return 2
     title = f"golden diff {golden.workload}/{golden.platform}"
-    report = render(verdict, args.format, title=title, color=False if args.output else None,
+    report = render(verdict, args.format, title=title, color=False if args.output else None, show_info=args.show_info,
                     surfaces_actual=actual, surfaces_golden=golden.surfaces)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

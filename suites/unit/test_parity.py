@@ -89,6 +89,11 @@ def test_informational_surfaces_never_fail_the_gate(docs):
     verdict = compare(docs, actual)
     assert [f.status for f in verdict.findings] == ["info"]
     assert verdict.status == "parity"
+    from harness.parity.render import render_terminal
+
+    quiet = render_terminal(verdict, color=False)
+    assert "memory: 1 informational finding(s), not gated" in quiet and "peak_bytes" not in quiet
+    assert "peak_bytes" in render_terminal(verdict, color=False, show_info=True)
 
 
 def test_workload_overrides_come_before_defaults(docs):

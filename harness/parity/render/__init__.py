@@ -22,9 +22,9 @@ __all__ = ["FORMATS", "render", "render_html", "render_json", "render_junit", "r
 
 
 def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: bool | None = None,
-           surfaces_actual: dict | None = None, surfaces_golden: dict | None = None) -> str:
+           surfaces_actual: dict | None = None, surfaces_golden: dict | None = None, show_info: bool = False) -> str:
     if fmt == "terminal":
-        return render_terminal(verdict, title=title, color=color)
+        return render_terminal(verdict, title=title, color=color, show_info=show_info)
     if fmt == "markdown":
         return render_markdown(verdict, title=title)
     if fmt == "json":

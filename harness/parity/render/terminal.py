@@ -24,7 +24,10 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bool | None = None,
-                    limit: int = 25) -> str:
+                    limit: int = 25, show_info: bool = False) -> str:
+    """The verdict as a terminal report. Findings of a surface whose findings are
+    all informational (not gated: memory, timings) are summarised in one line
+    unless ``show_info``; gated findings are always listed (up to ``limit``)."""
     color = use_color() if color is None else color
 
     def paint(text: str, status: str) -> str:
@@ -44,6 +47,10 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
     for name in sorted(verdict.surfaces):
         findings = verdict.surfaces[name].findings
         if not findings:
+            continue
+        if not show_info and all(f.status == "info" for f in findings):
+            lines += ["", f"{name}: {len(findings)} informational finding(s), not gated "
+                          "(--show-info or --format json lists them)"]
             continue
         lines += ["", f"{name}: {len(findings)} finding(s)"]
         shown = findings[:limit]
