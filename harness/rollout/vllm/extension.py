@@ -68,17 +68,19 @@ class HarnessVllmWorkerExtension:
         self._harness_weight_version = int(version)
         return self._harness_weight_version
 
-    def harness_state_dict(self) -> dict:
-        """This rank's native-layout shards (``ShardPlan``) of the last loaded full tensors."""
+    def harness_state_dict(self) -> bytes:
+        """This rank's native-layout shards (``ShardPlan``) of the last loaded full tensors,
+        as ``weights.pack_state`` bytes (tensors do not survive vLLM's RPC codec)."""
         from harness.model.config import ModelConfig
         from harness.rollout.sharding import ShardPlan
+        from harness.rollout.vllm.weights import pack_state
 
         loaded = getattr(self, "_harness_loaded", None)
         if loaded is None:
             raise RuntimeError("no weights were loaded into this vLLM worker through a refit yet")
         plan = ShardPlan(ModelConfig.from_spec(self._harness_config()["model"]), self.harness_rank(),
                          int(self.vllm_config.parallel_config.tensor_parallel_size))
-        return {name: plan.shard(name, t).clone() for name, t in loaded.items()}
+        return pack_state({name: plan.shard(name, t).clone() for name, t in loaded.items()})
 
     def _harness_load(self, received: dict) -> int:
         self.reload_weights(weights_iterator=iter(list(received.items())), is_checkpoint_format=True)
