@@ -25,7 +25,7 @@ t1=$(date +%s)
 echo "l3_vllm: install $((t1 - t0)) s ($("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null))"
 # One pytest process per module: vLLM reads some settings once per process.
 for module in suites/vllm_backend/test_vllm_engine.py suites/vllm_backend/test_vllm_async.py \
-        suites/vllm_backend/test_vllm_placement.py; do
+        suites/vllm_backend/test_vllm_placement.py suites/vllm_backend/test_vllm_async_workload.py; do
     "$VENV/bin/python" -m pytest "$module" -m vllm -q -p no:cacheprovider
 done
 if [ "${VLLM_TP2:-0}" = 1 ]; then
