@@ -36,6 +36,11 @@ from typing import Any
 CONFIG_KEY = "harness"  # vllm_config.additional_config[CONFIG_KEY] = {"model": <spec model block>, ...}
 
 
+def _is_routed_expert(name: str) -> bool:
+    """``model.layers.<i>.mlp.experts.<e>.<proj>.weight`` (the router ``mlp.gate`` is not)."""
+    return ".mlp.experts." in name
+
+
 class HarnessVllmWorkerExtension:
     """Methods mixed into the vLLM worker; reached with ``collective_rpc("harness_...")``."""
 
@@ -83,7 +88,19 @@ class HarnessVllmWorkerExtension:
         return pack_state({name: plan.shard(name, t).clone() for name, t in loaded.items()})
 
     def _harness_load(self, received: dict) -> int:
-        self.reload_weights(weights_iterator=iter(list(received.items())), is_checkpoint_format=True)
+        """Load a completed refit: everything but the routed experts through vLLM's in-place
+        ``reload_weights``, the routed experts through ``_harness_repack_experts``.
+
+        The experts stay out of the reload: its layerwise path re-runs the MoE
+        method's processing on a layer whose kernel tensors were already
+        repacked by the first load, and copies the result back into them --
+        at TP 2 the shapes differ and the copy raises (measured: 64 vs 32 at
+        dim 1); at TP 1 ``w13`` is square and the copy silently succeeds. A
+        layer with nothing loaded keeps its kernel tensors (vLLM logs
+        "Failed to load weights" for it), which the repack then replaces.
+        """
+        rest = [(name, t) for name, t in received.items() if not _is_routed_expert(name)]
+        self.reload_weights(weights_iterator=iter(rest), is_checkpoint_format=True)
         self._harness_repack_experts(received)
         self._harness_loaded = received
         self._harness_weight_version = self.harness_weight_version() + 1
