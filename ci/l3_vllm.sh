@@ -5,8 +5,9 @@
 # (they break imports), then runs the vllm-marked tests and the vLLM golden
 # (platform cpu-vllm). Idempotent; exits non-zero on any failure. The default
 # tiers (.ci/run, ci/l0-l2) never install or need vLLM.
-#   ci/l3_vllm.sh            install if needed, tests + golden check
-#   VLLM_TP2=1 ci/l3_vllm.sh also the TP2 engine test (slow on 2 cores)
+#   ci/l3_vllm.sh            install if needed, tests (TP1 sync/async, TP2, async
+#                            workload) + golden check
+#   VLLM_TP2=0 ci/l3_vllm.sh without the TP2 engine test (~30 s on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
@@ -24,12 +25,11 @@ fi
 t1=$(date +%s)
 echo "l3_vllm: install $((t1 - t0)) s ($("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null))"
 # One pytest process per module: vLLM reads some settings once per process.
-for module in suites/vllm_backend/test_vllm_engine.py suites/vllm_backend/test_vllm_placement.py; do
+for module in suites/vllm_backend/test_vllm_engine.py suites/vllm_backend/test_vllm_async.py \
+        suites/vllm_backend/test_vllm_placement.py suites/vllm_backend/test_vllm_tp2.py \
+        suites/vllm_backend/test_vllm_async_workload.py; do
     "$VENV/bin/python" -m pytest "$module" -m vllm -q -p no:cacheprovider
 done
-if [ "${VLLM_TP2:-0}" = 1 ]; then
-    VLLM_TP2=1 "$VENV/bin/python" -m pytest suites/vllm_backend/test_vllm_tp2.py -m vllm -q -p no:cacheprovider
-fi
 # The golden: skipped by the default `pytest -m golden` without vllm, run here.
 "$VENV/bin/python" -m pytest suites/golden/test_goldens.py -m golden -k qwen3_moe_tiny_vllm -q -p no:cacheprovider
 t2=$(date +%s)

