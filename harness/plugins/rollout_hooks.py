@@ -167,6 +167,22 @@ class RolloutProfilerHooks:
         self.end_engine_init()
 
     # -- rollout windows ------------------------------------------------------------
+    @contextmanager
+    def engine_init_or_close(self, what: str = "engine") -> Iterator[None]:
+        """Begin the init window and run the body (engine creation and warm-up);
+        the window stays open for the owner's ``end_engine_init``. If the body
+        raises, the profiler is closed (ending the window as aborted) and a
+        failure of that close is attached to the original error as a note."""
+        self.begin_engine_init()
+        try:
+            yield
+        except BaseException as exc:
+            try:
+                self.close()
+            except Exception as close_exc:  # noqa: BLE001 - attached to the init error as a note
+                exc.add_note(f"rollout profiler close after failed {what} init also failed: {close_exc!r}")
+            raise
+
     def begin_rollout(self, step_id: int | str) -> None:
         """Open a rollout window; the window counts as open even if the profiler's begin raises."""
         if self._profiler is None:
@@ -232,3 +248,32 @@ class RolloutProfilerHooks:
         finally:
             if cleanup is not None:
                 cleanup()
+
+
+class RolloutLifecycleRPC:
+    """The rollout-profiler lifecycle as an engine unit exposes it to its owner.
+
+    Mixed into every unit that owns a profiler next to an engine (the native
+    ``EngineWorker``, the in-actor vLLM engine); each keeps its
+    :class:`RolloutProfilerHooks` in ``self.hooks``.
+    """
+
+    hooks: RolloutProfilerHooks
+
+    def end_engine_initialization(self) -> None:
+        self.hooks.end_engine_init()
+
+    def begin_rollout(self, step_id: int | str) -> None:
+        self.hooks.begin_rollout(step_id)
+
+    def finish_rollout(self) -> None:
+        self.hooks.finish_rollout()
+
+    def abort_rollout(self, reason: str) -> None:
+        self.hooks.abort_rollout(reason)
+
+    def close_profiler(self) -> None:
+        self.hooks.close()
+
+    def pid(self) -> int:
+        return os.getpid()

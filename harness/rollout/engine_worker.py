@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from harness.plugins.loader import load_rollout_profiler
-from harness.plugins.rollout_hooks import RolloutProfilerHooks
+from harness.plugins.rollout_hooks import RolloutLifecycleRPC, RolloutProfilerHooks
 from harness.rollout.engine import Engine, as_model_config
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def configure_determinism() -> None:
     torch.use_deterministic_algorithms(True)
 
 
-class EngineWorker:
+class EngineWorker(RolloutLifecycleRPC):
     def __init__(
         self,
         spec: Mapping[str, Any],
@@ -84,8 +84,7 @@ class EngineWorker:
         configure_determinism()
         self.tp_rank = tp_rank
         self.hooks = RolloutProfilerHooks(load_rollout_profiler(rank=profiler_rank))
-        self.hooks.begin_engine_init()
-        try:
+        with self.hooks.engine_init_or_close("engine"):
             rollout = spec["rollout"]
             self.engine = Engine(
                 spec["model"],
@@ -98,32 +97,7 @@ class EngineWorker:
                 eos_token_id=resolve_eos_token_id(spec),
             )
             self.engine.generate([WARMUP_REQUEST])
-        except BaseException as exc:
-            try:
-                self.hooks.close()  # ends the open init window, then closes the profiler
-            except Exception as close_exc:
-                exc.add_note(f"rollout profiler close after failed engine init also failed: {close_exc!r}")
-            raise
         self._side_groups: dict[tuple, Any] = {}
-
-    # -- lifecycle ---------------------------------------------------------------
-    def end_engine_initialization(self) -> None:
-        self.hooks.end_engine_init()
-
-    def begin_rollout(self, step_id: int | str) -> None:
-        self.hooks.begin_rollout(step_id)
-
-    def finish_rollout(self) -> None:
-        self.hooks.finish_rollout()
-
-    def abort_rollout(self, reason: str) -> None:
-        self.hooks.abort_rollout(reason)
-
-    def close_profiler(self) -> None:
-        self.hooks.close()
-
-    def pid(self) -> int:
-        return os.getpid()
 
     # -- generation ------------------------------------------------------------------
     def generate(self, requests: list[dict]) -> list[dict]:

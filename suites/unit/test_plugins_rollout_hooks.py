@@ -47,6 +47,30 @@ def test_engine_init_end_failure_is_a_note_on_the_engine_error():
     assert any("end_engine_initialization also failed" in n for n in info.value.__notes__)
 
 
+def test_engine_init_or_close_keeps_the_window_open_on_success():
+    prof = RecordingRolloutProfiler()
+    hooks = RolloutProfilerHooks(prof)
+    with hooks.engine_init_or_close("engine"):
+        pass
+    assert hooks.init_open and prof.names() == ["begin_init"]  # the owner ends it after every engine warmed up
+    hooks.end_engine_init()
+    assert prof.names() == ["begin_init", "end_init"]
+
+
+def test_engine_init_or_close_closes_on_failure_and_notes_a_close_failure():
+    prof = RecordingRolloutProfiler()
+    hooks = RolloutProfilerHooks(prof)
+    with pytest.raises(ValueError, match="engine exploded"):
+        with hooks.engine_init_or_close("engine"):
+            raise ValueError("engine exploded")
+    assert prof.names() == ["begin_init", "end_init", "close"]
+    hooks = RolloutProfilerHooks(RecordingRolloutProfiler(fail={"close": 0}))
+    with pytest.raises(ValueError, match="engine exploded") as info:
+        with hooks.engine_init_or_close("vLLM worker"):
+            raise ValueError("engine exploded")
+    assert any("after failed vLLM worker init also failed" in n for n in info.value.__notes__)
+
+
 def test_split_engine_init_across_calls():
     prof = RecordingRolloutProfiler()
     hooks = RolloutProfilerHooks(prof)

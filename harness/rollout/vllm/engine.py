@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.model.config import ModelConfig
+from harness.plugins.rollout_hooks import RolloutLifecycleRPC
 from harness.rollout.vllm import profiling_worker, require_vllm, translate
 from harness.rollout.vllm.extension import CONFIG_KEY
 from harness.rollout.vllm.weights import state_dict_info, unpack_state
@@ -266,7 +267,7 @@ class VllmEngine:
 
 
 # -- in-actor owner (sync, TP = 1) --------------------------------------------------------------
-class VllmEngineWorker:
+class VllmEngineWorker(RolloutLifecycleRPC):
     """Sync TP=1 vLLM engine in the actor process, with the ``EngineWorker`` surface."""
 
     def __init__(self, spec: Mapping[str, Any], *, profiler_rank: int, work_dir: str,
@@ -278,38 +279,13 @@ class VllmEngineWorker:
         require_vllm()
         self.spec = spec
         self.hooks = RolloutProfilerHooks(load_rollout_profiler(rank=profiler_rank))
-        self.hooks.begin_engine_init()
-        try:
+        with self.hooks.engine_init_or_close("vLLM engine"):
             model_dir = write_initial_model(spec, os.path.join(work_dir, "model"))
             self.engine = VllmEngine(spec, model_dir, is_async=False, in_process=True, worker_cls=worker_cls,
                                      profiler_class_path=None, rank_prefix=profiler_rank)
             self.engine.generate([WARMUP_REQUEST], 0)
-        except BaseException as exc:
-            try:
-                self.hooks.close()
-            except Exception as close_exc:  # noqa: BLE001 - attached to the init error as a note
-                exc.add_note(f"rollout profiler close after failed vLLM engine init also failed: {close_exc!r}")
-            raise
 
-    # lifecycle
-    def end_engine_initialization(self) -> None:
-        self.hooks.end_engine_init()
-
-    def begin_rollout(self, step_id: int | str) -> None:
-        self.hooks.begin_rollout(step_id)
-
-    def finish_rollout(self) -> None:
-        self.hooks.finish_rollout()
-
-    def abort_rollout(self, reason: str) -> None:
-        self.hooks.abort_rollout(reason)
-
-    def close_profiler(self) -> None:
-        self.hooks.close()
-
-    def pid(self) -> int:
-        return os.getpid()
-
+    # lifecycle: RolloutLifecycleRPC
     def engine_pids(self) -> list[int]:
         return list(self.engine.rpc("harness_pid"))
 

@@ -51,15 +51,8 @@ def _make(name: str, base: type) -> type:
         profiler = load_rollout_profiler(rank=rollout_profiler_rank(int(cfg["rank_prefix"]), int(rank)),
                                          environ={ROLLOUT_PROFILER_ENV: cfg["class_path"]})
         self._rollout_profiler_hooks = RolloutProfilerHooks(profiler)
-        self._rollout_profiler_hooks.begin_engine_init()
-        try:
+        with self._rollout_profiler_hooks.engine_init_or_close("vLLM worker"):
             base.__init__(self, vllm_config, *args, **kwargs)
-        except BaseException as exc:
-            try:
-                self._rollout_profiler_hooks.close()
-            except Exception as close_exc:  # noqa: BLE001 - attached to the init error as a note
-                exc.add_note(f"rollout profiler close after failed vLLM worker init also failed: {close_exc!r}")
-            raise
 
     def end_rollout_profiler_engine_initialization(self) -> None:
         self._rollout_profiler_hooks.end_engine_init()
