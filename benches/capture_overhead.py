@@ -204,9 +204,11 @@ def smoke(args: argparse.Namespace) -> None:
         loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
         env = make_episode_env(spec, task, tokenizer)
         cfg = capture_config_from_spec(spec, run_dir, dataplane_actor=name)
-        if args.sink_dataplane == "path":  # the sink writes the actor's SQLite file itself (no round trip)
+        if args.sink_dataplane == "path":  # the sink opens the actor's SQLite file itself, no client
             cfg = {**{k: v for k, v in cfg.items() if k != "dataplane_actor"},
                    "dataplane_path": str(run_dir / "dataplane.sqlite")}
+        elif args.sink_dataplane == "actor":  # every stage batch is a round trip to the data-plane actor
+            cfg = {**cfg, "dataplane_local_writes": False}
         worker = rollout_worker_actor().remote(spec, 0, 0, str(run_dir), env_vars=env_vars, capture_config=cfg)
         ray.get(worker.ready.remote())
         on = RolloutDriver(spec, [worker], tokenizer, env, (admitter, ledger, client))
@@ -255,9 +257,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="synthetic: generated tokens per call")
     ap.add_argument("--golden", default="qwen3_moe_tiny_smoke", help="smoke: the (single-turn) golden workload")
     ap.add_argument("--steps", type=int, default=6, help="smoke: steps (prompt batches) per repeat")
-    ap.add_argument("--sink-dataplane", choices=("actor", "path"), default="actor",
-                    help="smoke: the engine owner stages through the data-plane actor (as a run does) or "
-                         "writes its SQLite file directly (measures the actor round trip)")
+    ap.add_argument("--sink-dataplane", choices=("run", "actor", "path"), default="run",
+                    help="smoke: the engine owner's sink as a run configures it (the data-plane actor's client, "
+                         "staging through a local connection on the actor's node), forced through the actor "
+                         "(one round trip per batch), or on the SQLite file directly")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the SQLite files go (default: a temp dir)")
     args = ap.parse_args()

@@ -16,6 +16,10 @@ Group commit: `record_many(records)` writes a batch of outcomes (committed
 and failed) in ONE transaction, with per-record isolation -- a record that
 breaks the outcome rules gets its `LedgerError` back and the rest commit.
 Several processes may write (engine owners, the trainer's admitter).
+
+Batch forms for the per-step loops (each one statement or one transaction,
+whatever the batch size): `admit_many`, `get_many`, `admission_seqs`,
+`manifests`, `admitted_call_ids`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ CREATE TABLE IF NOT EXISTS calls (
     PRIMARY KEY (rollout_id, model_call_id)
 );
 """
+
+
+_CHUNK = 400  # pairs per batched query (2 variables each; SQLite's floor is 999 variables)
 
 
 class LedgerError(RuntimeError):
@@ -84,6 +91,29 @@ class CaptureLedger:
                     f"call {admission.rollout_id}/{admission.model_call_id} was already admitted"
                 ) from None
             return int(cur.lastrowid)
+
+    def admit_many(self, admissions: Sequence[CaptureAdmission]) -> list[int]:
+        """`admit` of every admission in ONE transaction; the `admission_seq`s,
+        in order (the same numbers the admissions admitted one by one would
+        get). All or nothing: a call admitted twice (before, or twice in the
+        batch) raises `LedgerError` naming it and no admission of the batch is
+        written."""
+        if not admissions:
+            return []
+        seqs: list[int] = []
+        with _immediate(self._fast):
+            for adm in admissions:
+                body = adm.to_dict()
+                body.pop("required_prefix_token_ids", None)
+                try:
+                    cur = self._fast.execute(
+                        "INSERT INTO admissions(rollout_id, model_call_id, body) VALUES (?,?,?)",
+                        (adm.rollout_id, adm.model_call_id, json.dumps(body, sort_keys=True)),
+                    )
+                except sqlite3.IntegrityError:
+                    raise LedgerError(f"call {adm.rollout_id}/{adm.model_call_id} was already admitted") from None
+                seqs.append(int(cur.lastrowid))
+        return seqs
 
     def record(self, call: CallRecord) -> None:
         """Write a committed row. Call only after the staged row is durable."""
@@ -160,6 +190,31 @@ class CaptureLedger:
         ).fetchone()
         return None if got is None else _load_record(got[0])
 
+    def get_many(self, calls: Sequence[tuple[str, str]]) -> list[CallRecord | None]:
+        """`get` of every `(rollout_id, model_call_id)`, in order, in one query per 400 calls."""
+        found = {(r, m): body for r, m, body in self._pairs("SELECT c.rollout_id, c.model_call_id, c.body FROM calls c",
+                                                            "c", calls)}
+        return [None if (b := found.get((r, m))) is None else _load_record(b) for r, m in calls]
+
+    def admission_seqs(self, calls: Sequence[tuple[str, str]]) -> list[int | None]:
+        """`admission_seq` of every `(rollout_id, model_call_id)`, in order."""
+        found = {(r, m): seq for r, m, seq in self._pairs(
+            "SELECT a.rollout_id, a.model_call_id, a.admission_seq FROM admissions a", "a", calls)}
+        return [None if (s := found.get((r, m))) is None else int(s) for r, m in calls]
+
+    def _pairs(self, select: str, alias: str, calls: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
+        """Rows of `select` (whose table is `alias`) matching any of the
+        (rollout_id, model_call_id) pairs; chunked under SQLite's variable limit."""
+        out: list[tuple[Any, ...]] = []
+        pairs = list(dict.fromkeys((str(r), str(m)) for r, m in calls))
+        for i in range(0, len(pairs), _CHUNK):
+            chunk = pairs[i:i + _CHUNK]
+            values = ",".join(["(?,?)"] * len(chunk))
+            sql = (f"WITH q(r, m) AS (VALUES {values}) {select} JOIN q "
+                   f"ON {alias}.rollout_id = q.r AND {alias}.model_call_id = q.m")
+            out.extend(self._db.execute(sql, [x for p in chunk for x in p]).fetchall())
+        return out
+
     def admission_seq(self, rollout_id: str, model_call_id: str) -> int | None:
         got = self._db.execute(
             "SELECT admission_seq FROM admissions WHERE rollout_id=? AND model_call_id=?",
@@ -186,6 +241,33 @@ class CaptureLedger:
         big = 1 << 62
         records.sort(key=lambda c: (c.admission_seq if c.admission_seq is not None else big, c.model_call_id))
         return records
+
+    def manifests(self, rollout_ids: Sequence[str]) -> dict[str, list[CallRecord]]:
+        """`manifest` of every rollout (one query per 800 rollouts); every id is a key."""
+        out: dict[str, list[CallRecord]] = {r: [] for r in rollout_ids}
+        for rid, body in self._by_rollout("SELECT rollout_id, body FROM calls", out):
+            out[rid].append(_load_record(body))
+        big = 1 << 62
+        for records in out.values():
+            records.sort(key=lambda c: (c.admission_seq if c.admission_seq is not None else big, c.model_call_id))
+        return out
+
+    def admitted_call_ids(self, rollout_ids: Sequence[str]) -> dict[str, list[str]]:
+        """The admitted call ids of every rollout, in admission order; every id is a key."""
+        out: dict[str, list[str]] = {r: [] for r in rollout_ids}
+        rows = self._by_rollout("SELECT rollout_id, admission_seq, model_call_id FROM admissions", out)
+        for rid, _, cid in sorted(rows, key=lambda row: row[1]):
+            out[rid].append(cid)
+        return out
+
+    def _by_rollout(self, select: str, rollout_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+        ids = list(rollout_ids)
+        out: list[tuple[Any, ...]] = []
+        for i in range(0, len(ids), 2 * _CHUNK):
+            chunk = ids[i:i + 2 * _CHUNK]
+            out.extend(self._db.execute(f"{select} WHERE rollout_id IN ({','.join('?' * len(chunk))})",
+                                        chunk).fetchall())
+        return out
 
     def rollout_ids(self) -> list[str]:
         rows = self._db.execute(
