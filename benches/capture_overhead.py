@@ -43,10 +43,10 @@ from pathlib import Path
 
 import torch
 
-from harness.capture.admission import CaptureAdmitter
+from harness.capture.admission import AdmissionRequest, CaptureAdmitter
 from harness.capture.finalize import finalize_group
 from harness.capture.ledger import CaptureLedger
-from harness.capture.receipt import build_receipt
+from harness.capture.receipt import build_receipts
 from harness.capture.sink import CaptureSink
 from harness.dataplane.store import DataPlaneStore
 
@@ -86,8 +86,9 @@ def render(messages: list[list[int]], gen: bool) -> list[int]:
 
 def run(engine: TinyEngine, rollouts: int, turns: int, tokens: int, capture_dir: str | None) -> tuple[float, int]:
     """Turn-synchronous like the trainer's driver: every turn, all rollouts'
-    calls are admitted, generated (one by one: the stand-in has no batching)
-    and then finished together, the engine owner's one capture batch."""
+    calls are admitted and begun as one batch, generated (one by one: the
+    stand-in has no batching) and then finished together, the engine owner's
+    one capture batch; one receipt batch and one finalisation at the end."""
     if capture_dir:
         ledger = CaptureLedger(f"{capture_dir}/ledger.sqlite")
         dp = DataPlaneStore(f"{capture_dir}/dataplane.sqlite")
@@ -99,27 +100,29 @@ def run(engine: TinyEngine, rollouts: int, turns: int, tokens: int, capture_dir:
     seqs: list[list[int]] = [[] for _ in range(rollouts)]
     t0 = time.perf_counter()
     for t in range(turns):
+        if capture_dir:  # one admission batch and one begin batch per turn, as the driver and worker do
+            reqs = [AdmissionRequest.root(f"r{r}", f"c{t}", prompts[r]) if t == 0 else
+                    AdmissionRequest.continuation(f"r{r}", f"c{t}", f"c{t - 1}", render(messages[r][:-1], False),
+                                                  render(messages[r], True)) for r in range(rollouts)]
+            admitted = admitter.admit_many(reqs)
+            handles = sink.begin_requests([(a.request_capture(), a.prompt_ids) for a in admitted], weight_version=0)
         finished = []
         for r in range(rollouts):
-            rid, cid, msgs = f"r{r}", f"c{t}", messages[r]
+            msgs = messages[r]
             if capture_dir:
-                res = (admitter.admit_root(rid, cid, prompts[r]) if t == 0 else
-                       admitter.admit_continuation(rid, cid, f"c{t - 1}", render(msgs[:-1], False),
-                                                   render(msgs, True)))
-                prompt = res.prompt_ids
-                h = sink.begin_request(res.request_capture(), prompt, weight_version=0)
+                prompt = admitted[r].prompt_ids
             else:
                 prompt = (seqs[r][:-1] + render(msgs, True)[len(render(msgs[:-1], False)) - 2:]) if t else prompts[r]
             out, lps = engine.generate(prompt, tokens)
             produced += len(out)
             if capture_dir:
-                finished.append((h, out, lps, 0))
+                finished.append((handles[r], out, lps, 0))
             seqs[r] = prompt + out
             msgs += [out[:-1], [30 + t, 31]]
         if capture_dir:
             _finish(sink, finished)
     if capture_dir:
-        receipts = [build_receipt(f"r{r}", ledger, reward=1.0) for r in range(rollouts)]
+        receipts = build_receipts([(f"r{r}", 1.0, None) for r in range(rollouts)], ledger)
         _samples, metrics = finalize_group(receipts, dp, ledger)
         assert metrics["finalize/masked_count"] == 0
     elapsed = time.perf_counter() - t0

@@ -96,7 +96,7 @@ class CaptureAdmitter:
     def admit_root(self, rollout_id: str, model_call_id: str, prompt_ids: Sequence[int]) -> AdmissionResult:
         admission = CaptureAdmission(rollout_id=rollout_id, model_call_id=model_call_id, mode="text")
         seq = self.ledger.admit(admission)
-        return AdmissionResult(_with_seq(admission, seq), [int(t) for t in prompt_ids])
+        return AdmissionResult(_with_seq(admission, seq), list(map(int, prompt_ids)))
 
     def admit_continuation(self, rollout_id: str, model_call_id: str, parent_call_id: str,
                            template_prefix_token_ids: Sequence[int],
@@ -125,7 +125,7 @@ class CaptureAdmitter:
         for r in reqs:
             if r.parent_call_id is None:
                 adm = CaptureAdmission(rollout_id=r.rollout_id, model_call_id=r.model_call_id, mode="text")
-                planned.append((adm, [int(t) for t in r.prompt_ids or ()], None))
+                planned.append((adm, list(map(int, r.prompt_ids or ())), None))
             else:
                 planned.append(self._continuation(r, parents[(r.rollout_id, r.parent_call_id)], fetch))
         seqs = iter(self.ledger.admit_many([adm for adm, _, _ in planned if adm is not None]))

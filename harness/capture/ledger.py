@@ -10,8 +10,11 @@ Tables:
               call is never resolved as a parent.
 
 Every write is its own `BEGIN IMMEDIATE` transaction. Outcome rows commit
-under `synchronous=FULL` (fsync before return); admission rows under NORMAL
-(safe against a process kill, fsynced by the next outcome commit).
+under `synchronous=FULL` (fsync before return) unless the writer asks for
+`record_many(..., sync=False)` (the engine owner's sink does, see
+docs/capture.md "Durability"); admission rows under NORMAL. A NORMAL commit
+in WAL mode is visible at once and survives a process kill; an OS crash can
+lose the newest NORMAL transactions (a consistent prefix survives).
 Group commit: `record_many(records)` writes a batch of outcomes (committed
 and failed) in ONE transaction, with per-record isolation -- a record that
 breaks the outcome rules gets its `LedgerError` back and the rest commit.
@@ -135,8 +138,8 @@ class CaptureLedger:
         self._write_outcome(row)
         return row
 
-    def record_many(self, calls: Sequence[CallRecord]) -> list[LedgerError | None]:
-        """Write a batch of outcomes in one durable transaction (group commit).
+    def record_many(self, calls: Sequence[CallRecord], *, sync: bool = True) -> list[LedgerError | None]:
+        """Write a batch of outcomes in one transaction (group commit).
 
         Per record, in order: `None` (written, or already there: identical
         bytes, or a failure for an already-failed call, whose first reason is
@@ -145,15 +148,23 @@ class CaptureLedger:
         not written and the others are. The caller orders the batch after the
         durable acks of the staged rows its committed records point at. Raises
         (writing nothing) only if the transaction itself fails.
+
+        `sync=True`: the commit is fsynced before return (`synchronous=FULL`).
+        `sync=False`: `synchronous=NORMAL` -- visible to every reader at once
+        and safe against a process kill; on an OS crash or power loss the
+        newest ledger transactions can be lost (never reordered, never torn),
+        which leaves their calls without an outcome, i.e. poisoned (see
+        docs/capture.md, "Durability").
         """
         outcomes: list[LedgerError | None] = [None] * len(calls)
         if not calls:
             return outcomes
         bodies = [json.dumps(c.to_dict(), sort_keys=True) for c in calls]
-        with _immediate(self._db):
+        db = self._db if sync else self._fast
+        with _immediate(db):
             for i, (call, body) in enumerate(zip(calls, bodies)):
                 try:
-                    self._insert_outcome(call, body)
+                    self._insert_outcome(call, body, db)
                 except LedgerError as exc:
                     outcomes[i] = exc
         return outcomes
@@ -163,11 +174,13 @@ class CaptureLedger:
         with _immediate(self._db):
             self._insert_outcome(call, body)
 
-    def _insert_outcome(self, call: CallRecord, body: str) -> None:
-        """Inside an open transaction: insert `call` unless an outcome exists.
-        An identical row, or a failure over a failure, is a no-op; anything
-        else over an existing outcome raises `LedgerError` (nothing written)."""
-        got = self._db.execute(
+    def _insert_outcome(self, call: CallRecord, body: str, db: sqlite3.Connection | None = None) -> None:
+        """Inside an open transaction on `db` (default: the FULL connection):
+        insert `call` unless an outcome exists. An identical row, or a failure
+        over a failure, is a no-op; anything else over an existing outcome
+        raises `LedgerError` (nothing written)."""
+        db = self._db if db is None else db
+        got = db.execute(
             "SELECT status, body FROM calls WHERE rollout_id=? AND model_call_id=?",
             (call.rollout_id, call.model_call_id),
         ).fetchone()
@@ -178,7 +191,7 @@ class CaptureLedger:
                 f"call {call.rollout_id}/{call.model_call_id} already has outcome {got[0]!r}; "
                 f"refusing to write {call.status!r}"
             )
-        self._db.execute(
+        db.execute(
             "INSERT INTO calls(rollout_id, model_call_id, status, body) VALUES (?,?,?,?)",
             (call.rollout_id, call.model_call_id, call.status, body),
         )

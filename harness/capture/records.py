@@ -213,8 +213,8 @@ class StagedCall(_Record):
         """Coerce to ints / float32-exact floats and enforce the row rules
         (vectorised: this runs for every staged and every fetched row)."""
         r = f"StagedCall[{self.staging_key}]"
-        object.__setattr__(self, "token_ids_delta", tuple(int(t) for t in self.token_ids_delta))
-        object.__setattr__(self, "token_mask_delta", tuple(int(m) for m in self.token_mask_delta))
+        object.__setattr__(self, "token_ids_delta", tuple(map(int, self.token_ids_delta)))
+        object.__setattr__(self, "token_mask_delta", tuple(map(int, self.token_mask_delta)))
         lp = np.asarray(self.generation_log_probs_delta, dtype=np.float32)
         object.__setattr__(self, "generation_log_probs_delta", tuple(lp.tolist()))
         n = len(self.token_ids_delta)

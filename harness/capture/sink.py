@@ -27,7 +27,9 @@ data-plane transaction and one ledger transaction for all of them; the
 ordering invariant holds per call (no ledger record before its row's durable
 ack) and failures stay per call. `finish_request` is a batch of one.
 
-Thread-safe (one lock); blocking (a finish batch fsyncs twice, whatever its size).
+Thread-safe (one lock); blocking. A finish batch fsyncs once whatever its size (the stage
+commit; the ledger outcome commit is `synchronous=NORMAL` unless `ledger_sync="full"`,
+see docs/capture.md "Durability").
 """
 
 from __future__ import annotations
@@ -137,9 +139,16 @@ def _stage_many(dataplane: Any, rows: list[tuple[str, dict[str, Any]]]) -> list[
 class CaptureSink:
     """Stages token deltas and writes ledger rows for one engine owner."""
 
-    def __init__(self, dataplane: Any, ledger: CaptureLedger, *, fail_stage_rate: float = 0.0, seed: int = 0):
+    def __init__(self, dataplane: Any, ledger: CaptureLedger, *, fail_stage_rate: float = 0.0, seed: int = 0,
+                 ledger_sync: str = "normal"):
+        """`ledger_sync`: "normal" (default) or "full", the durability of the
+        ledger outcome commits (the stage commit is always fsynced first; see
+        docs/capture.md "Durability")."""
         if not 0.0 <= float(fail_stage_rate) <= 1.0:
             raise ValueError(f"capture.fail_stage_rate must be in [0, 1], got {fail_stage_rate!r}")
+        if ledger_sync not in ("normal", "full"):
+            raise ValueError(f"capture sink ledger_sync must be 'normal' or 'full', got {ledger_sync!r}")
+        self._sync_outcomes = ledger_sync == "full"
         self.dataplane = dataplane
         self.ledger = ledger
         self.fail_stage_rate = float(fail_stage_rate)
@@ -159,10 +168,11 @@ class CaptureSink:
         `dataplane_actor` (a named `DataPlaneActor`), optional
         `dataplane_namespace`, `dataplane_local_writes` (None: stage through
         a local connection when on the actor's node; False: always through
-        the actor; True: insist), `fail_stage_rate` (0.0), `seed` (0).
+        the actor; True: insist), `ledger_sync` ("normal"), `fail_stage_rate`
+        (0.0), `seed` (0).
         """
         allowed = {"ledger_path", "dataplane_path", "dataplane_actor", "dataplane_namespace",
-                   "dataplane_local_writes", "fail_stage_rate", "seed"}
+                   "dataplane_local_writes", "ledger_sync", "fail_stage_rate", "seed"}
         unknown = sorted(set(cfg) - allowed)
         if unknown:
             raise ValueError(f"capture sink config: unknown key {unknown[0]!r} (allowed: {sorted(allowed)})")
@@ -182,8 +192,8 @@ class CaptureSink:
             from harness.dataplane.store import DataPlaneStore
 
             dataplane = DataPlaneStore(path)
-        return cls(dataplane, CaptureLedger(cfg["ledger_path"]),
-                   fail_stage_rate=cfg.get("fail_stage_rate", 0.0), seed=cfg.get("seed", 0))
+        return cls(dataplane, CaptureLedger(cfg["ledger_path"]), fail_stage_rate=cfg.get("fail_stage_rate", 0.0),
+                   seed=cfg.get("seed", 0), ledger_sync=cfg.get("ledger_sync", "normal"))
 
     # -- request lifecycle -------------------------------------------------
     def begin_request(self, admission: dict[str, Any], prompt_ids: Sequence[int], *,
@@ -222,7 +232,7 @@ class CaptureSink:
                     adm = self._parse_admission(admission)
                     if adm.staging_key in self._pending or adm.staging_key in seen:
                         raise ValueError(f"capture request {adm.staging_key!r} is already in flight")
-                    prompt = [int(t) for t in prompt_ids]
+                    prompt = list(map(int, prompt_ids))
                 except Exception as exc:  # noqa: BLE001 - the batch fails below, naming this item
                     if error is None:
                         error = (i, exc)
@@ -274,7 +284,7 @@ class CaptureSink:
                                                status="failed", parent_call_id=adm.parent_call_id,
                                                admission_seq=seq, failure_reason=why))
             pendings.append(pending)
-        for err in self.ledger.record_many(failures):
+        for err in self.ledger.record_many(failures, sync=self._sync_outcomes):
             if err is not None:
                 raise err
         self.failed += sum(1 for p in pendings if p.failure_reason is not None)
@@ -287,7 +297,7 @@ class CaptureSink:
                               parent_call_id=a.parent_call_id, failure_reason="aborted:begin_failed")
                    for a in admissions]
         try:
-            written = sum(1 for err in self.ledger.record_many(records) if err is None)
+            written = sum(1 for err in self.ledger.record_many(records, sync=self._sync_outcomes) if err is None)
         except Exception:
             log.exception("capture: could not write the failure rows of a batch that failed to begin")
             return
@@ -342,7 +352,7 @@ class CaptureSink:
             self.epoch_span_count += 1
             log.warning("capture: request %s spans a refit (admitted at weight version %s, finished at %s); "
                         "keeping the admission epoch", adm.staging_key, epoch, weight_version)
-        output = [int(t) for t in output_ids]
+        output = list(map(int, output_ids))
         lp = np.asarray(logprobs.detach().cpu() if hasattr(logprobs, "detach") else logprobs,
                         dtype=np.float32).reshape(-1)
         if lp.shape[0] != len(output):
@@ -415,13 +425,13 @@ class CaptureSink:
         if not records:
             return []
         try:
-            return list(self.ledger.record_many(records))
+            return list(self.ledger.record_many(records, sync=self._sync_outcomes))
         except Exception:  # noqa: BLE001 - retried record by record below
             log.warning("capture: ledger batch of %d outcomes failed; writing them one by one", len(records))
         out: list[Exception | None] = []
         for rec in records:
             try:
-                self.ledger.record_many([rec])
+                self.ledger.record_many([rec], sync=self._sync_outcomes)
                 out.append(None)
             except Exception as exc:  # noqa: BLE001 - that record's outcome
                 out.append(exc)
