@@ -23,6 +23,7 @@ called one by one, in order, would return and writes the same rows (the same
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -200,6 +201,4 @@ class CaptureAdmitter:
 
 
 def _with_seq(admission: CaptureAdmission, seq: int) -> CaptureAdmission:
-    data = admission.to_dict()
-    data["admission_seq"] = seq
-    return CaptureAdmission.from_dict(data)
+    return dataclasses.replace(admission, admission_seq=seq)

@@ -180,20 +180,22 @@ class CaptureLedger:
         over a failure, is a no-op; anything else over an existing outcome
         raises `LedgerError` (nothing written)."""
         db = self._db if db is None else db
+        inserted = db.execute(
+            "INSERT INTO calls(rollout_id, model_call_id, status, body) VALUES (?,?,?,?) "
+            "ON CONFLICT(rollout_id, model_call_id) DO NOTHING",
+            (call.rollout_id, call.model_call_id, call.status, body),
+        ).rowcount
+        if inserted:
+            return
         got = db.execute(
             "SELECT status, body FROM calls WHERE rollout_id=? AND model_call_id=?",
             (call.rollout_id, call.model_call_id),
         ).fetchone()
-        if got is not None:
-            if got[1] == body or (got[0] == "failed" and not call.committed):
-                return
-            raise LedgerError(
-                f"call {call.rollout_id}/{call.model_call_id} already has outcome {got[0]!r}; "
-                f"refusing to write {call.status!r}"
-            )
-        db.execute(
-            "INSERT INTO calls(rollout_id, model_call_id, status, body) VALUES (?,?,?,?)",
-            (call.rollout_id, call.model_call_id, call.status, body),
+        if got[1] == body or (got[0] == "failed" and not call.committed):
+            return
+        raise LedgerError(
+            f"call {call.rollout_id}/{call.model_call_id} already has outcome {got[0]!r}; "
+            f"refusing to write {call.status!r}"
         )
 
     # -- reads -------------------------------------------------------------

@@ -12,6 +12,7 @@ admission that has no staging chain.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,23 +52,31 @@ class _Record:
     """Shared dict round-trip for the frozen dataclasses below."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {name: _plain(getattr(self, name)) for name in _field_names(type(self))}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):  # type: ignore[no-untyped-def]
         if not isinstance(data, dict):
             raise CaptureValidationError(f"{cls.__name__}: expected a dict, got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        extra = sorted(set(data) - names)
-        if extra:
+        names = _field_set(cls)
+        if not names.issuperset(data):
+            extra = sorted(set(data) - names)
             raise CaptureValidationError(f"{cls.__name__}.{extra[0]}: unknown field (allowed: {sorted(names)})")
         return cls(**data)
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _field_set(cls: type) -> frozenset[str]:
+    return frozenset(_field_names(cls))
+
+
 def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, list):
+    if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, _Record):
         return value.to_dict()
