@@ -27,6 +27,11 @@ trainer records as ``timings["generation"]``, minus the profiler window).
 
     python3 benches/capture_overhead.py --workload smoke [--steps 6] [--repeats 3]
 
+``--workload phases`` -- the smoke workload with the worker in the bench's
+process, every capture phase timed (admission, begin, row building, stage
+transaction, ledger transaction, receipts, finalisation): where the overhead
+goes.
+
 ``--workload both`` runs the two one after the other. Ratios are off/on time
 (>= 0.95 means capture costs at most ~5 %): of the medians, of the bests, and
 the paired median (median of off/on over back-to-back pairs, the most robust
@@ -261,9 +266,120 @@ def _paired(offs: list[float], ons: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(offs, ons))
 
 
+class _InProcess:
+    """A RolloutWorker called in this process (phase timers see both sides);
+    `.generate.remote(batch)` returns an object ref, as the actor's would."""
+
+    def __init__(self, worker: object):
+        import asyncio
+
+        import ray
+
+        class _Method:
+            def remote(self, requests: list) -> object:
+                return ray.put(asyncio.run(worker.generate(requests)))  # type: ignore[attr-defined]
+
+        self.generate = _Method()
+
+
+def phases(args: argparse.Namespace) -> None:
+    """Where the smoke workload's capture time goes: the same driver and worker
+    code with the worker in this process, each capture phase timed per step."""
+    import functools
+    import os
+
+    import ray
+
+    from harness.capture import sink as sink_mod
+    from harness.capture.sink import capture_config_from_spec
+    from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+    from harness.envs.tasks import PromptLoader, make_task
+    from harness.envs.tokenizer import load_tokenizer
+    from harness.grpo import rollouts
+    from harness.grpo.episodes import make_episode_env
+    from harness.rollout.worker import RolloutWorker
+    from harness.spec.load import load_spec
+
+    spent: dict[str, float] = {}
+
+    def timed(owner: object, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def wrapper(*a: object, **k: object) -> object:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+
+        setattr(owner, name, wrapper)
+
+    for owner, name, label in [
+        (CaptureAdmitter, "admit_many", "driver: admit_many (per turn)"),
+        (sink_mod.CaptureSink, "begin_requests", "engine: begin_requests"),
+        (sink_mod.CaptureSink, "_prepare", "engine: build rows + records"),
+        (sink_mod.CaptureSink, "_stage", "engine: stage transaction (fsync)"),
+        (sink_mod.CaptureSink, "_commit", "engine: ledger transaction"),
+        (rollouts, "build_receipts", "driver: build_receipts"),
+        (rollouts, "finalize_group", "driver: finalize_group"),
+    ]:
+        timed(owner, name, label)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    spec = load_spec(args.golden)
+    spec["capture"]["enabled"] = True
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    run_dir = Path(tempfile.mkdtemp(prefix="capture_bench_phases_", dir=args.dir))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        name = f"dataplane-phases-{os.getpid()}"
+        client = DataPlaneClient(start_dataplane_actor(name, str(run_dir / "dataplane.sqlite")))
+        ledger = CaptureLedger(run_dir / "ledger.sqlite")
+        tokenizer = load_tokenizer()
+        admitter = CaptureAdmitter(ledger, client, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
+        task = make_task(spec["env"]["task"], int(spec["seed"]))
+        loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
+        env = make_episode_env(spec, task, tokenizer)
+        worker = RolloutWorker(spec, 0, 0, str(run_dir),
+                               capture_config=capture_config_from_spec(spec, run_dir, dataplane_actor=name))
+        engine = _InProcess(worker)
+        on = rollouts.RolloutDriver(spec, [engine], tokenizer, env, (admitter, ledger, client))
+        off = rollouts.RolloutDriver(spec, [engine], tokenizer, env, None)
+        batches = [loader.next_batch() for _ in range(args.steps)]
+        on.run_attempt(batches[0], 0, 1)
+        off.run_attempt(batches[0], 0, 1)
+        spent.clear()
+        t_off: list[float] = []
+        t_on: list[float] = []
+        for rep in range(args.repeats):
+            for step, prompts in enumerate(batches, start=1):
+                t = time.perf_counter()
+                off.run_attempt(prompts, step, rep + 1)
+                t_off.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                on.run_attempt(prompts, step, rep + 1)
+                t_on.append(time.perf_counter() - t)
+        worker.shutdown()
+        ledger.close()
+        client.close()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    n = len(t_on)
+    print(f"[phases] golden={args.golden} steps={args.steps} repeats={args.repeats} (worker in this process)")
+    print(f"step median: capture off {1e3 * statistics.median(t_off):.1f} ms, on {1e3 * statistics.median(t_on):.1f} ms"
+          f"  paired ratio {_paired(t_off, t_on):.3f}")
+    for label, total in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"  {label:36s} {1e3 * total / n:6.2f} ms/step (mean)")
+    print(f"  {'sum of the capture phases':36s} {1e3 * sum(spent.values()) / n:6.2f} ms/step")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", choices=("synthetic", "smoke", "both"), default="synthetic")
+    ap.add_argument("--workload", choices=("synthetic", "smoke", "both", "phases"), default="synthetic",
+                    help="phases: the smoke workload with the worker in this process and every capture "
+                         "phase timed (where the overhead goes)")
     ap.add_argument("--rollouts", type=int, default=24, help="synthetic: rollouts per run")
     ap.add_argument("--turns", type=int, default=3, help="synthetic: calls per rollout")
     ap.add_argument("--tokens", type=int, default=32, help="synthetic: generated tokens per call")
@@ -280,6 +396,8 @@ def main() -> None:
         synthetic(args)
     if args.workload in ("smoke", "both"):
         smoke(args)
+    if args.workload == "phases":
+        phases(args)
 
 
 if __name__ == "__main__":

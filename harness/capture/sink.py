@@ -293,10 +293,12 @@ class CaptureSink:
     def _abort_unbegun(self, admissions: list[CaptureAdmission]) -> None:
         """Failure rows for the calls of a batch that could not begin (best
         effort: a call that already has an outcome keeps it)."""
-        records = [CallRecord(rollout_id=a.rollout_id, model_call_id=a.model_call_id, status="failed",
-                              parent_call_id=a.parent_call_id, failure_reason="aborted:begin_failed")
-                   for a in admissions]
         try:
+            seqs = self.ledger.admission_seqs([(a.rollout_id, a.model_call_id) for a in admissions])
+            records = [CallRecord(rollout_id=a.rollout_id, model_call_id=a.model_call_id, status="failed",
+                                  parent_call_id=a.parent_call_id, admission_seq=seq,
+                                  failure_reason="aborted:begin_failed")
+                       for a, seq in zip(admissions, seqs)]
             written = sum(1 for err in self.ledger.record_many(records, sync=self._sync_outcomes) if err is None)
         except Exception:
             log.exception("capture: could not write the failure rows of a batch that failed to begin")
