@@ -290,6 +290,8 @@ def phases(args: argparse.Namespace) -> None:
 
     import ray
 
+    from harness.capture import finalize as finalize_mod
+    from harness.capture import receipt as receipt_mod
     from harness.capture import sink as sink_mod
     from harness.capture.sink import capture_config_from_spec
     from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
@@ -321,8 +323,8 @@ def phases(args: argparse.Namespace) -> None:
         (sink_mod.CaptureSink, "_prepare", "engine: build rows + records"),
         (sink_mod.CaptureSink, "_stage", "engine: stage transaction (fsync)"),
         (sink_mod.CaptureSink, "_commit", "engine: ledger transaction"),
-        (rollouts, "build_receipts", "driver: build_receipts"),
-        (rollouts, "finalize_group", "driver: finalize_group"),
+        (receipt_mod, "build_receipts", "driver: build_receipts"),
+        (finalize_mod, "finalize_group", "driver: finalize_group"),
     ]:
         timed(owner, name, label)
     torch.set_num_threads(1)

@@ -188,6 +188,24 @@ def finalize_group(receipts: Sequence[RolloutReceipt], dataplane: Any, ledger: C
     return results, metrics
 
 
+def finalize_from_ledger(items: Sequence[tuple[str, float, str | None]], ledger: CaptureLedger, dataplane: Any
+                         ) -> tuple[list[RolloutReceipt], list[Sample | Placeholder], dict[str, float]]:
+    """Receipts and samples of one attempt straight from the ledger:
+    `build_receipts(items, ledger)` then `finalize_group(receipts, dataplane)`.
+
+    The receipt/ledger cross-check of `finalize_group(..., ledger)` guards
+    receipts that travelled; these were just built from the ledger's rows, and
+    ledger outcomes are final (insert-only: a committed row never changes), so
+    they agree by construction and the rows are not read twice. Every staged
+    row is still fetched and verified (digests, chain, lengths, cumulative hash).
+    """
+    from harness.capture.receipt import build_receipts
+
+    receipts = build_receipts(items, ledger)
+    samples, metrics = finalize_group(receipts, dataplane)
+    return receipts, samples, metrics
+
+
 def _chain_keys(receipts: Sequence[RolloutReceipt]) -> list[str]:
     """The staging keys of every unpoisoned receipt's terminal chain (deduplicated, in order)."""
     keys: list[str] = []

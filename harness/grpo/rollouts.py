@@ -16,8 +16,8 @@ result directly.
 
 Capture costs the driver a fixed number of store operations per turn and per
 attempt, whatever the batch size: one ``admit_many`` per turn, and per attempt
-one ``build_receipts`` (two ledger queries) and one ``finalize_group`` (one
-row fetch, one ledger read).
+one ``finalize_from_ledger`` (two ledger queries for the receipts, one row
+fetch).
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from typing import Any
 import ray
 
 from harness.capture.admission import AdmissionRequest, AdmissionResult, CaptureAdmitter
-from harness.capture.finalize import Placeholder, Sample, finalize_group
-from harness.capture.receipt import build_receipts
+from harness.capture.finalize import Placeholder, Sample, finalize_from_ledger
 
 
 @dataclass
@@ -213,8 +212,8 @@ class RolloutDriver:
             metrics = {"finalize/rollouts": float(len(samples)), "finalize/masked_count": 0.0}
         else:
             _, ledger, dataplane = self.capture
-            receipts = build_receipts([(e.rollout_id, e.reward, e.last_call_id) for e in episodes], ledger)
-            samples, metrics = finalize_group(receipts, dataplane, ledger)
+            _, samples, metrics = finalize_from_ledger(
+                [(e.rollout_id, e.reward, e.last_call_id) for e in episodes], ledger, dataplane)
         summaries = [_summary(e, s) for e, s in zip(episodes, samples)]
         return AttemptResult(samples, rewards, summaries, dict(metrics))
 
