@@ -26,6 +26,9 @@ Group commit: `finish_requests` takes every request that finished together
 data-plane transaction and one ledger transaction for all of them; the
 ordering invariant holds per call (no ledger record before its row's durable
 ack) and failures stay per call. `finish_request` is a batch of one.
+`begin_requests` begins a whole batch with batched ledger reads, all or
+nothing (a batch that cannot begin leaves no handle in flight and raises
+`CaptureBeginError` naming the item); `begin_request` is a batch of one.
 
 Thread-safe (one lock); blocking. A finish batch fsyncs once whatever its size (the stage
 commit; the ledger outcome commit is `synchronous=NORMAL` unless `ledger_sync="full"`,

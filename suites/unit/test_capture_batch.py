@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from harness.capture.admission import AdmissionRequest, CaptureAdmitter
-from harness.capture.finalize import Placeholder, Sample, finalize_group
+from harness.capture.finalize import (
+    Placeholder,
+    Sample,
+    finalize_from_ledger,
+    finalize_group,
+)
 from harness.capture.ledger import CaptureLedger, LedgerError
 from harness.capture.receipt import build_receipt, build_receipts
 from harness.capture.sink import CaptureBeginError, CaptureSink
@@ -200,3 +205,38 @@ def test_ledger_batch_reads_equal_single_reads_across_chunks(tmp_path):
     assert ledger.admitted_call_ids(rids) == {r: [a.model_call_id for a in ledger.admitted(r)] for r in rids}
     assert ledger.get_many([]) == [] and ledger.manifests([]) == {}
     ledger.close()
+
+
+def test_normal_ledger_outcomes_survive_a_killed_engine_owner(tmp_path):
+    """The sink's default ledger commit (synchronous=NORMAL) after the fsynced
+    stage: a SIGKILL right after finish_requests loses neither the rows nor the
+    outcomes (only an OS crash could drop the newest NORMAL commits)."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        from harness.capture.sink import CaptureSink
+        sink = CaptureSink.from_config({{"ledger_path": {str(tmp_path / "ledger.sqlite")!r},
+                                         "dataplane_path": {str(tmp_path / "dataplane.sqlite")!r}}})
+        assert sink._sync_outcomes is False
+        hs = sink.begin_requests([({{"rollout_id": f"r{{i}}", "model_call_id": "c0", "mode": "text"}}, [1, 5, 3])
+                                  for i in range(3)], weight_version=0)
+        coords = sink.finish_requests([(h, [40 + i, 2], [-0.5, -0.25], 0) for i, h in enumerate(hs)])
+        assert all(c["disposition"] == "staged" for c in coords), coords
+        sys.stdout.write("committed\\n"); sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == -signal.SIGKILL and proc.stdout == "committed\n", proc.stderr
+    ledger, dp = _stores(tmp_path)
+    receipts, samples, metrics = finalize_from_ledger([(f"r{i}", 1.0, "c0") for i in range(3)], ledger, dp)
+    assert metrics["finalize/masked_count"] == 0.0
+    assert [s.token_ids for s in samples] == [[1, 5, 3, 40 + i, EOS] for i in range(3)]
+    assert (receipts, samples) == (build_receipts([(f"r{i}", 1.0, "c0") for i in range(3)], ledger),
+                                   finalize_group(receipts, dp, ledger)[0])
+    with pytest.raises(ValueError, match="ledger_sync must be 'normal' or 'full'"):
+        CaptureSink(dp, ledger, ledger_sync="fsync")
+    ledger.close(); dp.close()
