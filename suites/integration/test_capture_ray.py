@@ -49,6 +49,10 @@ class EngineOwner:
     def stats(self):
         return self.sink.stats()
 
+    def stages_locally(self):
+        """Whether the sink's data-plane client writes through its own connection."""
+        return self.sink.dataplane._writer() is not None
+
     def client_reads(self, client, key):
         """A pickled DataPlaneClient, used inside another actor: (row, reads served locally?)."""
         return client.fetch(key), client._rows() is not None
@@ -200,3 +204,40 @@ def test_session_stop_closes_the_driver_connection(ray_session, tmp_path):
     assert client._local is None
     assert not (tmp_path / "dataplane.sqlite-wal").exists()
     assert not (tmp_path / "ledger.sqlite-wal").exists()
+
+
+def test_two_engine_owners_stage_concurrently_through_local_connections(ray_session, tmp_path):
+    """Two engine owners on the actor's node group-commit at the same time, each
+    through its own connection to the data-plane file: SQLite serialises the
+    writers, every call commits, every rollout finalises."""
+    from harness.capture.admission import AdmissionRequest, CaptureAdmitter
+    from harness.capture.finalize import Sample, finalize_from_ledger
+    from harness.capture.ledger import CaptureLedger
+    from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+
+    handle = start_dataplane_actor("dataplane-two-owners", str(tmp_path / "dataplane.sqlite"))
+    client = DataPlaneClient(handle)
+    cfg = {"ledger_path": str(tmp_path / "ledger.sqlite"), "dataplane_actor": "dataplane-two-owners",
+           "dataplane_namespace": "capture_test"}
+    owners = [EngineOwner.remote(cfg), EngineOwner.remote(cfg)]
+    ledger = CaptureLedger(cfg["ledger_path"])
+    admitter = CaptureAdmitter(ledger, client, eos_token_id=EOS)
+    rids = [f"e{e}b{b}r{r}" for e in range(2) for b in range(3) for r in range(8)]
+    results = admitter.admit_many([AdmissionRequest.root(rid, "c0", [1, 7, 3]) for rid in rids])
+    refs = []
+    for e, owner in enumerate(owners):
+        for b in range(3):
+            batch = [(res.request_capture(), res.prompt_ids, [40 + r, EOS], [-0.5, -0.25])
+                     for r, res in enumerate(results[(e * 3 + b) * 8:(e * 3 + b + 1) * 8])]
+            refs.append(owner.generate_batch.remote(batch, 0))
+    coords = [c for batch in ray.get(refs) for c in batch]
+    assert ray.get([o.stages_locally.remote() for o in owners]) == [True, True]
+    assert len(coords) == 48 and all(c["disposition"] == "staged" for c in coords)
+    _, samples, metrics = finalize_from_ledger([(rid, 1.0, "c0") for rid in rids], ledger, client)
+    assert metrics["finalize/masked_count"] == 0.0 and all(isinstance(s, Sample) for s in samples)
+    assert [s.token_ids[3] for s in samples] == [40 + r for _e in range(2) for _b in range(3) for r in range(8)]
+    ledger.close()
+    client.close()
+    for owner in owners:
+        ray.kill(owner)
+    ray.kill(handle)
