@@ -75,18 +75,25 @@ class _Reject(Exception):
     pass
 
 
+_LedgerRows = Mapping[tuple[str, str], CallRecord | None]
+
+
 def finalize_rollout(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | None = None, *,
-                     prefetched: Mapping[str, dict[str, Any]] | None = None) -> Sample | Placeholder:
+                     prefetched: Mapping[str, dict[str, Any]] | None = None,
+                     ledger_rows: _LedgerRows | None = None) -> Sample | Placeholder:
     """`prefetched`: rows already fetched (digest-verified) by key, e.g. one
-    `fetch_many` for a whole group; keys it lacks are fetched here."""
+    `fetch_many` for a whole group; keys it lacks are fetched here.
+    `ledger_rows`: ledger records already read by `(rollout_id, model_call_id)`
+    for the cross-check against `ledger` (one `get_many` for a group); calls
+    it lacks are read here."""
     try:
-        return _finalize(receipt, dataplane, ledger, prefetched or {})
+        return _finalize(receipt, dataplane, ledger, prefetched or {}, ledger_rows or {})
     except _Reject as why:
         return Placeholder(receipt.rollout_id, str(why), receipt.reward)
 
 
 def _finalize(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | None,
-              prefetched: Mapping[str, dict[str, Any]]) -> Sample:
+              prefetched: Mapping[str, dict[str, Any]], ledger_rows: _LedgerRows) -> Sample:
     if receipt.capture_poisoned:
         raise _Reject(receipt.failure_reason or "poisoned")
     by_id = {c.model_call_id: c for c in receipt.manifest}
@@ -99,8 +106,11 @@ def _finalize(receipt: RolloutReceipt, dataplane: Any, ledger: CaptureLedger | N
         rec = by_id.get(key[len(prefix):])
         if rec is None or not rec.committed:
             raise _Reject(f"chain_call_not_committed:{key}")
-        if ledger is not None and ledger.get(rec.rollout_id, rec.model_call_id) != rec:
-            raise _Reject(f"receipt_disagrees_with_ledger:{key}")
+        if ledger is not None:
+            call = (rec.rollout_id, rec.model_call_id)
+            current = ledger_rows[call] if call in ledger_rows else ledger.get(*call)
+            if current != rec:
+                raise _Reject(f"receipt_disagrees_with_ledger:{key}")
         chain.append(rec)
     keys = [r.staging_key for r in chain]
     if all(k in prefetched for k in keys):
@@ -155,11 +165,19 @@ def finalize_group(receipts: Sequence[RolloutReceipt], dataplane: Any, ledger: C
 
     The staged rows of all terminal chains are fetched with ONE `fetch_many`
     (one round trip to a data-plane actor; the store still verifies every
-    row's digest). If that batch fetch fails (a missing or tampered row),
-    each rollout fetches its own rows, so only the affected ones are masked.
+    row's digest), and their ledger records are re-read for the cross-check
+    with ONE `ledger.get_many`. If the batch fetch fails (a missing or
+    tampered row), each rollout fetches its own rows, so only the affected
+    ones are masked.
     """
-    prefetched = _prefetch(receipts, dataplane)
-    results = [finalize_rollout(r, dataplane, ledger, prefetched=prefetched) for r in receipts]
+    keys = _chain_keys(receipts)
+    prefetched = _prefetch(keys, dataplane)
+    ledger_rows: dict[tuple[str, str], CallRecord | None] = {}
+    if ledger is not None and keys:
+        calls = [_split_key(k) for k in keys]
+        ledger_rows = dict(zip(calls, ledger.get_many(calls)))
+    results = [finalize_rollout(r, dataplane, ledger, prefetched=prefetched, ledger_rows=ledger_rows)
+               for r in receipts]
     n = len(results)
     heuristic = sum(1 for r in receipts if r.terminal_selection == "heuristic")
     metrics = {
@@ -170,7 +188,26 @@ def finalize_group(receipts: Sequence[RolloutReceipt], dataplane: Any, ledger: C
     return results, metrics
 
 
-def _prefetch(receipts: Sequence[RolloutReceipt], dataplane: Any) -> dict[str, dict[str, Any]]:
+def finalize_from_ledger(items: Sequence[tuple[str, float, str | None]], ledger: CaptureLedger, dataplane: Any
+                         ) -> tuple[list[RolloutReceipt], list[Sample | Placeholder], dict[str, float]]:
+    """Receipts and samples of one attempt straight from the ledger:
+    `build_receipts(items, ledger)` then `finalize_group(receipts, dataplane)`.
+
+    The receipt/ledger cross-check of `finalize_group(..., ledger)` guards
+    receipts that travelled; these were just built from the ledger's rows, and
+    ledger outcomes are final (insert-only: a committed row never changes), so
+    they agree by construction and the rows are not read twice. Every staged
+    row is still fetched and verified (digests, chain, lengths, cumulative hash).
+    """
+    from harness.capture.receipt import build_receipts
+
+    receipts = build_receipts(items, ledger)
+    samples, metrics = finalize_group(receipts, dataplane)
+    return receipts, samples, metrics
+
+
+def _chain_keys(receipts: Sequence[RolloutReceipt]) -> list[str]:
+    """The staging keys of every unpoisoned receipt's terminal chain (deduplicated, in order)."""
     keys: list[str] = []
     for r in receipts:
         if r.capture_poisoned or r.terminal_model_call_id is None:
@@ -178,7 +215,15 @@ def _prefetch(receipts: Sequence[RolloutReceipt], dataplane: Any) -> dict[str, d
         terminal = next((c for c in r.manifest if c.model_call_id == r.terminal_model_call_id), None)
         if terminal is not None:
             keys.extend(terminal.staging_chain)
-    keys = list(dict.fromkeys(keys))
+    return list(dict.fromkeys(keys))
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    rid, _, cid = key.rpartition("/")
+    return rid, cid
+
+
+def _prefetch(keys: list[str], dataplane: Any) -> dict[str, dict[str, Any]]:
     if not keys:
         return {}
     try:

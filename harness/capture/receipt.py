@@ -9,9 +9,15 @@ Precedence: declared > heuristic > mask.
 A rollout with any failed call, or with an admitted call that has no outcome
 (still in flight, lost), is poisoned regardless of the terminal: capture of it
 is incomplete, so it must not be trained on.
+
+`build_receipts` builds the receipts of a whole attempt from two ledger
+queries (the trainer's driver calls it once per attempt); each receipt equals
+the one `build_receipt` gives.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from harness.capture.ledger import CaptureLedger
 from harness.capture.records import CallRecord, RolloutReceipt
@@ -19,8 +25,26 @@ from harness.capture.records import CallRecord, RolloutReceipt
 
 def build_receipt(rollout_id: str, ledger: CaptureLedger, *, reward: float,
                   declared_terminal: str | None = None) -> RolloutReceipt:
-    manifest = ledger.manifest(rollout_id)
     admitted = [a.model_call_id for a in ledger.admitted(rollout_id)]
+    return receipt_from(rollout_id, ledger.manifest(rollout_id), admitted, reward=reward,
+                        declared_terminal=declared_terminal)
+
+
+def build_receipts(items: Sequence[tuple[str, float, str | None]], ledger: CaptureLedger) -> list[RolloutReceipt]:
+    """Receipts of `(rollout_id, reward, declared_terminal)` items, in order,
+    from one manifest query and one admissions query for all of them."""
+    rids = list(dict.fromkeys(rid for rid, _, _ in items))
+    manifests = ledger.manifests(rids)
+    admitted = ledger.admitted_call_ids(rids)
+    return [receipt_from(rid, manifests[rid], admitted[rid], reward=reward,
+                         declared_terminal=declared)
+            for rid, reward, declared in items]
+
+
+def receipt_from(rollout_id: str, manifest: list[CallRecord], admitted: Sequence[str], *, reward: float,
+                 declared_terminal: str | None = None) -> RolloutReceipt:
+    """The receipt of a rollout given its ledger manifest (admission order)
+    and the ids of its admitted calls (pure; no I/O)."""
     by_id = {c.model_call_id: c for c in manifest}
 
     def poisoned(reason: str, terminal: str | None = None) -> RolloutReceipt:

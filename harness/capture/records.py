@@ -12,6 +12,7 @@ admission that has no staging chain.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ MODES = ("text", "token_in")
 DISPOSITIONS = ("staged", "capture_failed")
 STATUSES = ("committed", "failed")
 SELECTIONS = ("declared", "heuristic")
+_BINARY = frozenset((0, 1))
 
 
 class CaptureValidationError(ValueError):
@@ -51,23 +53,35 @@ class _Record:
     """Shared dict round-trip for the frozen dataclasses below."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        out = {}
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
+            out[name] = _plain(value) if isinstance(value, (tuple, list, _Record)) else value
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):  # type: ignore[no-untyped-def]
         if not isinstance(data, dict):
             raise CaptureValidationError(f"{cls.__name__}: expected a dict, got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        extra = sorted(set(data) - names)
-        if extra:
+        names = _field_set(cls)
+        if not names.issuperset(data):
+            extra = sorted(set(data) - names)
             raise CaptureValidationError(f"{cls.__name__}.{extra[0]}: unknown field (allowed: {sorted(names)})")
         return cls(**data)
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _field_set(cls: type) -> frozenset[str]:
+    return frozenset(_field_names(cls))
+
+
 def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, list):
+    if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, _Record):
         return value.to_dict()
@@ -203,39 +217,42 @@ class StagedCall(_Record):
     weight_version: int | None = None
 
     def __post_init__(self) -> None:
-        self._normalise_and_check()
-        actual = delta_digest(self.token_ids_delta, self.token_mask_delta, self.generation_log_probs_delta)
+        mask, lp = self._normalise_and_check()
+        actual = delta_digest(self.token_ids_delta, mask, lp)
         if actual != self.digest:
             _fail(f"StagedCall[{self.staging_key}]", "digest",
                   f"recorded {self.digest[:16]}... but the delta hashes to {actual[:16]}...")
 
-    def _normalise_and_check(self) -> None:
+    def _normalise_and_check(self) -> tuple[np.ndarray, np.ndarray]:
         """Coerce to ints / float32-exact floats and enforce the row rules
-        (vectorised: this runs for every staged and every fetched row)."""
+        (vectorised: this runs for every staged and every fetched row).
+        Returns the mask and logprobs as float32 arrays (for the digest)."""
         r = f"StagedCall[{self.staging_key}]"
-        object.__setattr__(self, "token_ids_delta", tuple(int(t) for t in self.token_ids_delta))
-        object.__setattr__(self, "token_mask_delta", tuple(int(m) for m in self.token_mask_delta))
+        ids = tuple(map(int, self.token_ids_delta))
+        masks = tuple(map(int, self.token_mask_delta))
         lp = np.asarray(self.generation_log_probs_delta, dtype=np.float32)
+        object.__setattr__(self, "token_ids_delta", ids)
+        object.__setattr__(self, "token_mask_delta", masks)
         object.__setattr__(self, "generation_log_probs_delta", tuple(lp.tolist()))
-        n = len(self.token_ids_delta)
+        n = len(ids)
         if n == 0:
             _fail(r, "token_ids_delta", "is empty")
-        if len(self.token_mask_delta) != n:
-            _fail(r, "token_mask_delta", f"length {len(self.token_mask_delta)} != {n} token ids")
+        if len(masks) != n:
+            _fail(r, "token_mask_delta", f"length {len(masks)} != {n} token ids")
         if len(lp) != n:
             _fail(r, "generation_log_probs_delta", f"length {len(lp)} != {n} token ids")
-        mask = np.asarray(self.token_mask_delta, dtype=np.int64)
-        bad = np.flatnonzero((mask != 0) & (mask != 1))
-        if bad.size:
-            i = int(bad[0])
-            _fail(r, "token_mask_delta", f"position {i} holds {self.token_mask_delta[i]}, masks are 0/1")
-        bad = np.flatnonzero(~np.isfinite(lp) | ((mask == 0) & (lp != 0.0)))
-        if bad.size:
-            i = int(bad[0])
+        if not _BINARY.issuperset(masks):
+            i = next(i for i, m in enumerate(masks) if m not in _BINARY)
+            _fail(r, "token_mask_delta", f"position {i} holds {masks[i]}, masks are 0/1")
+        mask = np.array(masks, dtype=np.float32)
+        bad = ~np.isfinite(lp) | ((mask == 0) & (lp != 0.0))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
             x = self.generation_log_probs_delta[i]
             if not math.isfinite(x):
                 _fail(r, "generation_log_probs_delta", f"position {i} is not finite ({x})")
             _fail(r, "generation_log_probs_delta", f"position {i} is {x} where the mask is 0 (must be 0.0)")
+        return mask, lp
 
     @classmethod
     def build(cls, staging_key: str, prev_len: int, token_ids: Sequence[int], mask: Sequence[int],
@@ -249,9 +266,8 @@ class StagedCall(_Record):
                             ("token_mask_delta", mask), ("generation_log_probs_delta", lp),
                             ("weight_version", weight_version)):
             object.__setattr__(call, name, value)
-        call._normalise_and_check()
-        object.__setattr__(call, "digest", delta_digest(call.token_ids_delta, call.token_mask_delta,
-                                                        call.generation_log_probs_delta))
+        mask_f32, lp_f32 = call._normalise_and_check()
+        object.__setattr__(call, "digest", delta_digest(call.token_ids_delta, mask_f32, lp_f32))
         return call
 
     def to_row(self) -> dict[str, Any]:

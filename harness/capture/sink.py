@@ -26,8 +26,13 @@ Group commit: `finish_requests` takes every request that finished together
 data-plane transaction and one ledger transaction for all of them; the
 ordering invariant holds per call (no ledger record before its row's durable
 ack) and failures stay per call. `finish_request` is a batch of one.
+`begin_requests` begins a whole batch with batched ledger reads, all or
+nothing (a batch that cannot begin leaves no handle in flight and raises
+`CaptureBeginError` naming the item); `begin_request` is a batch of one.
 
-Thread-safe (one lock); blocking (a finish batch fsyncs twice, whatever its size).
+Thread-safe (one lock); blocking. A finish batch fsyncs once whatever its size (the stage
+commit; the ledger outcome commit is `synchronous=NORMAL` unless `ledger_sync="full"`,
+see docs/capture.md "Durability").
 """
 
 from __future__ import annotations
@@ -61,6 +66,27 @@ log = logging.getLogger(__name__)
 
 class InjectedStagingFailure(RuntimeError):
     """Raised by the fault injector in place of a real staging error."""
+
+
+class CaptureBeginError(RuntimeError):
+    """A batch of requests could not begin; `index` is the item at fault
+    (None: the ledger failed for the whole batch). Chained to the cause."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message, index)
+        self.index = index
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _item_name(admission: Any) -> str:
+    """`rollout_id/model_call_id` of a raw admission, as far as it has them."""
+    if isinstance(admission, CaptureAdmission):
+        return admission.staging_key
+    if isinstance(admission, dict):
+        return f"{admission.get('rollout_id')}/{admission.get('model_call_id')}"
+    return f"<{type(admission).__name__}>"
 
 
 @dataclass
@@ -116,9 +142,16 @@ def _stage_many(dataplane: Any, rows: list[tuple[str, dict[str, Any]]]) -> list[
 class CaptureSink:
     """Stages token deltas and writes ledger rows for one engine owner."""
 
-    def __init__(self, dataplane: Any, ledger: CaptureLedger, *, fail_stage_rate: float = 0.0, seed: int = 0):
+    def __init__(self, dataplane: Any, ledger: CaptureLedger, *, fail_stage_rate: float = 0.0, seed: int = 0,
+                 ledger_sync: str = "normal"):
+        """`ledger_sync`: "normal" (default) or "full", the durability of the
+        ledger outcome commits (the stage commit is always fsynced first; see
+        docs/capture.md "Durability")."""
         if not 0.0 <= float(fail_stage_rate) <= 1.0:
             raise ValueError(f"capture.fail_stage_rate must be in [0, 1], got {fail_stage_rate!r}")
+        if ledger_sync not in ("normal", "full"):
+            raise ValueError(f"capture sink ledger_sync must be 'normal' or 'full', got {ledger_sync!r}")
+        self._sync_outcomes = ledger_sync == "full"
         self.dataplane = dataplane
         self.ledger = ledger
         self.fail_stage_rate = float(fail_stage_rate)
@@ -136,10 +169,13 @@ class CaptureSink:
 
         Keys: `ledger_path` (required), exactly one of `dataplane_path` /
         `dataplane_actor` (a named `DataPlaneActor`), optional
-        `dataplane_namespace`, `fail_stage_rate` (0.0), `seed` (0).
+        `dataplane_namespace`, `dataplane_local_writes` (None: stage through
+        a local connection when on the actor's node; False: always through
+        the actor; True: insist), `ledger_sync` ("normal"), `fail_stage_rate`
+        (0.0), `seed` (0).
         """
-        allowed = {"ledger_path", "dataplane_path", "dataplane_actor", "dataplane_namespace", "fail_stage_rate",
-                   "seed"}
+        allowed = {"ledger_path", "dataplane_path", "dataplane_actor", "dataplane_namespace",
+                   "dataplane_local_writes", "ledger_sync", "fail_stage_rate", "seed"}
         unknown = sorted(set(cfg) - allowed)
         if unknown:
             raise ValueError(f"capture sink config: unknown key {unknown[0]!r} (allowed: {sorted(allowed)})")
@@ -151,41 +187,126 @@ class CaptureSink:
         if actor:
             from harness.dataplane.actor import DataPlaneClient
 
-            dataplane: Any = DataPlaneClient(actor, namespace=cfg.get("dataplane_namespace"))
+            # local_writes=None: on the actor's node the sink stages through its own
+            # connection to the same file (no round trip); elsewhere through the actor.
+            dataplane: Any = DataPlaneClient(actor, namespace=cfg.get("dataplane_namespace"),
+                                             local_writes=cfg.get("dataplane_local_writes"))
         else:
             from harness.dataplane.store import DataPlaneStore
 
             dataplane = DataPlaneStore(path)
-        return cls(dataplane, CaptureLedger(cfg["ledger_path"]),
-                   fail_stage_rate=cfg.get("fail_stage_rate", 0.0), seed=cfg.get("seed", 0))
+        return cls(dataplane, CaptureLedger(cfg["ledger_path"]), fail_stage_rate=cfg.get("fail_stage_rate", 0.0),
+                   seed=cfg.get("seed", 0), ledger_sync=cfg.get("ledger_sync", "normal"))
 
     # -- request lifecycle -------------------------------------------------
     def begin_request(self, admission: dict[str, Any], prompt_ids: Sequence[int], *,
                       weight_version: int | None = None) -> str:
-        """Validate the admission against the ledger; return an opaque handle."""
+        """Validate the admission against the ledger; return an opaque handle.
+        (A batch of one: see `begin_requests`; raises the underlying error.)"""
+        try:
+            return self.begin_requests([(admission, prompt_ids)], weight_version=weight_version)[0]
+        except CaptureBeginError as exc:
+            raise (exc.__cause__ or exc) from None
+
+    def begin_requests(self, items: Sequence[tuple[Any, Sequence[int]]], *,
+                       weight_version: int | None = None) -> list[str]:
+        """Begin every `(admission, prompt_ids)` of one engine batch; one handle
+        per item, in order.
+
+        Batched I/O: one query for the admission numbers (one transaction
+        admits the calls no trainer admitted), one for existing outcomes, one
+        for the parents of `token_in` calls, one transaction for the failure
+        rows of calls poisoned here (duplicate id, lineage or prefix mismatch).
+
+        All or nothing: if an item cannot begin (a malformed admission -- its
+        failure row is written when its ids are known --, a call already in
+        flight or twice in the batch) or the ledger fails, NO handle of the
+        batch is left in flight: every other call of the batch gets a failure
+        row `aborted:begin_failed` (fail closed; a call in flight elsewhere
+        is left alone) and `CaptureBeginError` is raised naming the item
+        (`.index`, its staging key) and chained to the cause.
+        """
         with self._lock:
-            adm = self._parse_admission(admission)
-            handle = adm.staging_key
-            if handle in self._pending:
-                raise ValueError(f"capture request {handle!r} is already in flight")
-            prompt = [int(t) for t in prompt_ids]
-            seq = self.ledger.admission_seq(adm.rollout_id, adm.model_call_id)
-            if seq is None:
-                seq = self.ledger.admit(adm)  # engine-side admission (no trainer admitter in the loop)
-            pending = _Pending(adm, prompt, weight_version, (handle,), seq)
-            if self.ledger.get(adm.rollout_id, adm.model_call_id) is not None:
+            parsed: list[tuple[CaptureAdmission, list[int]]] = []
+            error: tuple[int | None, BaseException] | None = None
+            seen: set[str] = set()
+            for i, (admission, prompt_ids) in enumerate(items):
+                try:
+                    adm = self._parse_admission(admission)
+                    if adm.staging_key in self._pending or adm.staging_key in seen:
+                        raise ValueError(f"capture request {adm.staging_key!r} is already in flight")
+                    prompt = list(map(int, prompt_ids))
+                except Exception as exc:  # noqa: BLE001 - the batch fails below, naming this item
+                    if error is None:
+                        error = (i, exc)
+                    continue
+                seen.add(adm.staging_key)
+                parsed.append((adm, prompt))
+            if error is None:
+                try:
+                    pendings = self._begin_parsed(parsed, weight_version)
+                except Exception as exc:  # noqa: BLE001 - a ledger failure: nothing of the batch begins
+                    error = (None, exc)
+                else:
+                    for p in pendings:
+                        self._pending[p.admission.staging_key] = p
+                    return [p.admission.staging_key for p in pendings]
+            index, cause = error
+            self._abort_unbegun([adm for adm, _ in parsed])
+            what = f"item {index} ({_item_name(items[index][0])})" if index is not None else f"a batch of {len(items)}"
+            raise CaptureBeginError(f"capture could not begin {what}: {type(cause).__name__}: {cause}",
+                                    index) from cause
+
+    def _begin_parsed(self, parsed: list[tuple[CaptureAdmission, list[int]]],
+                      weight_version: int | None) -> list[_Pending]:
+        """The ledger work of `begin_requests` for validated items (no state change on error)."""
+        calls = [(adm.rollout_id, adm.model_call_id) for adm, _ in parsed]
+        seqs = self.ledger.admission_seqs(calls)
+        unadmitted = [i for i, seq in enumerate(seqs) if seq is None]
+        # engine-side admission (no trainer admitter in the loop)
+        for i, seq in zip(unadmitted, self.ledger.admit_many([parsed[i][0] for i in unadmitted])):
+            seqs[i] = seq
+        outcomes = self.ledger.get_many(calls)
+        children = [i for i, (adm, _) in enumerate(parsed) if adm.mode == "token_in" and outcomes[i] is None]
+        parents = self.ledger.get_many([(parsed[i][0].rollout_id, parsed[i][0].parent_call_id or "")
+                                        for i in children])
+        parent_of = dict(zip(children, parents))
+        pendings: list[_Pending] = []
+        failures: list[CallRecord] = []
+        for i, ((adm, prompt), seq) in enumerate(zip(parsed, seqs)):
+            pending = _Pending(adm, prompt, weight_version, (adm.staging_key,), seq)
+            if outcomes[i] is not None:
                 # The call already has an outcome; it stands, this request is not captured.
-                self.failed += 1
                 pending.failure_reason = "duplicate_call_id"
-            else:
-                if adm.mode == "token_in":
-                    why, chain = self._check_lineage(adm, prompt)
-                    pending.failure_reason = why
-                    pending.staging_chain = chain + (handle,)
-                if pending.failure_reason is not None:
-                    self._write_failure(adm, pending.failure_reason)
-            self._pending[handle] = pending
-            return handle
+            elif adm.mode == "token_in":
+                why, chain = self._check_lineage(adm, prompt, parent_of[i])
+                pending.failure_reason = why
+                pending.staging_chain = chain + (adm.staging_key,)
+                if why is not None:
+                    failures.append(CallRecord(rollout_id=adm.rollout_id, model_call_id=adm.model_call_id,
+                                               status="failed", parent_call_id=adm.parent_call_id,
+                                               admission_seq=seq, failure_reason=why))
+            pendings.append(pending)
+        for err in self.ledger.record_many(failures, sync=self._sync_outcomes):
+            if err is not None:
+                raise err
+        self.failed += sum(1 for p in pendings if p.failure_reason is not None)
+        return pendings
+
+    def _abort_unbegun(self, admissions: list[CaptureAdmission]) -> None:
+        """Failure rows for the calls of a batch that could not begin (best
+        effort: a call that already has an outcome keeps it)."""
+        try:
+            seqs = self.ledger.admission_seqs([(a.rollout_id, a.model_call_id) for a in admissions])
+            records = [CallRecord(rollout_id=a.rollout_id, model_call_id=a.model_call_id, status="failed",
+                                  parent_call_id=a.parent_call_id, admission_seq=seq,
+                                  failure_reason="aborted:begin_failed")
+                       for a, seq in zip(admissions, seqs)]
+            written = sum(1 for err in self.ledger.record_many(records, sync=self._sync_outcomes) if err is None)
+        except Exception:
+            log.exception("capture: could not write the failure rows of a batch that failed to begin")
+            return
+        self.failed += written
 
     def finish_request(self, handle: str, output_ids: Sequence[int], logprobs: Any,
                        weight_version: int | None) -> dict[str, Any]:
@@ -236,7 +357,7 @@ class CaptureSink:
             self.epoch_span_count += 1
             log.warning("capture: request %s spans a refit (admitted at weight version %s, finished at %s); "
                         "keeping the admission epoch", adm.staging_key, epoch, weight_version)
-        output = [int(t) for t in output_ids]
+        output = list(map(int, output_ids))
         lp = np.asarray(logprobs.detach().cpu() if hasattr(logprobs, "detach") else logprobs,
                         dtype=np.float32).reshape(-1)
         if lp.shape[0] != len(output):
@@ -309,13 +430,13 @@ class CaptureSink:
         if not records:
             return []
         try:
-            return list(self.ledger.record_many(records))
+            return list(self.ledger.record_many(records, sync=self._sync_outcomes))
         except Exception:  # noqa: BLE001 - retried record by record below
             log.warning("capture: ledger batch of %d outcomes failed; writing them one by one", len(records))
         out: list[Exception | None] = []
         for rec in records:
             try:
-                self.ledger.record_many([rec])
+                self.ledger.record_many([rec], sync=self._sync_outcomes)
                 out.append(None)
             except Exception as exc:  # noqa: BLE001 - that record's outcome
                 out.append(exc)
@@ -394,8 +515,10 @@ class CaptureSink:
                 self.failed += 1
             raise
 
-    def _check_lineage(self, adm: CaptureAdmission, prompt: list[int]) -> tuple[str | None, tuple[str, ...]]:
-        parent = self.ledger.get(adm.rollout_id, adm.parent_call_id or "")
+    def _check_lineage(self, adm: CaptureAdmission, prompt: list[int], parent: CallRecord | None
+                       ) -> tuple[str | None, tuple[str, ...]]:
+        """Re-check a `token_in` admission against its parent's ledger row:
+        (None, the parent's staging chain) or (the failure reason, ())."""
         if parent is None:
             return "unresolved_parent:not_committed", ()
         if not parent.committed:
@@ -411,10 +534,6 @@ class CaptureSink:
         if adm.required_prefix_token_ids is not None and list(adm.required_prefix_token_ids) != prompt[: adm.prev_len]:
             return "prefix_mismatch", ()
         return None, tuple(parent.staging_chain)
-
-    def _write_failure(self, adm: CaptureAdmission, reason: str) -> None:
-        self.failed += 1
-        self.ledger.record_failure(adm.rollout_id, adm.model_call_id, reason, parent_call_id=adm.parent_call_id)
 
     @staticmethod
     def _failed_coords(adm: CaptureAdmission, reason: str, epoch: int | None, version: int | None) -> dict[str, Any]:

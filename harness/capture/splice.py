@@ -121,6 +121,15 @@ class PrefixCache:
         while len(self._entries) > self.maxsize:
             self._entries.popitem(last=False)
 
+    def missing_keys(self, chain: Sequence[str]) -> list[str]:
+        """The keys `resolve(chain, ...)` would fetch now (no counters, no LRU change)."""
+        if not chain or chain[-1] in self._entries:
+            return []
+        for depth in range(len(chain) - 2, -1, -1):
+            if chain[depth] in self._entries:
+                return list(chain[depth + 1:])
+        return list(chain)
+
     def resolve(self, chain: Sequence[str], fetch_rows: FetchRows) -> list[int]:
         if not chain:
             return []

@@ -1,10 +1,12 @@
 """The data plane as a named Ray actor, and a blocking client for it.
 
-`DataPlaneActor` owns one `DataPlaneStore` (a single writer process, so SQLite
-lock contention never arises between engines). `DataPlaneClient` exposes the
-store's methods with the same signatures; each call blocks on `ray.get`, so
-`client.stage(...)` / `client.stage_many(...)` returning still means
-"durable". Prefer the batch methods (`stage_many`, `fetch_many`): one round
+`DataPlaneActor` owns one `DataPlaneStore`: the data plane's address in the
+cluster, and the writer for clients on other nodes. Clients on the actor's
+node may read, and (opt-in) stage rows, through their own connection to the
+same file (see `DataPlaneClient`). `DataPlaneClient` exposes the
+store's methods with the same signatures; each call blocks (on `ray.get` or
+the local commit), so `client.stage(...)` / `client.stage_many(...)`
+returning still means "durable". Prefer the batch methods (`stage_many`, `fetch_many`): one round
 trip to the actor costs about a millisecond on a small box. Use
 `start_dataplane_actor(name, path)` from the driver and `DataPlaneClient(name)`
 anywhere in the cluster (Ray actors, engine processes attached to Ray).
@@ -92,57 +94,88 @@ class DataPlaneClient:
 
     `target` is an actor handle or the actor's registered name.
 
-    Writes always go through the actor (one writer process). Row reads
-    (`fetch`, `fetch_many`, `digest`, `has`, `keys`) are served from a local
-    read connection to the same SQLite file when the client runs on the
-    actor's node (`local_reads=None`, the default, decides this on the first
-    read; `True` insists and raises naming the file and nodes if impossible;
-    `False` always asks the actor). In WAL mode a reader sees every
-    transaction committed before the read starts, so a row whose `stage`
-    returned is visible, and the stored digest is re-verified on every read
-    either way. Tensor reads stay with the actor.
+    Local connection: when the client runs on the actor's node it can open
+    its own connection to the same SQLite file (decided on first use: the
+    actor reports its file and node). The store's contract is the file's, not
+    the process's -- WAL, `synchronous=FULL`, `BEGIN IMMEDIATE` transactions
+    (SQLite serialises writers across processes; `busy_timeout` waits), the
+    digest computed from the canonical bytes and re-verified on every read --
+    so a local call gives exactly the result the actor would, minus the round
+    trip.
+
+    * Row reads (`fetch`, `fetch_many`, `digest`, `has`, `keys`):
+      `local_reads=None` (default) uses the local connection when possible;
+      `True` insists (raises naming the file and nodes if impossible);
+      `False` always asks the actor. In WAL mode a reader sees every
+      transaction committed before the read starts, so a row whose `stage`
+      returned is visible.
+    * Row writes (`stage`, `stage_many`): `local_writes=False` (default) sends
+      them to the actor; `None` writes locally when possible (the engine
+      owner's capture sink does: its group commit then pays no round trip);
+      `True` insists. Either way the call returns after the durable commit.
+    * Tensors, `delete_prefix` and `snapshot` always go to the actor.
     """
 
-    def __init__(self, target: Any, *, namespace: str | None = None, local_reads: bool | None = None):
+    def __init__(self, target: Any, *, namespace: str | None = None, local_reads: bool | None = None,
+                 local_writes: bool | None = False):
         self._actor = ray.get_actor(target, namespace=namespace) if isinstance(target, str) else target
         self._local_reads = local_reads
-        self._reader: DataPlaneStore | None = None
-        self._reader_checked = local_reads is False
+        self._local_writes = local_writes
+        self._local: DataPlaneStore | None = None
+        self._local_checked = False
+        self._where: tuple[str, str, str] = ("?", "?", "?")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # A client travels as its actor handle; the receiver opens its own reader.
-        return (_rebuild_client, (self._actor, self._local_reads))
+        # A client travels as its actor handle; the receiver opens its own connection.
+        return (_rebuild_client, (self._actor, self._local_reads, self._local_writes))
 
     @property
     def handle(self) -> Any:
         """The actor handle (pass it to other actors; they wrap it in their own client)."""
         return self._actor
 
-    def _rows(self) -> DataPlaneStore | None:
-        """The local read connection, or None (reads go to the actor)."""
-        if not self._reader_checked:
-            self._reader_checked = True
+    def _local_store(self, want: bool | None, what: str) -> DataPlaneStore | None:
+        """The local connection for `what` (reads/writes) under the setting `want`, or None."""
+        if want is False:
+            return None
+        if not self._local_checked:
+            self._local_checked = True
             path, node = ray.get(self._actor.location.remote())
             here = ray.get_runtime_context().get_node_id()
+            self._where = (path, node, here)
             if node == here and Path(path).is_file():
-                self._reader = DataPlaneStore(path)
-            elif self._local_reads:
-                raise ValueError(f"data plane client: local_reads=True but the store {path} is on node {node} "
-                                 f"and this process runs on node {here}")
-        return self._reader
+                self._local = DataPlaneStore(path)
+        if self._local is None and want:
+            path, node, here = self._where
+            raise ValueError(f"data plane client: local_{what}=True but the store {path} is on node {node} "
+                             f"and this process runs on node {here}")
+        return self._local
+
+    def _rows(self) -> DataPlaneStore | None:
+        """The local connection for row reads, or None (reads go to the actor)."""
+        return self._local_store(self._local_reads, "reads")
+
+    def _writer(self) -> DataPlaneStore | None:
+        """The local connection for row writes, or None (writes go to the actor)."""
+        return self._local_store(self._local_writes, "writes")
 
     def close(self) -> None:
-        """Close the local read connection (the actor keeps running)."""
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-        self._reader_checked = self._local_reads is False
+        """Close the local connection (the actor keeps running); reopened on the next local call."""
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+        self._local_checked = False
 
     def stage(self, key: str, row: Mapping[str, Any]) -> str:
-        return ray.get(self._actor.stage.remote(key, dict(row)))
+        local = self._writer()
+        return local.stage(key, row) if local is not None else ray.get(self._actor.stage.remote(key, dict(row)))
 
     def stage_many(self, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str | Exception]:
-        """One actor round trip and one transaction for the whole batch (see `DataPlaneStore.stage_many`)."""
+        """One transaction for the whole batch (see `DataPlaneStore.stage_many`):
+        on the local connection, or in one actor round trip."""
+        local = self._writer()
+        if local is not None:
+            return local.stage_many(items)
         return ray.get(self._actor.stage_many.remote([(k, r) for k, r in items]))
 
     def fetch(self, key: str) -> dict[str, Any]:
@@ -181,5 +214,5 @@ class DataPlaneClient:
         ray.get(self._actor.snapshot.remote(str(dest)))
 
 
-def _rebuild_client(actor: Any, local_reads: bool | None) -> DataPlaneClient:
-    return DataPlaneClient(actor, local_reads=local_reads)
+def _rebuild_client(actor: Any, local_reads: bool | None, local_writes: bool | None = False) -> DataPlaneClient:
+    return DataPlaneClient(actor, local_reads=local_reads, local_writes=local_writes)

@@ -151,11 +151,15 @@ class DataPlaneStore:
             return outcomes
         with _immediate(self._db):
             for i, key, digest, payload in prepared:
-                existing = self._db.execute("SELECT digest FROM rows WHERE key=?", (key,)).fetchone()
-                if existing is None:
-                    self._db.execute("INSERT INTO rows(key, digest, payload) VALUES (?,?,?)", (key, digest, payload))
+                inserted = self._db.execute(
+                    "INSERT INTO rows(key, digest, payload) VALUES (?,?,?) ON CONFLICT(key) DO NOTHING",
+                    (key, digest, payload),
+                ).rowcount
+                if inserted:
                     outcomes[i] = digest
-                elif existing[0] == digest:
+                    continue
+                existing = self._db.execute("SELECT digest FROM rows WHERE key=?", (key,)).fetchone()
+                if existing[0] == digest:
                     outcomes[i] = digest
                 else:
                     outcomes[i] = StagingConflict(
@@ -172,8 +176,24 @@ class DataPlaneStore:
         return _decode_verified(key, got[0], got[1])
 
     def fetch_many(self, keys: Iterable[str]) -> list[dict[str, Any]]:
-        """`fetch` of every key, in order (each digest verified); raises on the first bad key."""
-        return [self.fetch(k) for k in keys]
+        """`fetch` of every key, in order (each digest verified); raises on the
+        first bad key. One query per 500 distinct keys."""
+        keys = list(keys)
+        found: dict[str, tuple[str, bytes]] = {}
+        distinct = list(dict.fromkeys(keys))
+        for i in range(0, len(distinct), 500):
+            chunk = distinct[i:i + 500]
+            rows = self._db.execute(
+                f"SELECT key, digest, payload FROM rows WHERE key IN ({','.join('?' * len(chunk))})", chunk
+            ).fetchall()
+            found.update((k, (d, p)) for k, d, p in rows)
+        out = []
+        for k in keys:
+            got = found.get(k)
+            if got is None:
+                raise KeyError(f"data plane has no row under key {k!r}")
+            out.append(_decode_verified(k, got[0], got[1]))
+        return out
 
     def digest(self, key: str) -> str | None:
         got = self._db.execute("SELECT digest FROM rows WHERE key=?", (key,)).fetchone()

@@ -13,20 +13,25 @@ training sample is rebuilt from the verified staged rows (fail closed:
 anything incomplete becomes a masked placeholder). With capture off only
 single-turn episodes are allowed, and the sample is built from the engine
 result directly.
+
+Capture costs the driver a fixed number of store operations per turn and per
+attempt, whatever the batch size: one ``admit_many`` per turn, and per attempt
+one ``finalize_from_ledger`` (two ledger queries for the receipts, one row
+fetch).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ray
 
-from harness.capture.admission import CaptureAdmitter
-from harness.capture.finalize import Placeholder, Sample, finalize_group
-from harness.capture.receipt import build_receipt
+from harness.capture.admission import AdmissionRequest, AdmissionResult, CaptureAdmitter
+from harness.capture.finalize import Placeholder, Sample, finalize_from_ledger
 
 
 @dataclass
@@ -105,7 +110,7 @@ class RolloutDriver:
             live = [e for e in episodes if not e.done]
             if not live:
                 break
-            requests = [self._request(e, step, attempt) for e in live]
+            requests = self._requests(live, step, attempt)
             sendable = [(e, r) for e, r in zip(live, requests) if r is not None]
             results = self._generate([r for _, r in sendable])
             for (episode, _), result in zip(sendable, results):
@@ -113,23 +118,41 @@ class RolloutDriver:
         return self._finalize(episodes)
 
     # -- requests ----------------------------------------------------------
-    def _request(self, episode: Episode, step: int, attempt: int) -> dict | None:
-        ro = self.spec["rollout"]
-        call_id = f"call{episode.turn}"
-        template_ids = self.tokenizer.apply_chat_template(episode.messages, add_generation_prompt=True)
-        capture = None
-        prompt_ids = list(template_ids)
-        if self.capture is not None:
-            admitter: CaptureAdmitter = self.capture[0]
-            if episode.last_call_id is None:
-                adm = admitter.admit_root(episode.rollout_id, call_id, prompt_ids)
+    def _requests(self, episodes: list[Episode], step: int, attempt: int) -> list[dict | None]:
+        """One request per live episode (None: its admission failed and it ended).
+
+        With capture on, the whole turn is admitted with one
+        ``admitter.admit_many`` (one parent query, one prefix fetch, one
+        admission transaction), which gives exactly the admissions and failure
+        rows of admitting the episodes one by one in this order."""
+        prompts = []
+        admissions: list[AdmissionRequest] = []
+        for e in episodes:
+            call_id = f"call{e.turn}"
+            template_ids = self.tokenizer.apply_chat_template(e.messages, add_generation_prompt=True)
+            prompts.append(list(template_ids))
+            if self.capture is None:
+                continue
+            if e.last_call_id is None:
+                admissions.append(AdmissionRequest.root(e.rollout_id, call_id, template_ids))
             else:
                 template_prefix = self.tokenizer.apply_chat_template(
-                    _up_to_last_assistant(episode.messages), add_generation_prompt=False
+                    _up_to_last_assistant(e.messages), add_generation_prompt=False
                 )
-                adm = admitter.admit_continuation(
-                    episode.rollout_id, call_id, episode.last_call_id, template_prefix, template_ids
-                )
+                admissions.append(AdmissionRequest.continuation(
+                    e.rollout_id, call_id, e.last_call_id, template_prefix, template_ids))
+        results: list[AdmissionResult | None] = [None] * len(episodes)
+        if self.capture is not None:
+            admitter: CaptureAdmitter = self.capture[0]
+            results = list(admitter.admit_many(admissions))
+        return [self._request(e, prompt, adm, step, attempt) for e, prompt, adm in zip(episodes, prompts, results)]
+
+    def _request(self, episode: Episode, prompt_ids: list[int], adm: AdmissionResult | None,
+                 step: int, attempt: int) -> dict | None:
+        ro = self.spec["rollout"]
+        call_id = f"call{episode.turn}"
+        capture = None
+        if adm is not None:
             if not adm.ok:
                 episode.failed = adm.failure_reason or "admission_failed"
                 episode.done = True
@@ -189,11 +212,8 @@ class RolloutDriver:
             metrics = {"finalize/rollouts": float(len(samples)), "finalize/masked_count": 0.0}
         else:
             _, ledger, dataplane = self.capture
-            receipts = [
-                build_receipt(e.rollout_id, ledger, reward=e.reward, declared_terminal=e.last_call_id)
-                for e in episodes
-            ]
-            samples, metrics = finalize_group(receipts, dataplane, ledger)
+            _, samples, metrics = finalize_from_ledger(
+                [(e.rollout_id, e.reward, e.last_call_id) for e in episodes], ledger, dataplane)
         summaries = [_summary(e, s) for e, s in zip(episodes, samples)]
         return AttemptResult(samples, rewards, summaries, dict(metrics))
 

@@ -186,14 +186,28 @@ class RolloutWorker:
         return self._capture_sink
 
     async def _generate_batch(self, requests: list[dict]) -> list[dict]:
-        """Generate with capture staging around every request that carries ``capture``."""
+        """Generate with capture staging around every request that carries ``capture``.
+
+        Capture is batched: one ``begin_requests`` before the engine call and
+        one ``finish_requests`` (group commit) after it. If the batch cannot
+        begin, no handle stays in flight (the sink writes failure rows for the
+        batch's calls) and the error names the request at fault; if generation
+        fails, every handle is aborted with a failure row."""
+        captured = [i for i, r in enumerate(requests) if r.get("capture") is not None]
         handles: dict[int, Any] = {}
-        version = None
-        for i, request in enumerate(requests):
-            if request.get("capture") is not None:
-                if version is None:
-                    version = await self._call_async("weight_version")
-                handles[i] = self._sink().begin_request(request["capture"], list(request["prompt_ids"]), weight_version=version)
+        if captured:
+            from harness.capture.sink import CaptureBeginError
+
+            version = await self._call_async("weight_version")
+            items = [(requests[i]["capture"], list(requests[i]["prompt_ids"])) for i in captured]
+            try:
+                opened = self._sink().begin_requests(items, weight_version=version)
+            except CaptureBeginError as exc:
+                at = captured[exc.index] if exc.index is not None else None
+                who = (f"request {requests[at].get('request_id')!r} (position {at} of the batch)" if at is not None
+                       else f"a batch of {len(captured)} captured requests")
+                raise CaptureBeginError(f"{self.label}: capture could not begin {who}: {exc}", at) from exc
+            handles = dict(zip(captured, opened))
         try:
             results = await self._call_async("generate", [dict(r) for r in requests])
         except BaseException:

@@ -44,6 +44,7 @@ class Session:
         self.policy = None
         self.workers: list = []
         self.dataplane_handle = None
+        self.dataplane = None
         self.ledger = None
         self._started_ray = False
 
@@ -177,6 +178,11 @@ class Session:
                 errors.append(f"policy shutdown: {e!r}")
         if self.ledger is not None:
             self.ledger.close()
+        if self.dataplane is not None:  # the driver's local read connection, before the actor's
+            try:
+                self.dataplane.close()
+            except Exception as e:  # noqa: BLE001 - keep tearing down
+                errors.append(f"data plane client close: {e!r}")
         if self.dataplane_handle is not None:
             try:
                 ray.get(self.dataplane_handle.close.remote(), timeout=SHUTDOWN_TIMEOUT_S)

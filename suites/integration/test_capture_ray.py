@@ -49,6 +49,10 @@ class EngineOwner:
     def stats(self):
         return self.sink.stats()
 
+    def stages_locally(self):
+        """Whether the sink's data-plane client writes through its own connection."""
+        return self.sink.dataplane._writer() is not None
+
     def client_reads(self, client, key):
         """A pickled DataPlaneClient, used inside another actor: (row, reads served locally?)."""
         return client.fetch(key), client._rows() is not None
@@ -145,4 +149,95 @@ def test_group_commit_through_the_actor_and_local_reads(ray_session, tmp_path):
     ledger.close()
     client.close()
     ray.kill(engine)
+    ray.kill(handle)
+
+
+def test_local_writes_on_the_actor_node_equal_the_actor_path(ray_session, tmp_path):
+    import sqlite3
+
+    from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+    from harness.dataplane.store import StagingConflict
+
+    handle = start_dataplane_actor("dataplane-local-writes", str(tmp_path / "dataplane.sqlite"))
+    local = DataPlaneClient(handle, local_writes=None)
+    remote = DataPlaneClient(handle, local_reads=False)  # writes (default) and reads through the actor
+    got = local.stage_many([("l/a", {"v": [1, 2]}), ("l/b", {"v": float("inf")})])
+    assert local._writer() is not None and remote._rows() is None and remote._writer() is None
+    assert isinstance(got[1], ValueError) and got[0] == remote.digest("l/a")
+    assert remote.fetch("l/a") == {"v": [1, 2]}  # committed: the actor's own connection sees it
+    # one file, one set of rules whichever connection writes
+    assert isinstance(remote.stage_many([("l/a", {"v": [9]})])[0], StagingConflict)
+    assert isinstance(local.stage_many([("r/a", {"v": 0})])[0], str)
+    assert isinstance(local.stage_many([("r/a", {"v": 1})])[0], StagingConflict)
+    assert remote.stage("r/a", {"v": 0}) == local.stage("r/a", {"v": 0})
+    # durable on return: a fresh connection (another process's view) sees the rows
+    raw = sqlite3.connect(tmp_path / "dataplane.sqlite")
+    assert sorted(k for (k,) in raw.execute("SELECT key FROM rows")) == ["l/a", "r/a"]
+    raw.close()
+    with pytest.raises(ValueError, match="unknown key 'dataplane_local_write'"):
+        from harness.capture.sink import CaptureSink
+
+        CaptureSink.from_config({"ledger_path": str(tmp_path / "l.sqlite"), "dataplane_actor": "x",
+                                 "dataplane_local_write": True})
+    local.close()
+    assert local._local is None
+    ray.get(handle.close.remote())
+    ray.kill(handle)
+
+
+def test_session_stop_closes_the_driver_connection(ray_session, tmp_path):
+    """Teardown of the capture half of a real `Session` (no engines, no policy):
+    the driver's local read connection is closed before the actor's, so no
+    WAL file outlives the run."""
+    from harness.envs.tokenizer import load_tokenizer
+    from harness.runner.session import Session
+
+    spec = {"seed": 0, "capture": {"enabled": True, "fail_stage_rate": 0.0}, "grpo": {"trainer": "grpo"}}
+    session = Session(spec, None, tmp_path, {}, say=lambda _msg: None)
+    session.tokenizer = load_tokenizer()
+    admitter, _ledger, client = session._start_capture()
+    res = admitter.admit_root("r", "c0", [1, 2, 3])
+    client.stage("r/c0", {"v": 1})
+    assert client.fetch("r/c0") == {"v": 1} and client._rows() is not None and res.ok
+    assert (tmp_path / "dataplane.sqlite-wal").exists()
+    session._stop()
+    assert client._local is None
+    assert not (tmp_path / "dataplane.sqlite-wal").exists()
+    assert not (tmp_path / "ledger.sqlite-wal").exists()
+
+
+def test_two_engine_owners_stage_concurrently_through_local_connections(ray_session, tmp_path):
+    """Two engine owners on the actor's node group-commit at the same time, each
+    through its own connection to the data-plane file: SQLite serialises the
+    writers, every call commits, every rollout finalises."""
+    from harness.capture.admission import AdmissionRequest, CaptureAdmitter
+    from harness.capture.finalize import Sample, finalize_from_ledger
+    from harness.capture.ledger import CaptureLedger
+    from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+
+    handle = start_dataplane_actor("dataplane-two-owners", str(tmp_path / "dataplane.sqlite"))
+    client = DataPlaneClient(handle)
+    cfg = {"ledger_path": str(tmp_path / "ledger.sqlite"), "dataplane_actor": "dataplane-two-owners",
+           "dataplane_namespace": "capture_test"}
+    owners = [EngineOwner.remote(cfg), EngineOwner.remote(cfg)]
+    ledger = CaptureLedger(cfg["ledger_path"])
+    admitter = CaptureAdmitter(ledger, client, eos_token_id=EOS)
+    rids = [f"e{e}b{b}r{r}" for e in range(2) for b in range(3) for r in range(8)]
+    results = admitter.admit_many([AdmissionRequest.root(rid, "c0", [1, 7, 3]) for rid in rids])
+    refs = []
+    for e, owner in enumerate(owners):
+        for b in range(3):
+            batch = [(res.request_capture(), res.prompt_ids, [40 + r, EOS], [-0.5, -0.25])
+                     for r, res in enumerate(results[(e * 3 + b) * 8:(e * 3 + b + 1) * 8])]
+            refs.append(owner.generate_batch.remote(batch, 0))
+    coords = [c for batch in ray.get(refs) for c in batch]
+    assert ray.get([o.stages_locally.remote() for o in owners]) == [True, True]
+    assert len(coords) == 48 and all(c["disposition"] == "staged" for c in coords)
+    _, samples, metrics = finalize_from_ledger([(rid, 1.0, "c0") for rid in rids], ledger, client)
+    assert metrics["finalize/masked_count"] == 0.0 and all(isinstance(s, Sample) for s in samples)
+    assert [s.token_ids[3] for s in samples] == [40 + r for _e in range(2) for _b in range(3) for r in range(8)]
+    ledger.close()
+    client.close()
+    for owner in owners:
+        ray.kill(owner)
     ray.kill(handle)

@@ -211,3 +211,29 @@ def test_shutdown_closes_profilers_and_leaves_no_children(cluster):
         assert last["type"] == "close", rank
     with pytest.raises(ray.exceptions.RayTaskError, match="shut down"):
         ray.get(w["tp2_async"].generate.remote(_requests(1)))
+
+
+def test_capture_batch_that_cannot_begin_names_the_request_and_fails_closed(cluster, tmp_path):
+    """A malformed admission in the middle of a sync batch: the error names the
+    request, the batch's other calls get failure rows, nothing stays in flight."""
+    from harness.capture.ledger import CaptureLedger
+    from harness.capture.sink import CaptureBeginError
+
+    cfg = {"ledger_path": str(tmp_path / "ledger.sqlite"), "dataplane_path": str(tmp_path / "dataplane.sqlite")}
+    w = rollout_worker_actor().remote(_spec(1, False), 3, 6, str(cluster["run_dir"]), None, capture_config=cfg)
+    requests = _requests(4)
+    for i, r in enumerate(requests):
+        r["capture"] = {"rollout_id": f"r{i}", "model_call_id": "c0", "mode": "text"}
+    requests[2]["capture"] = {**requests[2]["capture"], "prev_len": 3}  # a text-mode root with a prefix
+    with pytest.raises(CaptureBeginError, match=r"request 'q2' \(position 2 of the batch\).*prev_len"):
+        ray.get(w.generate.remote(requests), timeout=300)
+    ledger = CaptureLedger(cfg["ledger_path"])
+    assert [ledger.get(f"r{i}", "c0").failure_reason for i in (0, 1, 3)] == ["aborted:begin_failed"] * 3
+    assert ledger.get("r2", "c0").failure_reason.startswith("invalid_admission:")
+    # no handle was left in flight: the same calls begin again (their outcomes stand: not captured)
+    requests[2]["capture"] = {"rollout_id": "r2", "model_call_id": "c0", "mode": "text"}
+    results = ray.get(w.generate.remote(requests), timeout=300)
+    assert [r["capture"]["failure_reason"] for r in results] == ["duplicate_call_id"] * 4
+    ledger.close()
+    ray.get(w.shutdown.remote(), timeout=60)
+    ray.kill(w)
