@@ -229,15 +229,18 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         dp_data._all_reduce_flat(dense, self._dp_group)
         dp_data._all_reduce_flat(expert, self._edp_group)
 
+    def _owns(self, name: str) -> bool:
+        """Whether this rank is the one designated owner of parameter ``name``'s
+        piece of the full model (each piece counted / exported exactly once)."""
+        c = self.coords
+        if is_expert(name):
+            return c["edp"] == 0
+        return c["dp"] == 0 and c["cp"] == 0 and (is_tp_sharded(name) or c["tp"] == 0)
+
     def _grad_norm(self) -> float:
         sq = torch.zeros((), dtype=torch.float64, device=self.named[0][1].device)  # NCCL needs it on the GPU
-        c = self.coords
         for n, p in self.named:
-            if is_expert(n):
-                own = c["edp"] == 0
-            else:
-                own = c["dp"] == 0 and c["cp"] == 0 and (is_tp_sharded(n) or c["tp"] == 0)
-            if own:
+            if self._owns(n):
                 sq += p.grad.double().pow(2).sum()
         if dist.get_world_size() > 1:
             dist.all_reduce(sq)
@@ -331,14 +334,8 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Full HF-named tensors on policy rank 0 (collective; {} elsewhere)."""
         c = self.coords
-        mine = []
-        for n, p in self.named:
-            if is_expert(n):
-                own = c["edp"] == 0
-            else:
-                own = c["dp"] == 0 and c["cp"] == 0 and (is_tp_sharded(n) or c["tp"] == 0)
-            if own:
-                mine.append((n, c["tp"], c["ep"], self.layer_offset, p.detach().cpu().clone()))
+        mine = [(n, c["tp"], c["ep"], self.layer_offset, p.detach().cpu().clone())
+                for n, p in self.named if self._owns(n)]
         gathered: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         if self.rank != 0:
