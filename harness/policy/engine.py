@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 
 from harness.policy.checkpoint import CHECKPOINT_MARKER, ShardedCheckpoint  # noqa: F401
+from harness.policy.common import TRAIN_KEYS, EngineCommon  # noqa: F401
 from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, SplitTrainStep  # noqa: F401
 from harness.algos.loss import (
     ClippedPGLoss,
-    aggregate_microbatch_metrics,
     global_valid_counts,
 )
 from harness.model.config import ModelConfig
@@ -58,10 +58,6 @@ from harness.parallel.groups import (
 from harness.parallel.pipeline import run_pipeline, stage_info
 
 
-TRAIN_KEYS = (
-    "input_ids", "input_lengths", "token_mask", "sample_mask", "advantages",
-    "prev_logprobs", "generation_logprobs", "reference_policy_logprobs",
-)
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
@@ -102,7 +98,7 @@ def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone() if t.device.type == "cpu" else t.cpu()
 
 
-class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
+class PolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
     backend = "native"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
@@ -158,19 +154,8 @@ class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
         return stage_info(self.groups.ranks("pp"), self.rank, self.model.activation_shape(self.mbs),
                           self.cfg.torch_dtype(), self.device)
 
-    def _microbatches(self, batch: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        b = batch["input_ids"].shape[0]
-        if b == 0 or b % self.mbs:
-            raise ValueError(
-                f"policy rank {self.rank} (dp {self.coords['dp']}): batch of {b} samples is not a positive "
-                f"multiple of policy.micro_batch_size={self.mbs}"
-            )
-        return [{k: v[i : i + self.mbs] for k, v in batch.items()} for i in range(0, b, self.mbs)]
-
     def _forward_backward(self, batch, global_seqs: float, global_toks: float) -> list[dict[str, float]]:
-        for key in TRAIN_KEYS:
-            if key not in batch:
-                raise ValueError(f"policy rank {self.rank}: train batch is missing field {key!r}")
+        self._check_train_batch(batch)
         mbs = [self._on_device(mb) for mb in self._microbatches(batch)]
         info = self._stage_info()
         metrics: list[dict[str, float]] = []
@@ -187,16 +172,6 @@ class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
         run_pipeline(info, len(mbs), stage_forward, backward=True)
         return metrics
 
-    def _combine_over_dp(self, per_mb: list[dict[str, float]]) -> dict[str, float]:
-        """Microbatch metrics of all DP ranks combined (last-stage ranks only)."""
-        local = aggregate_microbatch_metrics(per_mb)
-        group = self.groups["dp"]
-        if group is None:
-            return local
-        gathered: list[Any] = [None] * self.groups.size("dp")
-        dist.all_gather_object(gathered, local, group=group)
-        return aggregate_microbatch_metrics(gathered)
-
     def _optimizer_step(self, grad_scale: float | None = None) -> float:
         dp_data.reduce_gradients(self.named, self.kinds, self.groups)
         if grad_scale is not None:
@@ -208,12 +183,6 @@ class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
         return norm
-
-    def _step_metrics(self, loss_metrics: dict[str, float], norm: float, seqs: float, toks: float) -> dict[str, float]:
-        if not self.is_last:
-            return {}
-        return {**loss_metrics, "grad_norm": norm, "lr": self.lr, "wd": self.wd,
-                "global_valid_seqs": seqs, "global_valid_toks": toks}
 
     # -- monolithic ---------------------------------------------------------------
 
@@ -267,18 +236,6 @@ class PolicyEngine(SplitTrainStep, ShardedCheckpoint):
         if not self.is_last:
             return torch.empty(0)
         return moved(torch.cat(outs)[:b], torch.device("cpu")).to(torch.float32)
-
-    @torch.no_grad()
-    def get_reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Logprobs under the initial weights (swapped in, then restored)."""
-        current = {n: p.detach().clone() for n, p in self.named}
-        try:
-            for n, p in self.named:
-                p.copy_(self.reference_state[n])
-            return self.get_logprobs(batch)
-        finally:
-            for n, p in self.named:
-                p.copy_(current[n])
 
     # -- full weights -------------------------------------------------------------------
 

@@ -31,7 +31,6 @@ import torch.distributed as dist
 
 from harness.algos.loss import (
     ClippedPGLoss,
-    aggregate_microbatch_metrics,
     global_valid_counts,
 )
 from harness.model import functional as Fn
@@ -40,7 +39,8 @@ from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
 from harness.parallel.groups import stage_layers
 from harness.policy.checkpoint import ShardedCheckpoint
-from harness.policy.engine import TRAIN_KEYS, seed_rank
+from harness.policy.common import EngineCommon
+from harness.policy.engine import seed_rank
 from harness.policy.megatron import compat
 from harness.policy.megatron.groups import harness_group_names
 from harness.policy.megatron.model import (
@@ -75,7 +75,7 @@ def check_layout(spec: Mapping[str, Any]) -> None:
         raise MegatronLayoutError("policy.sp must be true with policy.tp > 1 (megatron MoE + TP needs sequence parallel)")
 
 
-class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
+class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
     backend = "megatron"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
@@ -190,19 +190,8 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
                   forward_only=forward_only)
         return list(out) if self.is_last else []
 
-    def _microbatches(self, batch: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        b = batch["input_ids"].shape[0]
-        if b == 0 or b % self.mbs:
-            raise ValueError(
-                f"policy rank {self.rank} (dp {self.coords['dp']}): batch of {b} samples is not a positive "
-                f"multiple of policy.micro_batch_size={self.mbs}"
-            )
-        return [{k: v[i : i + self.mbs] for k, v in batch.items()} for i in range(0, b, self.mbs)]
-
     def _forward_backward(self, batch, global_seqs: float, global_toks: float) -> list[dict[str, float]]:
-        for key in TRAIN_KEYS:
-            if key not in batch:
-                raise ValueError(f"policy rank {self.rank}: train batch is missing field {key!r}")
+        self._check_train_batch(batch)
         mbs = self._microbatches(batch)
         self.model.train()
 
@@ -258,20 +247,6 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         self.steps_done += 1
         return norm
 
-    def _combine_over_dp(self, per_mb: list[dict[str, float]]) -> dict[str, float]:
-        local = aggregate_microbatch_metrics(per_mb)
-        if self._dp_group is None:
-            return local
-        gathered: list[Any] = [None] * dist.get_world_size(self._dp_group)
-        dist.all_gather_object(gathered, local, group=self._dp_group)
-        return aggregate_microbatch_metrics(gathered)
-
-    def _step_metrics(self, loss_metrics, norm, seqs, toks) -> dict[str, float]:
-        if not self.is_last:
-            return {}
-        return {**loss_metrics, "grad_norm": norm, "lr": self.lr, "wd": self.wd,
-                "global_valid_seqs": seqs, "global_valid_toks": toks}
-
     # -- monolithic -------------------------------------------------------------------------
 
     def train(self, batch: Mapping[str, torch.Tensor], eval_mode: bool = False) -> dict[str, float]:
@@ -317,17 +292,6 @@ class MegatronPolicyEngine(SplitTrainStep, ShardedCheckpoint):
         if not self.is_last:
             return torch.empty(0)
         return torch.cat(outs)[:b].to(torch.float32)
-
-    @torch.no_grad()
-    def get_reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        current = {n: p.detach().clone() for n, p in self.named}
-        try:
-            for n, p in self.named:
-                p.copy_(self.reference_state[n])
-            return self.get_logprobs(batch)
-        finally:
-            for n, p in self.named:
-                p.copy_(current[n])
 
     # -- full weights (refit export) ------------------------------------------------------------
 

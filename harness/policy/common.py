@@ -1,0 +1,69 @@
+"""What every policy backend's engine does the same way, around its own forward.
+
+:class:`EngineCommon` holds the backend-independent parts: checking a train
+batch, cutting it into microbatches, combining metrics over DP, the step
+metrics, and reference logprobs by swapping the initial weights in. A backend
+provides ``rank``, ``coords``, ``mbs`` (microbatch size), ``named``
+(``[(name, parameter)]``), ``reference_state`` (initial weights by name),
+``is_last`` (this rank computes metrics), ``lr``, ``wd``, ``split_dp_group``
+(the DP group metrics and counts are combined over; ``None`` at dp 1) and
+``get_logprobs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from harness.algos.loss import aggregate_microbatch_metrics
+
+TRAIN_KEYS = (
+    "input_ids", "input_lengths", "token_mask", "sample_mask", "advantages",
+    "prev_logprobs", "generation_logprobs", "reference_policy_logprobs",
+)
+
+
+class EngineCommon:
+    def _check_train_batch(self, batch: Mapping[str, torch.Tensor]) -> None:
+        for key in TRAIN_KEYS:
+            if key not in batch:
+                raise ValueError(f"policy rank {self.rank}: train batch is missing field {key!r}")
+
+    def _microbatches(self, batch: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        b = batch["input_ids"].shape[0]
+        if b == 0 or b % self.mbs:
+            raise ValueError(
+                f"policy rank {self.rank} (dp {self.coords['dp']}): batch of {b} samples is not a positive "
+                f"multiple of policy.micro_batch_size={self.mbs}"
+            )
+        return [{k: v[i : i + self.mbs] for k, v in batch.items()} for i in range(0, b, self.mbs)]
+
+    def _combine_over_dp(self, per_mb: list[dict[str, float]]) -> dict[str, float]:
+        """Microbatch metrics of all DP ranks combined (last-stage ranks only)."""
+        local = aggregate_microbatch_metrics(per_mb)
+        group = self.split_dp_group
+        if group is None:
+            return local
+        gathered: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, local, group=group)
+        return aggregate_microbatch_metrics(gathered)
+
+    def _step_metrics(self, loss_metrics: dict[str, float], norm: float, seqs: float, toks: float) -> dict[str, float]:
+        if not self.is_last:
+            return {}
+        return {**loss_metrics, "grad_norm": norm, "lr": self.lr, "wd": self.wd,
+                "global_valid_seqs": seqs, "global_valid_toks": toks}
+
+    @torch.no_grad()
+    def get_reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logprobs under the initial weights (swapped in, then restored)."""
+        current = {n: p.detach().clone() for n, p in self.named}
+        try:
+            for n, p in self.named:
+                p.copy_(self.reference_state[n])
+            return self.get_logprobs(batch)
+        finally:
+            for n, p in self.named:
+                p.copy_(current[n])
