@@ -17,6 +17,15 @@ Operator sources (``HARNESS_TRACE_OPERATORS``, resolved once per profiler by
   when the C++ counter cannot be built (no compiler).
 * ``off``: no operator inventory (``operators: null``).
 
+Which phases get an inventory (``HARNESS_TRACE_OPERATOR_STEPS``, a
+:class:`StepSchedule`): every phase by default; otherwise only the steps the
+schedule names (``1``, ``1,5``, ``2-4``, ``every:10`` = steps 1, 11, 21, ...;
+items combine). Counting costs one RecordFunction per op, which a
+launch-bound GPU step pays on its critical path (docs/plugins.md section 5);
+a schedule bounds that cost the way ``torch.profiler.schedule`` does. Phases
+outside it record ``operators: null`` and ``operators_skipped`` (the
+schedule); phases with no step number (``engine_init``) are always counted.
+
 Both counting sources drop the same utility names (opcount.IGNORED_NAMES).
 Only one ``torch.profiler`` session can run in a process: a ``profiler``-source
 probe that cannot start one reports ``operators=None`` and says why in
@@ -41,6 +50,7 @@ from harness.profiler import collectives as _collectives
 from harness.profiler import opcount
 
 OPERATORS_ENV = "HARNESS_TRACE_OPERATORS"
+OPERATOR_STEPS_ENV = "HARNESS_TRACE_OPERATOR_STEPS"
 OPERATOR_SOURCES = ("recordfn", "profiler", "off")
 DEFAULT_OPERATOR_SOURCE = "recordfn"
 
@@ -51,22 +61,81 @@ _owner_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
+class StepSchedule:
+    """The steps whose phases get an operator inventory (``HARNESS_TRACE_OPERATOR_STEPS``).
+
+    ``spec`` is the text as given; ``steps`` the explicit 1-based steps;
+    ``every`` > 0 adds steps 1, 1 + every, 1 + 2 * every, ...
+    """
+
+    spec: str
+    steps: frozenset[int] = frozenset()
+    every: int = 0
+
+    def selects(self, step: int | None) -> bool:
+        """Whether a phase of ``step`` is counted; a phase with no step always is."""
+        if step is None:
+            return True
+        return step in self.steps or (self.every > 0 and step >= 1 and (step - 1) % self.every == 0)
+
+
+def parse_step_schedule(raw: str) -> StepSchedule | None:
+    """``None`` for every step (unset, empty, ``all``); ``ValueError`` naming the variable otherwise."""
+    text = raw.strip().lower()
+    if text in ("", "all"):
+        return None
+    steps: set[int] = set()
+    every = 0
+
+    def bad(item: str, why: str) -> ValueError:
+        return ValueError(f"{OPERATOR_STEPS_ENV}={raw!r}: item {item!r} {why} "
+                          "(expected 'all' or a comma list of N, A-B, every:N; steps count from 1)")
+
+    for item in (part.strip() for part in text.split(",")):
+        try:
+            if item.startswith("every:"):
+                if every:
+                    raise bad(item, "repeats every:")
+                every = int(item[len("every:"):])
+                if every < 1:
+                    raise bad(item, "must be >= 1")
+            elif "-" in item:
+                lo, hi = (int(x) for x in item.split("-", 1))
+                if not 1 <= lo <= hi:
+                    raise bad(item, "is not a range A-B with 1 <= A <= B")
+                steps.update(range(lo, hi + 1))
+            else:
+                step = int(item)
+                if step < 1:
+                    raise bad(item, "must be >= 1")
+                steps.add(step)
+        except ValueError as exc:
+            if str(exc).startswith(OPERATOR_STEPS_ENV):
+                raise
+            raise bad(item, "is not a number") from None
+    return StepSchedule(spec=raw.strip(), steps=frozenset(steps), every=every)
+
+
+@dataclass(frozen=True)
 class ProbeConfig:
     """How phases are observed: operator source, collective method, and why, if not as asked."""
 
     operators: str = DEFAULT_OPERATOR_SOURCE
     collectives: str = "kernel"
     notes: tuple[str, ...] = field(default=())
+    operator_steps: StepSchedule | None = None  # None: every phase
 
     def header_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"operator_source": self.operators, "collective_method": self.collectives}
+        if self.operator_steps is not None:
+            fields["operator_steps"] = self.operator_steps.spec
         if self.notes:
             fields["probe_notes"] = list(self.notes)
         return fields
 
 
 def resolve_probe_config(environ: dict[str, str] | None = None) -> ProbeConfig:
-    """Read ``HARNESS_TRACE_OPERATORS`` / ``HARNESS_TRACE_COLLECTIVES``; builds the C++ counter if needed.
+    """Read ``HARNESS_TRACE_OPERATORS`` / ``_OPERATOR_STEPS`` / ``_COLLECTIVES``; builds the C++ counter if needed.
 
     ``ValueError`` for an unknown value. ``recordfn`` falls back to
     ``profiler`` (same inventory) with a note when the counter is unavailable.
@@ -75,6 +144,7 @@ def resolve_probe_config(environ: dict[str, str] | None = None) -> ProbeConfig:
     requested = env.get(OPERATORS_ENV, "").strip().lower() or DEFAULT_OPERATOR_SOURCE
     if requested not in OPERATOR_SOURCES:
         raise ValueError(f"{OPERATORS_ENV}={requested!r}: expected one of {', '.join(OPERATOR_SOURCES)}")
+    schedule = parse_step_schedule(env.get(OPERATOR_STEPS_ENV, ""))
     notes: list[str] = []
     source = requested
     if requested == "recordfn":
@@ -88,7 +158,8 @@ def resolve_probe_config(environ: dict[str, str] | None = None) -> ProbeConfig:
         _collectives.install_kernels()  # once per process, before any phase (not in its wall time)
     if method == "mode" and env.get(_collectives.METHOD_ENV, "").strip().lower() != "mode":
         notes.append("kernel method unavailable in this torch: collectives recorded with a dispatch mode (slow)")
-    return ProbeConfig(operators=source, collectives=method, notes=tuple(notes))
+    return ProbeConfig(operators=source, collectives=method, notes=tuple(notes),
+                       operator_steps=None if source == "off" else schedule)
 
 
 def stable_op_name(name: str) -> str:

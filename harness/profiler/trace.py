@@ -8,6 +8,9 @@ plugin, by class path. They are configured only through the environment:
 * ``HARNESS_RUN_ID`` (optional): copied into the header;
 * ``HARNESS_TRACE_OPERATORS`` (optional): operator source, ``recordfn``
   (default), ``profiler`` or ``off`` (harness.profiler.phase);
+* ``HARNESS_TRACE_OPERATOR_STEPS`` (optional): which steps' phases get an
+  operator inventory, ``all`` (default) or e.g. ``1,5`` / ``every:10``
+  (harness.profiler.phase.StepSchedule);
 * ``HARNESS_TRACE_COLLECTIVES`` (optional): ``kernel`` (default) or ``mode``
   (harness.profiler.collectives);
 * ``HARNESS_TRACE_SEGMENT`` / ``HARNESS_STEP_OFFSET`` (set by ``golden run
@@ -29,7 +32,9 @@ A phase's begin and end must run on the same thread.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +49,16 @@ TRACE_DIR_ENV = "HARNESS_TRACE_DIR"
 RUN_ID_ENV = "HARNESS_RUN_ID"
 SEGMENT_ENV = "HARNESS_TRACE_SEGMENT"
 STEP_OFFSET_ENV = "HARNESS_STEP_OFFSET"
+
+_ROLLOUT_STEP = re.compile(r"step(\d+)(?:/|$)")
+
+
+def rollout_step_number(step_id: int | str) -> int | None:
+    """The GRPO step of a rollout window id (``3`` or ``"step3/attempt1"``); None if it names none."""
+    if isinstance(step_id, int):
+        return step_id
+    match = _ROLLOUT_STEP.match(str(step_id))
+    return int(match.group(1)) if match else None
 
 
 def _env_int(name: str, environ) -> int:
@@ -96,6 +111,7 @@ class _TraceProfiler:
         )
         self._phase: str | None = None
         self._probe: PhaseProbe | None = None
+        self._skipped_by: str | None = None
         self._closed = False
 
     def _event(self, event: str, phase: str | None, **fields: Any) -> None:
@@ -103,11 +119,16 @@ class _TraceProfiler:
             raise RuntimeError(f"{type(self).__name__} rank {self.rank} is closed ({event})")
         self._writer.write({"type": "event", "event": event, "phase": phase, **fields})
 
-    def _begin_phase(self, phase: str) -> None:
+    def _begin_phase(self, phase: str, step: int | None = None) -> None:
+        """Open ``phase``; its operators are counted unless the step schedule leaves ``step`` out."""
         if self._phase is not None:
             raise RuntimeError(f"{type(self).__name__} rank {self.rank}: phase {self._phase!r} is still open")
+        config, self._skipped_by = self._probe_config, None
+        schedule = config.operator_steps
+        if schedule is not None and not schedule.selects(step):
+            config, self._skipped_by = dataclasses.replace(config, operators="off"), schedule.spec
         self._phase = phase
-        self._probe = PhaseProbe(self._probe_config)
+        self._probe = PhaseProbe(config)
         self._probe.start()
 
     def _end_phase(self, outcome: str, **fields: Any) -> None:
@@ -116,6 +137,8 @@ class _TraceProfiler:
         phase, probe = self._phase, self._probe
         self._phase, self._probe = None, None
         observed = probe.stop()
+        if self._skipped_by is not None:
+            observed["operators_skipped"] = self._skipped_by
         self._writer.write({"type": "phase", "phase": phase, "outcome": outcome, **fields, **observed})
         self._writer.flush(fsync=True)
 
@@ -146,7 +169,7 @@ class TracePolicyProfiler(_TraceProfiler):
         self._steps_begun += 1
         phase = f"train/step{self._steps_begun}"
         self._event("begin_train_step", phase)
-        self._begin_phase(phase)
+        self._begin_phase(phase, self._steps_begun)
 
     def finish_train_step(self) -> None:
         self._event("finish_train_step", self._phase)
@@ -194,7 +217,7 @@ class TraceRolloutProfiler(_TraceProfiler):
     def begin_rollout(self, *, step_id: int | str) -> None:
         phase = f"rollout/{step_id}"
         self._event("begin_rollout", phase, step_id=step_id)
-        self._begin_phase(phase)
+        self._begin_phase(phase, rollout_step_number(step_id))
 
     def finish_rollout(self) -> None:
         self._event("finish_rollout", self._phase)

@@ -58,6 +58,7 @@ def expected_artifacts(spec: dict, topology) -> list[str]:
 def worker_env(spec: dict, run_dir: Path, run_id: str) -> dict[str, str]:
     """Environment every worker process gets (the plugin contract is env-only)."""
     env = {
+        **spec["plugins"].get("env", {}),  # the schema reserves the keys set below
         "HARNESS_TRACE_DIR": str(run_dir),
         "HARNESS_RUN_ID": run_id,
         "OMP_NUM_THREADS": "1",
