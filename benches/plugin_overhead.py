@@ -239,12 +239,12 @@ def empty_callback(build_dir: str):
 
     from harness.profiler import opcount
 
-    body = "  if (s.counting) {\n    ++s.counts[fn.name()];\n  }\n"
+    body = "  if (!s.counting) return nullptr;\n"
     cxx = opcount._compiler()
     if body not in opcount.SOURCE or cxx is None:
         return None
     src, out = Path(build_dir) / "rf_empty.cpp", Path(build_dir) / "rf_empty.so"
-    src.write_text(opcount.SOURCE.replace(body, "  (void)fn;\n"))
+    src.write_text(opcount.SOURCE.replace(body, "  (void)fn;\n  return nullptr;\n"))
     if subprocess.run(opcount._compile_command(cxx, src, out), check=False, capture_output=True).returncode != 0:
         return None
     lib = ctypes.CDLL(str(out))

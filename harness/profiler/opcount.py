@@ -73,6 +73,7 @@ SOURCE = r"""
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -87,12 +88,19 @@ enum SlotState : int { kFree = 0, kActive = 1, kStale = 2 };
 
 struct Slot {
   std::atomic<int> state{kFree};
-  std::mutex mu;  // guards counting, counts, snapshot
+  std::mutex mu;  // guards counting, counts, by_ptr, snapshot
   bool counting = false;
   std::unordered_map<std::string, int64_t> counts;
+  // Name pointer -> its entry in counts (element references survive rehashing), so
+  // the common case neither allocates a key nor hashes the text. A hit is checked
+  // by comparing the text: a name's storage may be reused for another name.
+  std::unordered_map<const char*, std::pair<const std::string*, int64_t*>> by_ptr;
   std::vector<std::pair<std::string, int64_t>> snapshot;
   at::CallbackHandle handle = 0;
 };
+
+inline const char* c_str_of(const char* s) { return s; }
+inline const char* c_str_of(const std::string& s) { return s.c_str(); }
 
 std::array<Slot, kSlots> g_slots;
 std::mutex g_api;
@@ -102,9 +110,17 @@ template <int K>
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   Slot& s = g_slots[K];
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.counting) {
-    ++s.counts[fn.name()];
+  if (!s.counting) return nullptr;
+  auto&& raw = fn.name();
+  const char* name = c_str_of(raw);
+  auto hit = s.by_ptr.find(name);
+  if (hit != s.by_ptr.end() && std::strcmp(hit->second.first->c_str(), name) == 0) {
+    ++*hit->second.second;
+    return nullptr;
   }
+  auto& entry = *s.counts.try_emplace(name, 0).first;
+  ++entry.second;
+  s.by_ptr[name] = {&entry.first, &entry.second};
   return nullptr;
 }
 
@@ -129,6 +145,7 @@ int harness_opcount_start() {
     {
       std::lock_guard<std::mutex> lock(s.mu);
       s.counts.clear();
+      s.by_ptr.clear();
       s.snapshot.clear();
       s.counting = true;
     }
@@ -152,6 +169,7 @@ int64_t harness_opcount_stop(int k, int remove) {
     std::lock_guard<std::mutex> lock(s.mu);
     s.counting = false;
     s.snapshot.assign(s.counts.begin(), s.counts.end());
+    s.by_ptr.clear();
     s.counts.clear();
   }
   if (remove) {

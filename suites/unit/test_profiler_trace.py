@@ -311,3 +311,27 @@ def test_collective_recorder_state_survives_many_windows_and_gc():
         assert collectives._active_recorders() == ()
     gc.collect()
     assert collectives._active_recorders() == ()
+
+
+def test_recordfn_counts_names_whose_storage_is_reused(tmp_path, monkeypatch):
+    """User-scope names live in per-call storage that later calls reuse for other names.
+
+    The counter caches entries by name pointer; this checks that a reused pointer
+    holding a different name is still counted under its own text.
+    """
+    if not _recordfn_available():
+        pytest.skip("C++ operator counter unavailable (no compiler)")
+    from harness.profiler.opcount import RecordFunctionCounter
+
+    counter = RecordFunctionCounter()
+    counter.start()
+    for i in range(700):
+        with torch.profiler.record_function("".join(["scope-", str(i % 7), "-", "x" * (i % 3)])):
+            pass
+    counts, problem = counter.stop()
+    assert problem is None
+    expected: dict[str, int] = {}
+    for i in range(700):
+        name = f"scope-{i % 7}-{'x' * (i % 3)}"
+        expected[name] = expected.get(name, 0) + 1
+    assert {k: v for k, v in counts.items() if k.startswith("scope-")} == expected
