@@ -30,6 +30,10 @@ def _golden(prepared):
     try:
         return flows.load_golden(prepared.goldens_root, prepared.spec["name"], prepared.platform)
     except flows.GoldenMissing as exc:
+        scheduled = prepared.spec["platform"]["platforms"]
+        if prepared.platform not in scheduled:
+            raise Refused(f"platform {prepared.platform!r} is not scheduled for {prepared.spec['name']} "
+                          f"(platform.platforms = {scheduled}), so it has no golden") from None
         raise Refused(str(exc)) from None
     except (GoldenStoreError, ToleranceFileError, ValueError) as exc:
         raise Refused(f"golden {prepared.spec['name']} [{prepared.platform}] is unusable: {exc}") from None

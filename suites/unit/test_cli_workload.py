@@ -144,3 +144,9 @@ def test_ctrl_c_exits_130(monkeypatch, capsys):
     monkeypatch.setattr(list_cmd, "collect", interrupted)
     assert main(["list"]) == EXIT_INTERRUPTED
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_check_on_an_unscheduled_platform_says_so_instead_of_suggesting_capture(root, no_run, capsys):
+    assert main(["check", SMOKE, "--goldens-root", str(root), "--platform", "tpu"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "'tpu' is not scheduled" in err and "golden capture" not in err
