@@ -105,10 +105,11 @@ def test_lint_reports_every_kind(tmp_path):
     write_golden(tmp_path, "v", "tpu", synthetic_manifest("v"), synthetic_surfaces("v"), PROV)  # unscheduled
     (tmp_path / "v/cpu/PROVENANCE.json").write_text("{not json")
     os.mkdir(tmp_path / "v/.cpu.tmp-zzz")
+    (tmp_path / "v/tpu/surfaces/training.json").write_text("{}\n")       # hand-edited
     found = {(f.kind, f.path) for f in lint(tmp_path)}
     assert found == {("missing_golden", "w/cuda"), ("orphan_golden", "orphan/cpu"),
                      ("unscheduled_golden", "v/tpu"), ("bad_provenance", "v/cpu/PROVENANCE.json"),
-                     ("leftover_temp", "v/.cpu.tmp-zzz")}
+                     ("leftover_temp", "v/.cpu.tmp-zzz"), ("damaged_golden", "v/tpu")}
 
 
 def test_lint_clean_store_has_no_findings(tmp_path):
