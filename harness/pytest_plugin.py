@@ -40,6 +40,10 @@ import pytest
 
 GATED_SURFACES = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
 
+# --golden-root / --golden-platform of this session, set in pytest_configure (before
+# test modules are imported), so golden_params() selects what GoldenSession checks.
+_SESSION_OPTIONS: dict[str, str | None] = {"root": None, "platform": None}
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("golden", "GRPO golden regression gate")
@@ -56,6 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--golden-refresh") and not (config.getoption("--golden-reason") or "").strip():
         raise pytest.UsageError("--golden-refresh needs --golden-reason TEXT (it is recorded in PROVENANCE.json)")
     config._golden_results = []  # type: ignore[attr-defined]
+    _SESSION_OPTIONS.update(root=config.getoption("--golden-root"), platform=config.getoption("--golden-platform"))
     _group_workloads_under_xdist(config)
 
 
@@ -92,17 +97,28 @@ def pytest_configure_node(node) -> None:
 def golden_params(goldens_root: str | Path | None = None, platform: str | None = None) -> list:
     """``pytest.param(workload, surface)`` for every workload scheduled on ``platform``.
 
-    ``platform``: explicit, else ``$GOLDEN_PLATFORM``, else the host a plain
-    ``pytest -m golden`` runs on: the CPU (``cpu``, or ``cpu-vllm`` for a vLLM
-    workload on cpu). A cuda workload needs ``GOLDEN_PLATFORM=cuda``, as
-    ci/l2.sh sets."""
+    ``platform``: explicit, else ``--golden-platform``, else ``$GOLDEN_PLATFORM``,
+    else the host a plain ``pytest -m golden`` runs on: the CPU (``cpu``, or
+    ``cpu-vllm`` for a vLLM workload on cpu). A cuda workload needs
+    ``GOLDEN_PLATFORM=cuda``, as ci/l2.sh sets. ``goldens_root``: explicit, else
+    ``--golden-root``, else ``$GOLDEN_ROOT``, else the repository's goldens/.
+
+    A workload whose spec does not load is still listed: its tests fail with the
+    spec error (file and field) instead of one typo failing the whole collection."""
     from harness.rollout.vllm import vllm_available  # stdlib only
+    from harness.spec.errors import SpecError
     from harness.spec.load import default_goldens_root, golden_platform, list_workloads, load_spec
 
-    root = Path(goldens_root or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
+    root = Path(goldens_root or _SESSION_OPTIONS["root"] or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
+    platform = platform or _SESSION_OPTIONS["platform"]
     params = []
     for name in list_workloads(root):
-        spec = load_spec(name, goldens_root=root)
+        try:
+            spec = load_spec(name, goldens_root=root)
+        except SpecError:
+            params.extend(pytest.param(name, surface, id=f"{name}-{surface}", marks=[pytest.mark.xdist_group(name)])
+                          for surface in GATED_SURFACES)
+            continue
         host_default = golden_platform(spec) if spec["platform"]["device"] == "cpu" else "cpu"
         plat = platform or os.environ.get("GOLDEN_PLATFORM") or host_default
         if plat not in spec["platform"]["platforms"]:

@@ -131,6 +131,13 @@ def run(args: argparse.Namespace) -> int:
     from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
     from harness.surfaces.canonical import NonFiniteError
 
+    from harness.cli._workload_args import Refused, check_output_path
+
+    try:
+        check_output_path(str(args.output) if args.output else None)
+    except Refused as exc:
+        print(f"golden diff: {exc}", file=sys.stderr)
+        return 2
     try:
         actual, manifest = load_run_surfaces(Path(args.run_path))
         golden = _golden(args, manifest)

@@ -194,3 +194,10 @@ def test_validate_a_golden_missing_its_provenance(setup, capsys):
     captured = capsys.readouterr()
     assert captured.out.strip() == f"{golden / 'PROVENANCE.json'}: missing"
     assert "(golden directory)" in captured.err
+
+
+def test_diff_output_under_a_file_is_a_usage_error(setup, tmp_path, capsys):
+    _, run, golden, _ = setup
+    (tmp_path / "afile").write_text("x")
+    assert main(["diff", str(run), str(golden), "--output", str(tmp_path / "afile" / "r.md")]) == 2
+    assert "--output" in capsys.readouterr().err

@@ -91,3 +91,45 @@ def test_failure_says_how_to_refresh(inner):
     assert f"{SMOKE}/training: fail" in out and "/metrics/loss" in out
     assert f"golden refresh {SMOKE} --platform cpu --reason TEXT" in out
     assert out.count(f"{SMOKE:<36} cpu      fail") == 1
+
+
+PLAIN_TEST_FILE = """
+import pytest
+from harness.pytest_plugin import golden_params
+
+@pytest.mark.golden
+@pytest.mark.parametrize("workload,surface", golden_params())
+def test_golden_surface(golden, workload, surface):
+    golden.check(workload, surface)
+"""
+
+
+def test_golden_root_and_platform_options_select_the_parameters(pytester: pytest.Pytester, monkeypatch):
+    """golden_params() with no arguments follows --golden-root and --golden-platform
+    (it used to list the repository's goldens for the host's platform whatever was asked)."""
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    monkeypatch.delenv("GOLDEN_ROOT", raising=False)
+    root = pytester.path / "goldens"
+    _workload(root, "cpu_only", golden=False)
+    (root / "cpu_only" / "workload.yaml").write_text(
+        (root / "cpu_only" / "workload.yaml").read_text().replace("platforms: [cpu, cuda]", "platforms: [cpu]"))
+    _workload(root, "both", golden=False)
+    pytester.makepyfile(test_inner=PLAIN_TEST_FILE)
+    base = ["-m", "golden", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "--golden-root", str(root)]
+    cpu = pytester.runpytest_subprocess(*base).stdout.str()
+    assert "cpu_only-topology" in cpu and "both-topology" in cpu and "qwen3_moe" not in cpu
+    cuda = pytester.runpytest_subprocess(*base, "--golden-platform", "cuda").stdout.str()
+    assert "both-topology" in cuda and "cpu_only" not in cuda
+
+
+def test_a_broken_spec_fails_its_own_tests_not_the_collection(inner):
+    pytester, root = inner
+    _workload(root, "typo", golden=False)
+    spec = root / "typo" / "workload.yaml"
+    spec.write_text(spec.read_text().replace("policy: {tp: 1", "policy: {tpp: 1"))
+    _workload(root, "fine", golden=False)
+    result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
+                                           "--golden-root", str(root))
+    result.assert_outcomes(failed=12)
+    out = result.stdout.str()
+    assert out.count("policy.tpp: unknown key") >= 6 and "no golden for workload 'fine'" in out
