@@ -178,8 +178,9 @@ class GoldenSession:
             platform = flows.platform_of(spec, self.platform_opt)
             if self.refresh:
                 if platform not in spec["platform"]["platforms"]:
-                    return platform, ("error", f"cannot refresh {workload}: platform {platform!r} is not scheduled "
-                                      f"(platform.platforms = {spec['platform']['platforms']})", None, None)
+                    why = (f"cannot refresh {workload}: platform {platform!r} is not scheduled "
+                           f"(platform.platforms = {spec['platform']['platforms']})")
+                    return platform, ("error", why, None, None)
             else:
                 flows.load_golden(self.root, spec["name"], platform)  # refuse before running, not after
         except flows.GoldenMissing as exc:

@@ -124,7 +124,7 @@ def test_every_workload_command_takes_goldens_root_and_its_old_spelling():
 
 
 def test_an_internal_error_exits_3_not_1(monkeypatch, capsys):
-    import harness.cli.list_cmd as list_cmd
+    from harness.cli import list_cmd
 
     def broken(root):  # a bug anywhere below a command
         raise OSError("disk went away")
@@ -136,7 +136,7 @@ def test_an_internal_error_exits_3_not_1(monkeypatch, capsys):
 
 
 def test_ctrl_c_exits_130(monkeypatch, capsys):
-    import harness.cli.list_cmd as list_cmd
+    from harness.cli import list_cmd
 
     def interrupted(root):
         raise KeyboardInterrupt
