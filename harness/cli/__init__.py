@@ -47,7 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="golden", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="golden", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit codes: 0 parity/success, 1 findings (regression or stale golden), 2 usage error or unusable "
+               "input\n(checked before any run), 3 no verdict (run incomplete or internal error), 130 interrupted")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
