@@ -12,10 +12,16 @@ Use in any repository::
         golden.check(workload, surface)
 
 One test per workload x surface. Each workload runs once per pytest process
-(cached); under pytest-xdist the parameters carry ``xdist_group`` marks, so
-with ``--dist loadgroup`` a workload's surfaces stay on one worker and it runs
-once in total. Failures print the findings of that surface (surface, section
-with coordinates, key, golden vs actual, lane) without opening any file.
+(cached, including a failure to run or to read its golden). Under
+pytest-xdist the parameters carry ``xdist_group`` marks and a plain ``-n N``
+(no ``--dist`` given) is run as ``--dist loadgroup`` (identical to ``load``
+for tests without the mark), so a workload's surfaces stay on one worker and
+it runs once in total; workers send their results to the controller, which
+prints the summary and writes ``--golden-summary``. A missing or unreadable
+golden fails the workload's tests before it runs. Failures print the
+findings of that surface (surface, section with coordinates, key, golden vs
+actual, lane) without opening any file, then how to refresh the golden if the
+change is intended.
 
 Options: ``--golden-refresh --golden-reason TEXT`` rewrites the goldens of the
 selected workloads (atomically, with provenance) instead of failing;
@@ -34,6 +40,10 @@ import pytest
 
 GATED_SURFACES = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
 
+# --golden-root / --golden-platform of this session, set in pytest_configure (before
+# test modules are imported), so golden_params() selects what GoldenSession checks.
+_SESSION_OPTIONS: dict[str, str | None] = {"root": None, "platform": None}
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("golden", "GRPO golden regression gate")
@@ -50,22 +60,65 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--golden-refresh") and not (config.getoption("--golden-reason") or "").strip():
         raise pytest.UsageError("--golden-refresh needs --golden-reason TEXT (it is recorded in PROVENANCE.json)")
     config._golden_results = []  # type: ignore[attr-defined]
+    _SESSION_OPTIONS.update(root=config.getoption("--golden-root"), platform=config.getoption("--golden-platform"))
+    _group_workloads_under_xdist(config)
+
+
+def _group_workloads_under_xdist(config: pytest.Config) -> None:
+    """``-n N`` without ``--dist``: xdist would pick ``load`` and spread one
+    workload's surfaces over several workers, each running the workload again.
+    ``loadgroup`` keeps each ``xdist_group`` on one worker and distributes
+    every other test exactly as ``load`` does. An explicit ``--dist`` wins.
+
+    A worker decides whether to group from its own command line, so the
+    controller tells it through ``workerinput`` (``pytest_configure_node``)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        if workerinput.get("golden_loadgroup"):
+            config.option.loadgroup = True
+        return
+    if getattr(config.option, "dist", "no") != "load" or getattr(config.option, "distload", False):
+        return
+    given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split(),
+             *config.getini("addopts")]
+    if any(str(a).startswith("--dist") for a in given):
+        return
+    config.option.dist = "loadgroup"
+    config._golden_loadgroup = True  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist controller: pass the loadgroup upgrade on to each worker."""
+    if getattr(node.config, "_golden_loadgroup", False):
+        node.workerinput["golden_loadgroup"] = True
 
 
 def golden_params(goldens_root: str | Path | None = None, platform: str | None = None) -> list:
     """``pytest.param(workload, surface)`` for every workload scheduled on ``platform``.
 
-    ``platform``: explicit, else ``$GOLDEN_PLATFORM``, else the host a plain
-    ``pytest -m golden`` runs on: the CPU (``cpu``, or ``cpu-vllm`` for a vLLM
-    workload on cpu). A cuda workload needs ``GOLDEN_PLATFORM=cuda``, as
-    ci/l2.sh sets."""
+    ``platform``: explicit, else ``--golden-platform``, else ``$GOLDEN_PLATFORM``,
+    else the host a plain ``pytest -m golden`` runs on: the CPU (``cpu``, or
+    ``cpu-vllm`` for a vLLM workload on cpu). A cuda workload needs
+    ``GOLDEN_PLATFORM=cuda``, as ci/l2.sh sets. ``goldens_root``: explicit, else
+    ``--golden-root``, else ``$GOLDEN_ROOT``, else the repository's goldens/.
+
+    A workload whose spec does not load is still listed: its tests fail with the
+    spec error (file and field) instead of one typo failing the whole collection."""
     from harness.rollout.vllm import vllm_available  # stdlib only
+    from harness.spec.errors import SpecError
     from harness.spec.load import default_goldens_root, golden_platform, list_workloads, load_spec
 
-    root = Path(goldens_root or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
+    root = Path(goldens_root or _SESSION_OPTIONS["root"] or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
+    platform = platform or _SESSION_OPTIONS["platform"]
     params = []
     for name in list_workloads(root):
-        spec = load_spec(name, goldens_root=root)
+        try:
+            spec = load_spec(name, goldens_root=root)
+        except SpecError:
+            params.extend(pytest.param(name, surface, id=f"{name}-{surface}", marks=[pytest.mark.xdist_group(name)])
+                          for surface in GATED_SURFACES)
+            continue
         host_default = golden_platform(spec) if spec["platform"]["device"] == "cpu" else "cpu"
         plat = platform or os.environ.get("GOLDEN_PLATFORM") or host_default
         if plat not in spec["platform"]["platforms"]:
@@ -96,36 +149,65 @@ class GoldenSession:
         self._cache: dict[str, tuple] = {}
 
     def _evaluate(self, workload: str) -> tuple:
-        if workload in self._cache:
-            return self._cache[workload]
-        from harness import flows
+        """``(outcome, message, execution, verdict)``, computed once per workload:
+        every outcome is cached, so a workload never runs twice in one process."""
+        if workload not in self._cache:
+            t = time.perf_counter()
+            platform, entry = self._outcome(workload)
+            self._cache[workload] = entry
+            verdict = entry[3]
+            markdown = None
+            if verdict is not None and not verdict.ok:
+                from harness.parity.render.markdown import render_markdown
 
-        t = time.perf_counter()
+                markdown = render_markdown(verdict)
+            self.config._golden_results.append(  # type: ignore[attr-defined]
+                {"workload": workload, "platform": platform, "outcome": entry[0],
+                 "status": verdict.status if verdict is not None else entry[0],
+                 "wall_s": round(time.perf_counter() - t, 1), "markdown": markdown})
+        return self._cache[workload]
+
+    def _outcome(self, workload: str) -> tuple[str | None, tuple]:
+        from harness import flows
+        from harness.parity.tolerances import ToleranceFileError
+        from harness.store.atomic import GoldenStoreError
+
+        platform = self.platform_opt
+        try:
+            spec = flows.spec_for_platform(workload, (), self.platform_opt, self.root)
+            platform = flows.platform_of(spec, self.platform_opt)
+            if self.refresh:
+                if platform not in spec["platform"]["platforms"]:
+                    why = (f"cannot refresh {workload}: platform {platform!r} is not scheduled "
+                           f"(platform.platforms = {spec['platform']['platforms']})")
+                    return platform, ("error", why, None, None)
+            else:
+                flows.load_golden(self.root, spec["name"], platform)  # refuse before running, not after
+        except flows.GoldenMissing as exc:
+            return platform, ("missing", str(exc), None, None)
+        except (GoldenStoreError, ToleranceFileError) as exc:
+            return platform, ("error", f"golden {workload}/{platform} is unusable: {exc}", None, None)
+        except Exception as exc:  # noqa: BLE001 - a bad spec becomes each surface's failure
+            return platform, ("error", f"workload {workload}: {type(exc).__name__}: {exc}", None, None)
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=self.root,
                                       platform=self.platform_opt)
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
-            entry = ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
-            self._cache[workload] = entry
-            return entry
-        platform = flows.platform_of(execution.spec, self.platform_opt)
+            return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
         if not execution.ok:
-            entry = ("incomplete", "run incomplete:\n  " + "\n  ".join(execution.problems()), execution, None)
-        elif self.refresh:
-            flows.store_golden(execution, platform, reason=self.reason, goldens_root=self.root,
-                               command="pytest --golden-refresh", allow_replace=True)
-            entry = ("refreshed", f"golden {workload}/{platform} rewritten", execution, None)
-        else:
-            try:
-                verdict = flows.compare_with_golden(execution, platform, self.root)
-                entry = ("compared", "", execution, verdict)
-            except flows.GoldenMissing as exc:
-                entry = ("missing", str(exc), execution, None)
-        self._cache[workload] = entry
-        self.config._golden_results.append(  # type: ignore[attr-defined]
-            {"workload": workload, "platform": platform, "outcome": entry[0],
-             "wall_s": round(time.perf_counter() - t, 1), "verdict": entry[3]})
-        return entry
+            return platform, ("incomplete", f"run incomplete (run dir {execution.run_dir}):\n  "
+                              + "\n  ".join(execution.problems()), execution, None)
+        try:
+            if self.refresh:
+                flows.store_golden(execution, platform, reason=self.reason, goldens_root=self.root,
+                                   command="pytest --golden-refresh", allow_replace=True)
+                return platform, ("refreshed", f"golden {workload}/{platform} rewritten", execution, None)
+            verdict = flows.compare_with_golden(execution, platform, self.root)
+            return platform, ("compared", "", execution, verdict)
+        except flows.GoldenMissing as exc:  # removed while the workload ran
+            return platform, ("missing", str(exc), execution, None)
+        except (GoldenStoreError, ToleranceFileError, ValueError, OSError) as exc:
+            return platform, ("error", f"{workload}/{platform}: {type(exc).__name__}: {exc}", execution, None)
 
     def check(self, workload: str, surface: str) -> None:
         """Fail the calling test with readable findings if ``surface`` differs."""
@@ -141,9 +223,14 @@ class GoldenSession:
         from harness.parity.render.terminal import render_terminal
 
         one = Verdict(deterministic=verdict.deterministic, surfaces={surface: result})
+        from harness import flows
+
+        platform = flows.platform_of(execution.spec, self.platform_opt)
         pytest.fail(
             f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"
-            + render_terminal(one, title=f"{workload}/{surface}", color=False),
+            + render_terminal(one, title=f"{workload}/{surface}", color=False)
+            + f"\nif the change is intended, refresh the golden: golden refresh {workload} --platform {platform} "
+            f"--reason TEXT\n  (or: pytest -m golden -k {workload} --golden-refresh --golden-reason TEXT)",
             pytrace=False,
         )
 
@@ -154,28 +241,40 @@ def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return GoldenSession(request.config, tmp_path_factory.mktemp("golden-runs"))
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    """On an xdist worker: hand the results (plain data) to the controller."""
+    config = session.config
+    if hasattr(config, "workeroutput"):
+        config.workeroutput["golden_results"] = list(getattr(config, "_golden_results", []))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """On the xdist controller: collect a finished worker's golden results."""
+    results = getattr(node, "workeroutput", {}).get("golden_results") or []
+    node.config._golden_results.extend(results)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    results = getattr(config, "_golden_results", [])
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller reports
+        return
+    results = sorted(getattr(config, "_golden_results", []), key=lambda r: (r["workload"], r["platform"] or ""))
     if not results:
         return
     tr = terminalreporter
     tr.section("golden workloads")
     total = 0.0
     for r in results:
-        status = r["verdict"].status if r["verdict"] is not None else r["outcome"]
-        tr.write_line(f"{r['workload']:<36} {r['platform']:<8} {status:<10} {r['wall_s']:>7.1f}s")
+        tr.write_line(f"{r['workload']:<36} {r['platform'] or '-':<8} {r['status']:<10} {r['wall_s']:>7.1f}s")
         total += r["wall_s"]
     tr.write_line(f"golden wall time: {total:.1f}s")
     path = config.getoption("--golden-summary")
     if path:
         lines = ["## Golden gate", "", "| workload | platform | result | wall s |", "|---|---|---|---|"]
         for r in results:
-            status = r["verdict"].status if r["verdict"] is not None else r["outcome"]
-            lines.append(f"| {r['workload']} | {r['platform']} | {status} | {r['wall_s']} |")
+            lines.append(f"| {r['workload']} | {r['platform'] or '-'} | {r['status']} | {r['wall_s']} |")
         for r in results:
-            if r["verdict"] is not None and not r["verdict"].ok:
-                from harness.parity.render.markdown import render_markdown
-
-                lines += ["", f"### {r['workload']}", "", render_markdown(r["verdict"])]
+            if r["markdown"]:
+                lines += ["", f"### {r['workload']}", "", r["markdown"]]
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("\n".join(lines) + "\n")

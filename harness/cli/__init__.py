@@ -5,7 +5,17 @@ Each subcommand lives in its own module ``harness.cli.<name>`` exposing
 imported only when their subcommand runs, so ``golden plan`` / ``validate`` /
 ``diff`` never pay for (or need) the workload half.
 
-Exit codes: 0 success / parity, 1 findings or failed check, 2 unusable input.
+Exit codes (every subcommand; docs/gate.md has the table):
+
+* 0 success / parity;
+* 1 a verdict that fails: findings (regression or probable stale golden),
+  invalid files (validate), lint findings, a plugin that does not import;
+* 2 usage error or unusable input: bad flags, unknown workload, invalid spec,
+  missing or corrupt golden, unusable run directory or report path; always
+  reported before a workload starts;
+* 3 no verdict: the run did not complete (a crash in the stack under test or
+  in the infrastructure), or an internal error of the harness;
+* 130 interrupted (Ctrl-C, SIGTERM): nothing was compared or stored.
 """
 
 from __future__ import annotations
@@ -13,6 +23,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+EXIT_NO_VERDICT = 3
+EXIT_INTERRUPTED = 130
 
 # name -> (module, one-line help). Order is the order shown in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,7 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="golden", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="golden", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit codes: 0 parity/success, 1 findings (regression or stale golden), 2 usage error or unusable "
+               "input\n(checked before any run), 3 no verdict (run incomplete or internal error), 130 interrupted")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -55,5 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_missing", False):
         print(f"golden {args.command}: not implemented yet", file=sys.stderr)
         return 2
-    module = importlib.import_module(args._module)
-    return int(module.run(args) or 0)
+    try:
+        module = importlib.import_module(args._module)
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"golden {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - a bug or an infrastructure failure: no verdict
+        traceback.print_exc()
+        print(f"golden {args.command}: internal error ({type(exc).__name__}: {exc}); no verdict "
+              f"(exit {EXIT_NO_VERDICT})", file=sys.stderr)
+        return EXIT_NO_VERDICT

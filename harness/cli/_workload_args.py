@@ -1,17 +1,38 @@
-"""Arguments shared by the commands that run a workload (run, check, capture, refresh)."""
+"""Arguments and checks shared by the commands that run a workload (run, check, capture, refresh).
+
+Everything a command can refuse for is checked *before* the workload starts
+(spec, platform, run directory, report path, the golden it needs or must not
+find), so a usage error costs milliseconds, not a run. Exit codes are
+``harness.cli.EXIT_*``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class Refused(Exception):
+    """A command cannot proceed; ``code`` is its exit code, the message says why."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, *, workload_optional: bool = False) -> None:
     parser.add_argument("workload", nargs="?" if workload_optional else None,
                         help="workload name (goldens/<name>/workload.yaml) or path to a workload.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="spec overrides")
-    parser.add_argument("--run-dir", default=None, help="run directory (default: runs/<workload>-<time>-<pid>)")
-    parser.add_argument("--goldens", default=None, help="goldens root (default: the repository's goldens/)")
+    parser.add_argument("--run-dir", default=None,
+                        help="run directory, must be absent or empty (default: $GOLDEN_RUNS or runs/, "
+                             "then <workload>-<time>-<pid>)")
+    parser.add_argument("--goldens-root", "--goldens", dest="goldens", default=None,
+                        help="goldens folder (default: $GOLDEN_ROOT, else the repository's goldens/)")
     parser.add_argument("--platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
@@ -26,23 +47,116 @@ def progress(args: argparse.Namespace):
     return say
 
 
-def execute_or_explain(args: argparse.Namespace):
-    """Run + postflight; ``(execution, None)`` or ``(None, exit_code)`` with the reason printed."""
+@dataclass
+class Prepared:
+    """What a workload command resolved before starting anything."""
+
+    spec: dict
+    platform: str
+    goldens_root: Path
+    run_dir: Path
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """Load the spec for the platform and claim the run directory; raises Refused (exit 2)."""
     from harness import flows
     from harness.spec.errors import SpecError
+    from harness.spec.load import default_goldens_root
 
+    try:
+        spec = flows.spec_for_platform(args.workload, tuple(args.overrides), args.platform, args.goldens)
+    except SpecError as exc:
+        raise Refused(str(exc)) from None
+    platform = flows.platform_of(spec, args.platform)
+    root = Path(args.goldens) if args.goldens else default_goldens_root()
+    run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec["name"])
+    claim_run_dir(run_dir)
+    return Prepared(spec, platform, root, run_dir)
+
+
+def claim_run_dir(run_dir: Path) -> None:
+    """The run directory must be absent or an empty directory we can create files in."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise Refused(f"--run-dir {run_dir}: exists and is not a directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise Refused(f"--run-dir {run_dir}: not empty (a run directory holds exactly one run; "
+                      "use golden run --resume to continue one)")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Refused(f"--run-dir {run_dir}: cannot create it: {exc.strerror or exc}") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise Refused(f"--run-dir {run_dir}: not writable")
+
+
+def check_output_path(path: str | None) -> None:
+    """A report path must be a file we can write (checked before a run, not after)."""
+    if not path:
+        return
+    out = Path(path)
+    if out.is_dir():
+        raise Refused(f"--output {out}: is a directory")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise Refused(f"--output {out}: {out.parent} is not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Refused(f"--output {out}: cannot create {out.parent}: {exc.strerror or exc}") from None
+    if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise Refused(f"--output {out}: not writable")
+
+
+def run_error(run_dir: Path) -> str | None:
+    """The runner's recorded error (``run.json`` ``error``), None when absent."""
+    try:
+        return json.loads((Path(run_dir) / "run.json").read_text()).get("error")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = None):
+    """Run + postflight; ``(execution, None)``, or ``(None, exit_code)`` with the reason printed.
+
+    A run that did not complete gives exit 3 (no verdict; the failed checks are
+    printed), 130 when it was interrupted (Ctrl-C, SIGTERM)."""
+    from harness import flows
+    from harness.cli import EXIT_NO_VERDICT, EXIT_USAGE
+    from harness.spec.errors import SpecError
+
+    try:
+        prepared = prepared or prepare(args)
+    except Refused as exc:
+        print(f"golden {args.command}: {exc}", file=sys.stderr)
+        return None, exc.code
     say = progress(args)
     try:
-        execution = flows.execute(args.workload, overrides=tuple(args.overrides), run_dir=args.run_dir,
+        execution = flows.execute(args.workload, overrides=tuple(args.overrides), run_dir=prepared.run_dir,
                                   goldens_root=args.goldens, say=say, platform=getattr(args, "platform", None))
     except SpecError as exc:
-        print(f"golden: {exc}", file=sys.stderr)
-        return None, 2
+        print(f"golden {args.command}: {exc}", file=sys.stderr)
+        return None, EXIT_USAGE
     except ModuleNotFoundError as exc:
-        print(f"golden: the workload half is not installed ({exc}); run ci/bootstrap.sh", file=sys.stderr)
-        return None, 2
+        print(f"golden {args.command}: the workload half is not installed ({exc}); run ci/bootstrap.sh",
+              file=sys.stderr)
+        return None, EXIT_NO_VERDICT
+    return report_execution(args, execution)
+
+
+def report_execution(args: argparse.Namespace, execution):
+    """Print the run's outcome; ``(execution, None)`` when complete, else ``(None, exit code)``."""
+    from harness.cli import EXIT_INTERRUPTED, EXIT_NO_VERDICT
+
     status = execution.postflight.status
     print(f"run {execution.run_dir}: {status} in {execution.wall_s:.1f}s", file=sys.stderr)
+    if execution.ok:
+        return execution, None
     for problem in execution.problems():
         print(f"  FAIL {problem}", file=sys.stderr)
-    return execution, None
+    error = run_error(execution.run_dir) or ""
+    if error.startswith("interrupted"):
+        print(f"golden {args.command}: interrupted; nothing compared or stored (run dir {execution.run_dir})",
+              file=sys.stderr)
+        return None, EXIT_INTERRUPTED
+    print(f"golden {args.command}: the run did not complete, so there is no verdict "
+          f"(exit {EXIT_NO_VERDICT}; logs and traces in {execution.run_dir})", file=sys.stderr)
+    return None, EXIT_NO_VERDICT

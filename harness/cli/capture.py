@@ -1,4 +1,10 @@
-"""``golden capture WORKLOAD``: run + postflight, store the golden of a new platform."""
+"""``golden capture WORKLOAD``: run + postflight, store the golden of a new platform.
+
+Refused before anything runs (exit 2) when the platform is not scheduled in
+the spec's ``platform.platforms`` or a golden for it already exists (use
+``golden refresh``). Exit 3 when the run does not complete (nothing is
+stored), 130 when interrupted (nothing is stored; the store is atomic).
+"""
 
 from __future__ import annotations
 
@@ -12,22 +18,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reason", default="initial capture", help="recorded in PROVENANCE.json")
 
 
+def check_storable(prepared, *, allow_replace: bool) -> None:
+    """Refuse (exit 2) what store_golden would refuse after the run: an
+    unscheduled platform, and for a capture an existing golden."""
+    from harness.cli._workload_args import Refused
+    from harness.store.layout import golden_dir
+
+    spec, platform = prepared.spec, prepared.platform
+    if platform not in spec["platform"]["platforms"]:
+        raise Refused(f"platform {platform!r} is not scheduled for {spec['name']} "
+                      f"(platform.platforms = {spec['platform']['platforms']})")
+    try:
+        target = golden_dir(prepared.goldens_root, spec["name"], platform)
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
+    if not allow_replace and target.exists():
+        raise Refused(f"{target} exists; to replace it: golden refresh {spec['name']} --platform {platform} "
+                      "--reason TEXT")
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
     from harness import flows
-    from harness.cli._workload_args import execute_or_explain
+    from harness.cli import EXIT_NO_VERDICT, EXIT_USAGE
+    from harness.cli._workload_args import Refused, execute_or_explain, prepare
 
-    execution, code = execute_or_explain(args)
+    if not (args.reason or "").strip():
+        print("golden capture: --reason must not be empty (it is recorded in PROVENANCE.json)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        prepared = prepare(args)
+        check_storable(prepared, allow_replace=False)
+    except Refused as exc:
+        print(f"golden capture: {exc}", file=sys.stderr)
+        return exc.code
+    execution, code = execute_or_explain(args, prepared)
     if execution is None:
         return code
-    platform = flows.platform_of(execution.spec, args.platform)
     try:
-        path = flows.store_golden(execution, platform, reason=args.reason, goldens_root=args.goldens,
+        path = flows.store_golden(execution, prepared.platform, reason=args.reason, goldens_root=prepared.goldens_root,
                                   command="golden capture " + " ".join([args.workload, *args.overrides]),
                                   allow_replace=False)
-    except (ValueError, FileExistsError) as exc:
+    except FileExistsError as exc:  # captured by someone else during the run
         print(f"golden capture: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, FileExistsError) else 1
+        return EXIT_USAGE
+    except (ValueError, OSError) as exc:
+        print(f"golden capture: nothing stored: {exc}", file=sys.stderr)
+        return EXIT_NO_VERDICT
     print(f"golden written: {path}")
     return 0

@@ -1,7 +1,9 @@
 """``golden check WORKLOAD``: run + postflight + parity against the stored golden.
 
-Exit 0 on parity, 1 on findings or an incomplete run, 2 on unusable input
-(bad spec, no golden for the platform).
+Exit 0 on parity, 1 on findings (a regression or a probable stale golden),
+2 on unusable input (bad spec, no golden or a corrupt one for the platform,
+unusable --run-dir/--output; all checked before the run starts), 3 when the
+run does not complete (no verdict), 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -18,34 +20,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show-info", action="store_true", help="terminal: list informational (not gated) findings too")
 
 
+def _golden(prepared):
+    """The stored golden, tolerance table and lane mode; raises Refused (exit 2)."""
+    from harness import flows
+    from harness.cli._workload_args import Refused
+    from harness.parity.tolerances import ToleranceFileError
+    from harness.store.atomic import GoldenStoreError
+
+    try:
+        return flows.load_golden(prepared.goldens_root, prepared.spec["name"], prepared.platform)
+    except flows.GoldenMissing as exc:
+        scheduled = prepared.spec["platform"]["platforms"]
+        if prepared.platform not in scheduled:
+            raise Refused(f"platform {prepared.platform!r} is not scheduled for {prepared.spec['name']} "
+                          f"(platform.platforms = {scheduled}), so it has no golden") from None
+        raise Refused(str(exc)) from None
+    except (GoldenStoreError, ToleranceFileError, ValueError) as exc:
+        raise Refused(f"golden {prepared.spec['name']} [{prepared.platform}] is unusable: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from harness import flows
-    from harness.cli._workload_args import execute_or_explain
+    from harness.cli import EXIT_FINDINGS, EXIT_OK
+    from harness.cli._workload_args import (
+        Refused,
+        check_output_path,
+        execute_or_explain,
+        prepare,
+    )
+    from harness.parity.engine import compare
     from harness.parity.render import render
 
-    execution, code = execute_or_explain(args)
+    try:
+        check_output_path(args.output)
+        prepared = prepare(args)
+        _golden(prepared)  # refuse a missing or corrupt golden before running for a minute
+    except Refused as exc:
+        print(f"golden check: {exc}", file=sys.stderr)
+        return exc.code
+    execution, code = execute_or_explain(args, prepared)
     if execution is None:
         return code
-    if not execution.ok:
-        return 1
-    platform = flows.platform_of(execution.spec, args.platform)
+    platform = prepared.platform
     try:
-        verdict = flows.compare_with_golden(execution, platform, args.goldens)
-    except flows.GoldenMissing as exc:
-        print(f"golden: {exc}", file=sys.stderr)
-        return 2
+        golden, table, deterministic = _golden(prepared)  # read again: it may have been refreshed meanwhile
+    except Refused as exc:
+        print(f"golden check: {exc}", file=sys.stderr)
+        return exc.code
+    verdict = compare(golden.surfaces, execution.postflight.surfaces, tolerances=table, deterministic=deterministic)
     curves = {}
     if args.format == "html":  # the HTML report plots golden vs actual training curves
-        root = Path(args.goldens or flows.default_goldens_root())
-        golden = flows.load_golden(root, execution.spec["name"], platform)[0]
         curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces}
     report = render(verdict, args.format, title=f"{execution.spec['name']} [{platform}]", show_info=args.show_info, **curves)
     print(report)
     if args.output:
         Path(args.output).write_text(report + "\n")
     print(f"check {execution.spec['name']} [{platform}]: {verdict.status} "
-          f"(wall {execution.wall_s:.1f}s)", file=sys.stderr)
-    return 0 if verdict.ok else 1
+          f"(wall {execution.wall_s:.1f}s; run dir {execution.run_dir})", file=sys.stderr)
+    if not verdict.ok:
+        print(f"  if the change is intended: golden refresh {execution.spec['name']} --platform {platform} "
+              "--reason TEXT", file=sys.stderr)
+        return EXIT_FINDINGS
+    return EXIT_OK

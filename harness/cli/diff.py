@@ -2,8 +2,9 @@
 
 RUN is a run directory (``surfaces/*.json``, or the surfaces its manifest.json
 lists) or a manifest file. GOLDEN is a golden directory or a workload name
-(resolved under ``--goldens-root`` with ``--platform``, which defaults to the run
-manifest's ``environment.platform``). Lanes: ``--nondeterministic`` (or
+(resolved under ``--goldens-root`` with ``--platform``, which defaults to
+``$GOLDEN_PLATFORM``, else the platform the run's spec implies (its ``run.json``),
+else the manifest's ``environment.device``). Lanes: ``--nondeterministic`` (or
 ``deterministic: false`` in the golden's tolerances.yaml) lets tolerance bands decide.
 
 Exit 0 parity, 1 findings (including a probable stale golden), 2 unusable input.
@@ -78,6 +79,29 @@ def load_run_surfaces(run_path: Path) -> tuple[dict[str, dict], dict | None]:
     return docs, manifest
 
 
+def run_platform(run_path: Path, manifest: dict | None) -> str | None:
+    """The golden platform a run belongs to: ``$GOLDEN_PLATFORM``, else the one its
+    spec implies (``run.json`` beside the manifest, as ``golden run`` writes it),
+    else the manifest's ``environment.device`` when that names a device platform.
+
+    Not ``environment.platform``: that is the host's OS/arch (``linux-x86_64``),
+    never a golden platform."""
+    import os
+
+    from harness.spec.load import golden_platform
+
+    if os.environ.get("GOLDEN_PLATFORM"):
+        return os.environ["GOLDEN_PLATFORM"]
+    base = run_path.parent if run_path.is_file() else run_path
+    try:
+        spec = _load(base / "run.json").get("spec")
+        return golden_platform(spec)
+    except (UnusableInput, AttributeError, KeyError, TypeError):
+        pass
+    device = ((manifest or {}).get("environment") or {}).get("device")
+    return device if device in ("cpu", "cuda") else None
+
+
 def _golden(args: argparse.Namespace, manifest: dict | None):
     from harness.store.atomic import GoldenStoreError, read_golden, read_golden_dir
 
@@ -85,9 +109,10 @@ def _golden(args: argparse.Namespace, manifest: dict | None):
         path = Path(args.golden)
         if path.is_dir():
             return read_golden_dir(path)
-        platform = args.platform or ((manifest or {}).get("environment") or {}).get("platform")
+        platform = args.platform or run_platform(Path(args.run_path), manifest)
         if not platform:
-            raise UnusableInput(f"GOLDEN {args.golden!r} is not a directory; give --platform to pick its golden")
+            raise UnusableInput(f"GOLDEN {args.golden!r} is not a directory and the run does not say its golden "
+                                "platform; give --platform to pick its golden")
         if args.goldens_root is not None:
             root = args.goldens_root
         else:
@@ -106,6 +131,13 @@ def run(args: argparse.Namespace) -> int:
     from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
     from harness.surfaces.canonical import NonFiniteError
 
+    from harness.cli._workload_args import Refused, check_output_path
+
+    try:
+        check_output_path(str(args.output) if args.output else None)
+    except Refused as exc:
+        print(f"golden diff: {exc}", file=sys.stderr)
+        return 2
     try:
         actual, manifest = load_run_surfaces(Path(args.run_path))
         golden = _golden(args, manifest)

@@ -16,10 +16,14 @@ HELP = "check that configured plugins import in every worker environment"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="workload name under goldens/ or a path to workload.yaml")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value",
+                        help="spec overrides, as for golden run (e.g. plugins.policy_profiler=null)")
     parser.add_argument(
         "--override", "-o", action="append", default=[], metavar="KEY=VALUE",
         help="spec override, e.g. plugins.policy_profiler=null (repeatable)",
     )
+    parser.add_argument("--goldens-root", "--goldens", dest="goldens", default=None,
+                        help="goldens folder (default: $GOLDEN_ROOT, else the repository's goldens/)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.spec import SpecError, load_spec
 
     try:
-        spec = load_spec(args.workload, args.override)
+        spec = load_spec(args.workload, [*args.overrides, *args.override], goldens_root=args.goldens)
     except (SpecError, OSError) as exc:
         print(f"golden doctor: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,9 @@
 """``golden refresh WORKLOAD --reason TEXT``: show the diff, then rewrite the golden.
 
-A refresh without a reason is refused before anything runs. The old golden
-stays intact until the new one is completely written (atomic swap).
+Refused before anything runs (exit 2) without a reason or for a platform the
+spec does not schedule. The old golden stays intact until the new one is
+completely written (atomic swap); a run that does not complete stores nothing
+(exit 3, or 130 when interrupted).
 """
 
 from __future__ import annotations
@@ -20,27 +22,39 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from harness import flows
-    from harness.cli._workload_args import execute_or_explain
+    from harness.cli import EXIT_NO_VERDICT, EXIT_USAGE
+    from harness.cli._workload_args import Refused, execute_or_explain, prepare
+    from harness.cli.capture import check_storable
     from harness.parity.render import render
+    from harness.parity.tolerances import ToleranceFileError
+    from harness.store.atomic import GoldenStoreError
 
     if not (args.reason or "").strip():
         print("golden refresh: --reason TEXT is required (it is recorded in PROVENANCE.json)", file=sys.stderr)
-        return 2
-    execution, code = execute_or_explain(args)
+        return EXIT_USAGE
+    try:
+        prepared = prepare(args)
+        check_storable(prepared, allow_replace=True)
+    except Refused as exc:
+        print(f"golden refresh: {exc}", file=sys.stderr)
+        return exc.code
+    execution, code = execute_or_explain(args, prepared)
     if execution is None:
         return code
-    platform = flows.platform_of(execution.spec, args.platform)
+    platform = prepared.platform
     try:
-        verdict = flows.compare_with_golden(execution, platform, args.goldens)
+        verdict = flows.compare_with_golden(execution, platform, prepared.goldens_root)
         print(render(verdict, "terminal", title=f"{execution.spec['name']} [{platform}] before refresh"))
     except flows.GoldenMissing:
         print(f"no current golden for {execution.spec['name']} [{platform}]; writing a new one", file=sys.stderr)
+    except (GoldenStoreError, ToleranceFileError) as exc:  # a corrupt golden is what refresh repairs
+        print(f"current golden unreadable ({exc}); replacing it", file=sys.stderr)
     try:
-        path = flows.store_golden(execution, platform, reason=args.reason, goldens_root=args.goldens,
+        path = flows.store_golden(execution, platform, reason=args.reason, goldens_root=prepared.goldens_root,
                                   command="golden refresh " + " ".join([args.workload, *args.overrides]),
                                   allow_replace=True)
-    except ValueError as exc:
-        print(f"golden refresh: {exc}", file=sys.stderr)
-        return 1
+    except (ValueError, OSError) as exc:
+        print(f"golden refresh: nothing stored: {exc}", file=sys.stderr)
+        return EXIT_NO_VERDICT
     print(f"golden rewritten: {path}")
     return 0

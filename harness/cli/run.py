@@ -2,6 +2,10 @@
 
 ``golden run --resume RUN_DIR`` continues a stopped run from its newest
 checkpoint (written every ``grpo.checkpoint_every`` steps).
+
+Exit 0 when the run completes (its directory is printed on stdout), 2 for
+unusable input (spec, a non-empty --run-dir), 3 when the run does not
+complete, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -20,28 +24,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from harness.cli._workload_args import execute_or_explain, progress
+    from harness.cli import EXIT_OK, EXIT_USAGE
+    from harness.cli._workload_args import (
+        execute_or_explain,
+        progress,
+        report_execution,
+    )
 
     if args.resume:
         if args.workload or args.overrides:
             print("golden run --resume takes no workload or overrides (the run's own spec is used)", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         from harness import flows
 
         try:
             execution = flows.resume(args.resume, say=progress(args))
         except FileNotFoundError as exc:
             print(f"golden run --resume: {exc}", file=sys.stderr)
-            return 2
-        print(f"run {execution.run_dir}: {execution.postflight.status} in {execution.wall_s:.1f}s", file=sys.stderr)
-        for problem in execution.problems():
-            print(f"  FAIL {problem}", file=sys.stderr)
+            return EXIT_USAGE
+        execution, code = report_execution(args, execution)
     else:
         if not args.workload:
             print("golden run: a WORKLOAD (or --resume RUN_DIR) is required", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         execution, code = execute_or_explain(args)
-        if execution is None:
-            return code
+    if execution is None:
+        return code
     print(execution.run_dir)
-    return 0 if execution.ok else 1
+    return EXIT_OK

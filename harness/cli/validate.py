@@ -3,7 +3,8 @@
 * manifest file / run directory (``manifest.json`` inside): the manifest with
   artifact and surface files checked (exists, bytes, sha256), and each listed
   surface validated against its schema;
-* golden directory (``PROVENANCE.json`` inside): the manifest (surface files
+* golden directory (``PROVENANCE.json`` inside, or any ``<workload>/<platform>``
+  folder whose parent holds a ``workload.yaml``): the manifest (surface files
   only; raw artifacts are not stored in goldens), every ``surfaces/*.json`` listed
   and schema-valid, PROVENANCE.json, and tolerances.yaml when present.
 
@@ -52,7 +53,7 @@ def check_path(path: Path) -> tuple[str, list[str]]:
 
     if path.is_file():
         kind, manifest_path, golden = "manifest", path, False
-    elif (path / "PROVENANCE.json").is_file():
+    elif (path / "PROVENANCE.json").is_file() or _in_goldens_tree(path):
         kind, manifest_path, golden = "golden directory", path / "manifest.json", True
     elif (path / "manifest.json").is_file():
         kind, manifest_path, golden = "run directory", path / "manifest.json", False
@@ -76,8 +77,14 @@ def check_path(path: Path) -> tuple[str, list[str]]:
     return kind, errors
 
 
+def _in_goldens_tree(path: Path) -> bool:
+    """``goldens/<workload>/<platform>``: the folder above holds the workload.yaml.
+    Such a folder is judged as a golden even when PROVENANCE.json is missing (that
+    is then one of its errors), not as a run directory missing its artifacts."""
+    return path.is_dir() and (path.resolve().parent / "workload.yaml").is_file()
+
+
 def _golden_extras(base: Path, manifest: dict) -> list[str]:
-    from harness.parity.tolerances import ToleranceFileError, load_tolerances
     from harness.store.provenance import provenance_errors
     from harness.surfaces.canonical import StrictJSONError, load_strict
 
@@ -88,16 +95,25 @@ def _golden_extras(base: Path, manifest: dict) -> list[str]:
         if rel not in listed:
             errors.append(f"{stored}: not listed in manifest.json /surfaces")
     provenance = base / "PROVENANCE.json"
+    if not provenance.is_file():
+        errors.append(f"{provenance}: missing")
+        return errors + _tolerance_errors(base)
     try:
         errors += [f"{provenance}#/{p.split(':')[0]}: {p}" for p in provenance_errors(load_strict(provenance))]
     except StrictJSONError as exc:
         errors.append(f"{provenance}#{exc.pointer}: {exc}")
+    return errors + _tolerance_errors(base)
+
+
+def _tolerance_errors(base: Path) -> list[str]:
+    from harness.parity.tolerances import ToleranceFileError, load_tolerances
+
     if (base / "tolerances.yaml").is_file():
         try:
             load_tolerances(base / "tolerances.yaml")
         except ToleranceFileError as exc:
-            errors.append(str(exc))
-    return errors
+            return [str(exc)]
+    return []
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from harness.manifest.build import SCHEMA_VERSION
 from harness.manifest.validate import validate_manifest
 from harness.store import layout
 from harness.store.provenance import provenance_errors
@@ -222,7 +223,9 @@ def read_golden(root: "str | Path", workload: str, platform: str) -> Golden:
     """Read a complete golden (after recovering from any interrupted write).
 
     Raises FileNotFoundError if there is no golden, GoldenStoreError if a file is
-    unparsable. Content validation is ``golden validate``'s job.
+    unparsable, the manifest is not schema v2, or a surface file is missing,
+    unlisted or differs from the sha256 the manifest records. Full content
+    validation (schemas, provenance) is ``golden validate``'s job.
     """
     target = layout.golden_dir(root, workload, platform)
     if not target.parent.is_dir():
@@ -241,9 +244,44 @@ def read_golden(root: "str | Path", workload: str, platform: str) -> Golden:
                 surfaces[rel[len(layout.SURFACES_DIR) + 1: -5]] = load_strict_bytes(files, rel, target)
     except ValueError as exc:
         raise GoldenStoreError(str(exc)) from None
+    _check_integrity(target, manifest, files)
     tolerances = target / layout.TOLERANCES if layout.TOLERANCES in files else None
     return Golden(path=target, workload=workload, platform=platform, manifest=manifest, surfaces=surfaces,
                   provenance=provenance, tolerances_path=tolerances, files=files)
+
+
+def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) -> None:
+    """The stored manifest is schema v2 and its ``surfaces`` list matches the
+    surface files byte for byte (sha256): a golden edited by hand, truncated,
+    missing a surface or written by another schema version is refused here,
+    not compared (a missing surface would otherwise read as a regression)."""
+    where = target / layout.MANIFEST
+    if not isinstance(manifest, dict):
+        raise GoldenStoreError(f"{where}: not a JSON object")
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise GoldenStoreError(
+            f"{where}#/schema_version: golden has schema_version {version!r}, this harness reads "
+            f"{SCHEMA_VERSION}; recapture it with: golden refresh {target.parent.name} "
+            f"--platform {target.name} --reason TEXT")
+    entries = manifest.get("surfaces")
+    if not isinstance(entries, list):
+        raise GoldenStoreError(f"{where}#/surfaces: not a list")
+    listed = set()
+    for i, entry in enumerate(entries):
+        rel = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(rel, str):
+            raise GoldenStoreError(f"{where}#/surfaces/{i}/path: missing")
+        listed.add(rel)
+        if rel not in files:
+            raise GoldenStoreError(f"{target / rel}: missing (listed in {where}#/surfaces/{i})")
+        if sha256_hex(files[rel]) != entry.get("sha256"):
+            raise GoldenStoreError(
+                f"{target / rel}: sha256 does not match {where}#/surfaces/{i}/sha256 "
+                "(the file was changed after capture; goldens change only through golden capture/refresh)")
+    for rel in files:
+        if rel.startswith(layout.SURFACES_DIR + "/") and rel not in listed:
+            raise GoldenStoreError(f"{target / rel}: not listed in {where}#/surfaces")
 
 
 def load_strict_bytes(files: Mapping[str, bytes], rel: str, base: Path) -> Any:

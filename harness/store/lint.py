@@ -7,7 +7,10 @@ Findings (kind):
 * ``bad_workload``: ``workload.yaml`` does not load;
 * ``leftover_temp``: ``.<platform>.tmp-*`` / ``.old-*`` left by an interrupted write;
 * ``bad_provenance``: PROVENANCE.json missing, unparsable or invalid;
-* ``missing_manifest``: a golden dir without manifest.json.
+* ``missing_manifest``: a golden dir without manifest.json;
+* ``damaged_golden``: the manifest is not schema v2, or a surface file is missing,
+  unlisted or differs from the sha256 the manifest records (edited by hand,
+  truncated): ``read_golden`` refuses such a golden, so every check of it would fail.
 Lint only reads; it never repairs.
 """
 
@@ -58,6 +61,8 @@ def _check_golden(golden: Path, root: Path) -> list[LintFinding]:
     out = []
     if not (golden / layout.MANIFEST).is_file():
         out.append(LintFinding("missing_manifest", rel, f"no {layout.MANIFEST}"))
+    else:
+        out.extend(_damage(golden, rel))
     prov = golden / layout.PROVENANCE
     if not prov.is_file():
         out.append(LintFinding("bad_provenance", rel, f"no {layout.PROVENANCE}"))
@@ -68,6 +73,20 @@ def _check_golden(golden: Path, root: Path) -> list[LintFinding]:
             problems = [f"unparsable: {exc}"]
         out.extend(LintFinding("bad_provenance", f"{rel}/{layout.PROVENANCE}", p) for p in problems)
     return out
+
+
+def _damage(golden: Path, rel: str) -> list[LintFinding]:
+    """What ``read_golden``'s integrity check would refuse (see atomic._check_integrity)."""
+    from harness.store.atomic import GoldenStoreError, _check_integrity
+
+    try:
+        manifest = load_strict(golden / layout.MANIFEST)
+        files = {p.relative_to(golden).as_posix(): p.read_bytes()
+                 for p in sorted((golden / layout.SURFACES_DIR).rglob("*")) if p.is_file()}
+        _check_integrity(golden, manifest, files)
+    except (StrictJSONError, UnicodeDecodeError, GoldenStoreError) as exc:
+        return [LintFinding("damaged_golden", rel, str(exc))]
+    return []
 
 
 def lint(goldens_root: "str | Path") -> list[LintFinding]:

@@ -153,3 +153,51 @@ def test_gate_commands_in_a_subprocess_import_neither_torch_nor_ray(setup):
     }
     assert {k: v["code"] for k, v in probes.items()} == {"validate": 0, "diff": 0, "plan": 0}
     assert {k: (v["torch"], v["ray"]) for k, v in probes.items()} == {k: (False, False) for k in probes}
+
+
+def test_diff_by_workload_name_takes_the_golden_platform_from_the_runs_spec(tmp_path, monkeypatch):
+    """A real run's manifest says environment.platform = the host (linux-x86_64);
+    the golden platform comes from its run.json spec (here vLLM on cpu: cpu-vllm)."""
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    docs = synthetic_surfaces("w", seed=5)
+    run = make_run(tmp_path / "run", docs)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["environment"]["platform"] = "linux-x86_64"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "run.json").write_text(json.dumps({"spec": {"platform": {"device": "cpu"}, "rollout": {"backend": "vllm"}}}))
+    write_golden(tmp_path / "goldens", "w", "cpu-vllm", manifest, docs,
+                 new_provenance(commit=None, reason="test", command="pytest", environment={}))
+    assert main(["diff", str(run), "w", "--goldens-root", str(tmp_path / "goldens")]) == 0
+    (run / "run.json").unlink()  # no spec: environment.device (cpu) has no golden here
+    assert main(["diff", str(run), "w", "--goldens-root", str(tmp_path / "goldens")]) == 2
+
+
+@pytest.mark.parametrize("damage", ["deleted", "edited"])
+def test_diff_against_a_damaged_golden_is_unusable_input(setup, capsys, damage):
+    _, run, golden, _ = setup
+    training = golden / "surfaces" / "training.json"
+    if damage == "deleted":
+        training.unlink()  # used to read as "training surface added" (exit 1)
+    else:
+        training.write_bytes(training.read_bytes().replace(b'"step0001"', b'"step0009"'))
+    assert main(["diff", str(run), str(golden)]) == 2
+    assert str(training) in capsys.readouterr().err
+
+
+def test_validate_a_golden_missing_its_provenance(setup, capsys):
+    """goldens/<w>/<platform> without PROVENANCE.json is still judged as a golden
+    (one error: the missing file), not as a run directory missing its artifacts."""
+    _, _, golden, _ = setup
+    (golden.parent / "workload.yaml").write_text("name: w\n")
+    (golden / "PROVENANCE.json").unlink()
+    assert main(["validate", str(golden)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.strip() == f"{golden / 'PROVENANCE.json'}: missing"
+    assert "(golden directory)" in captured.err
+
+
+def test_diff_output_under_a_file_is_a_usage_error(setup, tmp_path, capsys):
+    _, run, golden, _ = setup
+    (tmp_path / "afile").write_text("x")
+    assert main(["diff", str(run), str(golden), "--output", str(tmp_path / "afile" / "r.md")]) == 2
+    assert "--output" in capsys.readouterr().err

@@ -105,10 +105,11 @@ def test_lint_reports_every_kind(tmp_path):
     write_golden(tmp_path, "v", "tpu", synthetic_manifest("v"), synthetic_surfaces("v"), PROV)  # unscheduled
     (tmp_path / "v/cpu/PROVENANCE.json").write_text("{not json")
     os.mkdir(tmp_path / "v/.cpu.tmp-zzz")
+    (tmp_path / "v/tpu/surfaces/training.json").write_text("{}\n")       # hand-edited
     found = {(f.kind, f.path) for f in lint(tmp_path)}
     assert found == {("missing_golden", "w/cuda"), ("orphan_golden", "orphan/cpu"),
                      ("unscheduled_golden", "v/tpu"), ("bad_provenance", "v/cpu/PROVENANCE.json"),
-                     ("leftover_temp", "v/.cpu.tmp-zzz")}
+                     ("leftover_temp", "v/.cpu.tmp-zzz"), ("damaged_golden", "v/tpu")}
 
 
 def test_lint_clean_store_has_no_findings(tmp_path):
@@ -122,3 +123,31 @@ def test_lint_reports_a_broken_workload_spec(tmp_path):
     (tmp_path / "w/workload.yaml").write_text("name: w\n")
     (kind, path), = {(f.kind, f.path) for f in lint(tmp_path)}
     assert (kind, path) == ("bad_workload", "w/workload.yaml")
+
+
+@pytest.mark.parametrize("damage", ["edited", "truncated", "deleted", "unlisted", "schema_v1"])
+def test_read_refuses_a_golden_that_differs_from_its_manifest(tmp_path, damage):
+    """A golden is compared only as captured: an edited, truncated, missing or
+    extra surface file, or a manifest of another schema version, is an error
+    naming the file (it would otherwise read as a regression, or as parity)."""
+    _write(tmp_path)
+    golden = tmp_path / "w" / "cpu"
+    training = golden / "surfaces" / "training.json"
+    if damage == "edited":
+        training.write_bytes(training.read_bytes().replace(b'"training"', b'"trainin9"'))
+    elif damage == "truncated":
+        training.write_bytes(training.read_bytes()[:-1])  # still valid JSON: only the newline is gone
+    elif damage == "deleted":
+        training.unlink()
+    elif damage == "unlisted":
+        (golden / "surfaces" / "extra.json").write_bytes(training.read_bytes())
+    else:
+        manifest = golden / "manifest.json"
+        manifest.write_bytes(manifest.read_bytes().replace(b'"schema_version":2', b'"schema_version":1'))
+    with pytest.raises(GoldenStoreError) as info:
+        read_golden(tmp_path, "w", "cpu")
+    message = str(info.value)
+    expected = {"edited": "training.json: sha256", "truncated": "training.json: sha256",
+                "deleted": "training.json: missing", "unlisted": "extra.json: not listed",
+                "schema_v1": "schema_version 1"}[damage]
+    assert expected in message, message

@@ -1,0 +1,79 @@
+"""Exit codes of real runs that do not complete: interrupted capture (130), crashed run (3).
+
+``golden capture`` runs in a subprocess; the signal is sent once its progress
+output shows the workers starting (an event, not a delay). What must hold:
+the distinct exit code, no golden written, no temporary sibling left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = "qwen3_moe_tiny_smoke"
+
+
+def _env() -> dict:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    env.pop("GOLDEN_PLATFORM", None)
+    return env
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "goldens"
+    (r / SMOKE).mkdir(parents=True)
+    shutil.copy(REPO / "goldens" / SMOKE / "workload.yaml", r / SMOKE / "workload.yaml")
+    return r
+
+
+def _unblock_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background CI shell may ignore it; Ctrl-C would not be
+
+
+SIGTERM_OVERRIDDEN = pytest.mark.xfail(strict=True, reason=(
+    "known runner defect: ray.init() replaces the runner's SIGTERM handler with its own sys.exit(15), so a "
+    "SIGTERM after Ray is up is recorded as 'SystemExit: 15' and the driver then aborts in Ray's C++ shutdown"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=SIGTERM_OVERRIDDEN)],
+                         ids=["ctrl-c", "sigterm"])
+def test_interrupted_capture_exits_130_and_stores_nothing(root, tmp_path, sig):
+    cmd = [sys.executable, "-m", "harness.cli", "capture", SMOKE, "--goldens-root", str(root),
+           "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_unblock_sigint)  # noqa: PLW1509 - no threads here
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "starting" in line and "policy workers" in line:
+                proc.send_signal(sig)
+                break
+        rest = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(seen) + rest
+    assert any("policy workers" in line for line in seen), out
+    assert proc.returncode == 130, out
+    assert "interrupted" in out and "Traceback" not in out
+    assert sorted(p.name for p in (root / SMOKE).iterdir()) == ["workload.yaml"]  # no golden, no .cpu.tmp-*
+
+
+def test_a_run_that_crashes_exits_3_not_1(root, tmp_path):
+    """Exit 1 means "the surfaces differ"; a run that never finished has no verdict."""
+    cmd = [sys.executable, "-m", "harness.cli", "check", SMOKE, "plugins.policy_profiler=no.such.Profiler",
+           "--goldens-root", str(REPO / "goldens"), "--run-dir", str(tmp_path / "run"), "-q"]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert "FAIL run_completed" in proc.stderr and "no verdict" in proc.stderr

@@ -1,0 +1,135 @@
+"""The ``golden`` pytest plugin as a user of ``pytest -m golden`` sees it (inner pytest runs).
+
+Fast cases only: goldens that are missing or damaged are refused before any
+workload starts, so no Ray is involved. The run-and-compare path is covered by
+suites/golden and by ``test_failure_says_how_to_refresh`` (slow, one real run).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = "qwen3_moe_tiny_smoke"
+
+TEST_FILE = """
+import pytest
+from harness.pytest_plugin import golden_params
+
+@pytest.mark.golden
+@pytest.mark.parametrize("workload,surface", golden_params({root!r}))
+def test_golden_surface(golden, workload, surface):
+    golden.check(workload, surface)
+"""
+
+
+def _workload(root: Path, name: str, *, golden: bool, seed: int | None = None) -> None:
+    """goldens/<name>/workload.yaml (the smoke spec renamed), with or without its cpu golden."""
+    (root / name).mkdir(parents=True)
+    text = (REPO / "goldens" / SMOKE / "workload.yaml").read_text().replace(f"name: {SMOKE}", f"name: {name}")
+    if seed is not None:
+        text = text.replace("seed: 1234", f"seed: {seed}")
+    (root / name / "workload.yaml").write_text(text)
+    if golden:
+        shutil.copytree(REPO / "goldens" / SMOKE / "cpu", root / name / "cpu")
+
+
+@pytest.fixture
+def inner(pytester: pytest.Pytester, monkeypatch):
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    monkeypatch.delenv("GOLDEN_ROOT", raising=False)
+    root = pytester.path / "goldens"
+    pytester.makepyfile(test_inner=TEST_FILE.format(root=str(root)))
+    return pytester, root
+
+
+def test_xdist_keeps_a_workload_on_one_worker_and_the_controller_writes_the_summary(inner):
+    """-n 2 alone: each workload's surfaces carry its group (so it runs once), and
+    the Markdown summary lists the workloads of every worker."""
+    pytester, root = inner
+    _workload(root, "wl_a", golden=False)
+    _workload(root, "wl_b", golden=False)
+    summary = pytester.path / "summary.md"
+    result = pytester.runpytest_subprocess("-n", "2", "-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
+                                           "--golden-root", str(root), f"--golden-summary={summary}", "-rf")
+    result.assert_outcomes(failed=12)
+    out = result.stdout.str()
+    assert "test_golden_surface[wl_a-training]@wl_a" in out and "test_golden_surface[wl_b-topology]@wl_b" in out
+    text = summary.read_text()
+    assert "| wl_a | cpu | missing |" in text and "| wl_b | cpu | missing |" in text
+    assert "golden capture wl_a --platform cpu" in out
+
+
+def test_a_damaged_golden_fails_every_surface_without_running(inner):
+    pytester, root = inner
+    _workload(root, SMOKE, golden=True)
+    (root / SMOKE / "cpu" / "surfaces" / "rollouts.json").write_text("{}\n")
+    result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
+                                           "--golden-root", str(root))
+    result.assert_outcomes(failed=6)
+    out = result.stdout.str()
+    assert out.count(f"golden {SMOKE}/cpu is unusable") == 6 and "rollouts.json: sha256" in out
+    assert "golden-runs" not in out  # no run directory: the workload never started
+    assert f"{SMOKE:<36} cpu      error" in out
+
+
+@pytest.mark.slow
+def test_failure_says_how_to_refresh(inner):
+    """A real regression (the workload's seed changed): readable findings per
+    surface, the refresh command, and the workload ran once for six tests."""
+    pytester, root = inner
+    _workload(root, SMOKE, golden=True, seed=1235)
+    result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
+                                           "--golden-root", str(root), "-k", "training or topology")
+    result.assert_outcomes(failed=1, passed=1)
+    out = result.stdout.str()
+    assert f"{SMOKE}/training: fail" in out and "/metrics/loss" in out
+    assert f"golden refresh {SMOKE} --platform cpu --reason TEXT" in out
+    assert out.count(f"{SMOKE:<36} cpu      fail") == 1
+
+
+PLAIN_TEST_FILE = """
+import pytest
+from harness.pytest_plugin import golden_params
+
+@pytest.mark.golden
+@pytest.mark.parametrize("workload,surface", golden_params())
+def test_golden_surface(golden, workload, surface):
+    golden.check(workload, surface)
+"""
+
+
+def test_golden_root_and_platform_options_select_the_parameters(pytester: pytest.Pytester, monkeypatch):
+    """golden_params() with no arguments follows --golden-root and --golden-platform
+    (it used to list the repository's goldens for the host's platform whatever was asked)."""
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    monkeypatch.delenv("GOLDEN_ROOT", raising=False)
+    root = pytester.path / "goldens"
+    _workload(root, "cpu_only", golden=False)
+    (root / "cpu_only" / "workload.yaml").write_text(
+        (root / "cpu_only" / "workload.yaml").read_text().replace("platforms: [cpu, cuda]", "platforms: [cpu]"))
+    _workload(root, "both", golden=False)
+    pytester.makepyfile(test_inner=PLAIN_TEST_FILE)
+    base = ["-m", "golden", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "--golden-root", str(root)]
+    cpu = pytester.runpytest_subprocess(*base).stdout.str()
+    assert "cpu_only-topology" in cpu and "both-topology" in cpu and "qwen3_moe" not in cpu
+    cuda = pytester.runpytest_subprocess(*base, "--golden-platform", "cuda").stdout.str()
+    assert "both-topology" in cuda and "cpu_only" not in cuda
+
+
+def test_a_broken_spec_fails_its_own_tests_not_the_collection(inner):
+    pytester, root = inner
+    _workload(root, "typo", golden=False)
+    spec = root / "typo" / "workload.yaml"
+    spec.write_text(spec.read_text().replace("policy: {tp: 1", "policy: {tpp: 1"))
+    _workload(root, "fine", golden=False)
+    result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
+                                           "--golden-root", str(root))
+    result.assert_outcomes(failed=12)
+    out = result.stdout.str()
+    assert out.count("policy.tpp: unknown key") >= 6 and "no golden for workload 'fine'" in out
