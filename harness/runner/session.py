@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -71,9 +73,13 @@ class Session:
             hook = os.environ.get("GOLDEN_WORKER_SETUP_HOOK")
             if hook:  # instrumentation/mutation entry point for every Ray worker process
                 runtime_env["worker_process_setup_hook"] = hook
+            on_main_thread = threading.current_thread() is threading.main_thread()
+            sigterm = signal.getsignal(signal.SIGTERM) if on_main_thread else None
             ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
                      log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")),
                      runtime_env=runtime_env)
+            if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins
+                signal.signal(signal.SIGTERM, sigterm)
             self._started_ray = True
             self.say(f"ray up in {time.perf_counter() - t:.1f}s")
         from harness.envs.tasks import PromptLoader, make_task

@@ -40,12 +40,7 @@ def _unblock_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background CI shell may ignore it; Ctrl-C would not be
 
 
-SIGTERM_OVERRIDDEN = pytest.mark.xfail(strict=True, reason=(
-    "known runner defect: ray.init() replaces the runner's SIGTERM handler with its own sys.exit(15), so a "
-    "SIGTERM after Ray is up is recorded as 'SystemExit: 15' and the driver then aborts in Ray's C++ shutdown"))
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=SIGTERM_OVERRIDDEN)],
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM],
                          ids=["ctrl-c", "sigterm"])
 def test_interrupted_capture_exits_130_and_stores_nothing(root, tmp_path, sig):
     cmd = [sys.executable, "-m", "harness.cli", "capture", SMOKE, "--goldens-root", str(root),
