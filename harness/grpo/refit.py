@@ -47,6 +47,7 @@ class Refitter:
         self.history: list[dict] = []
         self._store = None  # HeldStore of the broadcast side group (first broadcast refit .. close)
         self._side: dict | None = None  # the side group's signature, the same for every refit
+        self._closed = False
 
     def refit(self, step: int) -> dict:
         """One refit after ``step`` (0 = initial sync). Returns {version, seconds, transport}."""
@@ -76,6 +77,8 @@ class Refitter:
     def side_group(self) -> dict:
         """The session's side-group signature (host, port, world_size, prefix); starts
         serving its store on first use. Every broadcast refit hands out exactly this."""
+        if self._closed:
+            raise RuntimeError("the refitter is closed: its side-group store is no longer served")
         if self._side is None:
             from harness.parallel.rendezvous import HeldStore
 
@@ -99,6 +102,7 @@ class Refitter:
     def close(self) -> None:
         """Stop serving the side group's store (idempotent). Call it last, after the
         policy and the engines (the members) have closed their groups."""
+        self._closed = True
         store, self._store = self._store, None
         if store is not None:
             store.close()

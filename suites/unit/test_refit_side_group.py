@@ -16,7 +16,12 @@ import pytest
 import torch
 
 from harness.parallel.rendezvous import HeldStore
-from harness.refit.broadcast import SideGroupSlot, broadcast_weights, create_side_group, receive_broadcast
+from harness.refit.broadcast import (
+    SideGroupSlot,
+    broadcast_weights,
+    create_side_group,
+    receive_broadcast,
+)
 from harness.refit.packing import TensorInfo
 
 WORLD = 3
@@ -79,7 +84,7 @@ def _info(state: dict[str, torch.Tensor]) -> dict[str, TensorInfo]:
 
 
 def test_create_side_group_refuses_bad_arguments_naming_the_field():
-    base = dict(host="127.0.0.1", port=1234, rank=0, world_size=2)
+    base = {"host": "127.0.0.1", "port": 1234, "rank": 0, "world_size": 2}
     for bad, field in [
         ({"world_size": 1}, "world_size"),
         ({"rank": 2}, "rank"),
@@ -140,7 +145,7 @@ def test_slot_keeps_one_group_per_session_and_close_releases_its_connection():
     port = store.port
     base = _established(port)  # the serving store's own client connection
     slots = [SideGroupSlot() for _ in range(WORLD)]
-    session = dict(host=store.host, port=port, world_size=WORLD, timeout_s=TIMEOUT_S, prefix="t-session-1")
+    session = {"host": store.host, "port": port, "world_size": WORLD, "timeout_s": TIMEOUT_S, "prefix": "t-session-1"}
     try:
         first: list[object] = []
         for refit in range(3):
