@@ -13,6 +13,7 @@ rollout engines (in-actor sync, internal-process async) as Ray actors.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -126,10 +127,8 @@ def session(tmp_path_factory):
         yield out
     finally:
         for w in workers:
-            try:
+            with contextlib.suppress(Exception):  # teardown: the shutdown test may have shut it down
                 ray.get(w.shutdown.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - teardown
-                pass
         policy.shutdown()
         refitter.close()
         ray.get(dataplane.close.remote())
