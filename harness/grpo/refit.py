@@ -6,21 +6,26 @@ REP socket; two ping-pong buffers, COMPLETE/ACK), ``broadcast`` for separate
 engines (a side process group of policy rank 0 + every engine rank that never
 touches the default world); ``auto`` picks by placement. After a refit every
 engine reports the same new weight version, or the step fails.
+
+Broadcast side group, one per session: the first broadcast refit starts a
+``HeldStore`` in this (driver) process -- bound before its port is handed out,
+so no other process can take the port in between -- with a store prefix unique
+to this ``Refitter``. Policy rank 0 and every engine rank join it as clients
+and keep the group they build (``SideGroupSlot``); every later refit sends the
+same signature, so every member reuses its group. Members close their group
+on their own shutdown; ``close()`` (after the policy and the engines are shut
+down) stops serving the store, last.
 """
 
 from __future__ import annotations
 
-import socket
 import time
+import uuid
 from pathlib import Path
 
 import ray
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness.refit.engine_offsets import derive_engine_gpu_offsets
 
 
 def choose_transport(spec: dict) -> str:
@@ -37,8 +42,12 @@ class Refitter:
         self.workers = workers
         self.transport = choose_transport(spec)
         self.buffer_size = int(spec["rollout"]["refit"]["buffer_size_bytes"])
-        self.prefixes = [e * int(spec["rollout"]["tp"]) for e in range(len(workers))]
+        tp = int(spec["rollout"]["tp"])
+        self.prefixes = derive_engine_gpu_offsets([tp] * len(workers))
         self.history: list[dict] = []
+        self._store = None  # HeldStore of the broadcast side group (first broadcast refit .. close)
+        self._side: dict | None = None  # the side group's signature, the same for every refit
+        self._closed = False
 
     def refit(self, step: int) -> dict:
         """One refit after ``step`` (0 = initial sync). Returns {version, seconds, transport}."""
@@ -65,18 +74,35 @@ class Refitter:
             raise
         return ray.get(receiving)
 
+    def side_group(self) -> dict:
+        """The session's side-group signature (host, port, world_size, prefix); starts
+        serving its store on first use. Every broadcast refit hands out exactly this."""
+        if self._closed:
+            raise RuntimeError("the refitter is closed: its side-group store is no longer served")
+        if self._side is None:
+            from harness.parallel.rendezvous import HeldStore
+
+            tp = int(self.spec["rollout"]["tp"])
+            self._store = HeldStore()  # bound here, before the port leaves this process
+            self._side = {"host": self._store.host, "port": int(self._store.port),
+                          "world_size": 1 + tp * len(self.workers),
+                          "prefix": f"harness-refit/{uuid.uuid4().hex}"}
+        return dict(self._side)
+
     def _broadcast(self) -> list[int]:
-        tp = int(self.spec["rollout"]["tp"])
-        world = 1 + tp * len(self.workers)
-        port = _free_port()
+        side = self.side_group()
         receiving = [
-            w.receive_weights.remote("broadcast", host="127.0.0.1", port=port, world_size=world,
-                                     rank_offset=1 + prefix, buffer_size_bytes=self.buffer_size, src=0)
+            w.receive_weights.remote("broadcast", **side, rank_offset=1 + prefix,
+                                     buffer_size_bytes=self.buffer_size, src=0)
             for w, prefix in zip(self.workers, self.prefixes)
         ]
-        self.policy.stream_weights(
-            "broadcast",
-            side_group={"host": "127.0.0.1", "port": port, "rank": 0, "world_size": world},
-            buffer_size_bytes=self.buffer_size,
-        )
+        self.policy.stream_weights("broadcast", side_group={**side, "rank": 0}, buffer_size_bytes=self.buffer_size)
         return ray.get(receiving)
+
+    def close(self) -> None:
+        """Stop serving the side group's store (idempotent). Call it last, after the
+        policy and the engines (the members) have closed their groups."""
+        self._closed = True
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()

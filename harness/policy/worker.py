@@ -10,7 +10,9 @@ process group (gloo on CPU, nccl on cuda) over the policy world, seeds from
 - the split API goes through the hooks' begin/microbatch/finish/abort
   wrappers (reasons `policy_train_begin_error`, `..._microbatch_error`,
   `..._finish_error`, `policy_train_step_aborted`);
-- `shutdown` closes the profiler, then destroys the process group.
+- `shutdown` closes the profiler, then the refit side group and the
+  data-plane clients (one per data-plane actor, reused across calls), then
+  destroys the process group.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class PolicyWorkerImpl:
         init_distributed(rank, world_size, master_addr, master_port, device)
         self.engine = create_engine(spec, rank, topology=topology)
         self.hooks = _load_hooks(rank)
+        from harness.refit.broadcast import SideGroupSlot
+
+        self._side_group = SideGroupSlot()  # rank 0's refit side group, built by the first broadcast
+        self._dataplane_clients: dict[Any, Any] = {}  # actor handle -> DataPlaneClient, closed on shutdown
 
     def ready(self) -> dict[str, Any]:
         return {"rank": self.rank, "coords": dict(self.engine.coords), "pid": os.getpid()}
@@ -65,13 +71,32 @@ class PolicyWorkerImpl:
 
     # -- data-plane variants (the "dataplane" trainer passes keys, not tensors) -----------
 
+    def _dataplane(self, dataplane: Any) -> Any:
+        """This worker's one client of the data-plane actor ``dataplane`` (a handle or a
+        client), reused across calls and closed by :meth:`shutdown`."""
+        from harness.dataplane.actor import DataPlaneClient
+
+        handle = dataplane.handle if isinstance(dataplane, DataPlaneClient) else dataplane
+        client = self._dataplane_clients.get(handle)
+        if client is None:
+            client = self._dataplane_clients[handle] = DataPlaneClient(handle)
+        return client
+
+    def dataplane_clients(self) -> int:
+        """How many data-plane clients this worker holds open (diagnostics, tests)."""
+        return len(self._dataplane_clients)
+
+    def _close_dataplane_clients(self) -> None:
+        clients, self._dataplane_clients = list(self._dataplane_clients.values()), {}
+        for client in clients:
+            client.close()
+
     def _dp_shard(self, dataplane: Any, key: str, extra_keys: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
         """This rank's DP shard of the batch staged under ``key``, plus per-shard extras
         staged by :meth:`logprobs_to_dataplane` under ``<extra>/dp<d>``."""
-        from harness.dataplane.actor import DataPlaneClient
         from harness.policy.local_world import shard_for_dp
 
-        client = DataPlaneClient(dataplane)
+        client = self._dataplane(dataplane)
         dp, d = int(self.engine.spec["policy"]["dp"]), int(self.engine.coords["dp"])
         shard = shard_for_dp(client.get_tensors(key), dp, d)
         for extra in extra_keys:
@@ -85,9 +110,7 @@ class PolicyWorkerImpl:
         out = self.engine.get_reference_logprobs(shard) if reference else self.engine.get_logprobs(shard)
         c = self.engine.coords
         if c["tp"] == 0 and c["cp"] == 0 and c["pp"] == int(self.engine.spec["policy"]["pp"]) - 1:
-            from harness.dataplane.actor import DataPlaneClient
-
-            DataPlaneClient(dataplane).put_tensors(f"{out_key}/dp{c['dp']}", {field: out})
+            self._dataplane(dataplane).put_tensors(f"{out_key}/dp{c['dp']}", {field: out})
 
     def train_from_dataplane(self, dataplane: Any, key: str, extra_keys: list[str]) -> dict[str, float]:
         return self.train(self._dp_shard(dataplane, key, tuple(extra_keys)))
@@ -113,7 +136,10 @@ class PolicyWorkerImpl:
         through `harness.refit`: transport "zmq" -> `send_weights_zmq(named,
         address=..., buffer_size_bytes=...)`; "broadcast" ->
         `broadcast_weights(named, group, buffer_size_bytes=...)` where `group`
-        is built from kw by `harness.refit.broadcast.create_side_group(**kw["side_group"])`."""
+        is `kw["side_group"]` itself (a `SideGroup`) or, for a mapping of
+        `create_side_group` arguments, rank 0's session group: joined (as a
+        client of the driver's store) by the first broadcast and reused while
+        the signature is unchanged; `shutdown` closes it."""
         named = self.engine.hf_state_dict()
         if self.rank != 0:
             return None
@@ -126,7 +152,7 @@ class PolicyWorkerImpl:
             from harness.refit import broadcast
 
             side = kw.pop("side_group")
-            group = side if not isinstance(side, Mapping) else broadcast.create_side_group(**side)
+            group = side if not isinstance(side, Mapping) else self._side_group.join(**side)
             return broadcast.broadcast_weights(items, group, **kw)
         raise ValueError(f"rollout.refit.transport={transport!r}: expected 'zmq' or 'broadcast'")
 
@@ -136,12 +162,24 @@ class PolicyWorkerImpl:
     def load_checkpoint(self, directory: str) -> None:
         self.engine.load_checkpoint(directory)
 
+    def side_groups(self) -> list[dict]:
+        """The refit side group this rank holds: ``[]`` or one signature dict (rank 0 only)."""
+        return self._side_group.describe()
+
     def shutdown(self) -> None:
+        """Close the profiler, then the refit side group, the data-plane clients and the
+        default process group (each step runs even if an earlier one failed)."""
         import torch.distributed as dist
 
         def cleanup() -> None:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            try:
+                self._side_group.close()
+            finally:
+                try:
+                    self._close_dataplane_clients()
+                finally:
+                    if dist.is_initialized():
+                        dist.destroy_process_group()
 
         self.hooks.close(cleanup)
 

@@ -6,6 +6,13 @@ is never registered with ``torch.distributed``: the default world, its
 groups and ``dist.is_initialized()`` are untouched, so a policy world and the
 engines' own TP worlds can coexist with it in the same processes.
 
+Rendezvous: the refit driver serves the group's ``TCPStore`` with a
+``HeldStore`` (bound before its port is handed out) and every member, the
+sender included, joins it as a client, so there is no pick-then-bind race.
+A member keeps one group for the whole session in a :class:`SideGroupSlot`
+(reused by every refit with the same signature) and closes it on shutdown;
+the process group holds its store connection until it is closed.
+
 Wire format of one refit (all on the side group, from ``src``):
 
 1. a manifest: ``[(name, shape, dtype_str), ...]`` pickled into ``uint8``
@@ -19,6 +26,7 @@ Wire format of one refit (all on the side group, from ``src``):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import pickle
 from collections.abc import Callable, Iterable, Mapping
@@ -28,8 +36,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.parallel.rendezvous import join_store
 from harness.refit.buckets import calculate_aligned_size, iter_named_tensor_buckets
-from harness.refit.packing import TensorInfo, info_nbytes, pack, packed_size, unpack_views
+from harness.refit.packing import (
+    TensorInfo,
+    info_nbytes,
+    pack,
+    packed_size,
+    unpack_views,
+)
 
 LoadFn = Callable[[list[tuple[str, torch.Tensor]]], None]
 
@@ -44,26 +59,45 @@ class SideGroup:
     world_size: int
     device: torch.device
 
+    @property
+    def closed(self) -> bool:
+        return self.pg is None
+
+    def _live_pg(self) -> Any:
+        if self.pg is None:
+            raise RuntimeError(f"side-group rank {self.rank}: the side group is closed")
+        return self.pg
+
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
-        self.pg.broadcast([tensor], opts).wait()
+        self._live_pg().broadcast([tensor], opts).wait()
 
     def all_reduce_min(self, tensor: torch.Tensor) -> None:
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MIN
-        self.pg.allreduce([tensor], opts).wait()
+        self._live_pg().allreduce([tensor], opts).wait()
 
     def close(self) -> None:
-        shutdown = getattr(self.pg, "shutdown", None)
+        """Shut the backend down and drop the group and its store connection (idempotent).
+
+        The process group keeps its store; both are released here, so the
+        member's connection to the served store closes with them."""
+        pg, self.pg, self.store = self.pg, None, None
+        shutdown = getattr(pg, "shutdown", None)
         if callable(shutdown):
-            try:
+            with contextlib.suppress(RuntimeError):  # a peer already gone: nothing left to release
                 shutdown()
-            except Exception:
-                pass
-        self.pg = None
-        self.store = None
+
+
+def _check_int(field: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"side group {field} must be an int, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"side group {field} must be in {bound}, got {value}")
+    return value
 
 
 def create_side_group(
@@ -76,17 +110,38 @@ def create_side_group(
     backend: str = "gloo",
     prefix: str = "harness-refit",
 ) -> SideGroup:
-    """Join (rank 0: host) a side group of ``world_size`` members at ``host:port``.
+    """Join the side group of ``world_size`` members whose store is served at ``host:port``.
 
-    Collective over all members. ``backend`` is ``gloo`` (CPU tensors) or
-    ``nccl`` (CUDA tensors). Bad arguments raise ValueError naming the field.
+    Every member, rank 0 included, joins as a *client*: the store must already
+    be served by someone else (the refit driver's
+    :class:`harness.parallel.rendezvous.HeldStore`, bound before its port was
+    handed out), so no member ever binds a port it was told about. Collective
+    over all members. ``backend`` is ``gloo`` (CPU tensors) or ``nccl`` (CUDA
+    tensors); ``prefix`` namespaces the group's keys in the store (the driver
+    makes it unique per session). Bad arguments raise ValueError (TypeError
+    for a non-int) naming the field; a store that cannot be reached raises RuntimeError naming the rank
+    and the address.
     """
-    if world_size < 2:
-        raise ValueError(f"side group world_size must be >= 2, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"side group rank {rank} outside [0, {world_size})")
+    world_size = _check_int("world_size", world_size, 2)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"side group rank {rank!r} outside [0, {world_size})")
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"side group host must be a non-empty string, got {host!r}")
+    port = _check_int("port", port, 1, 65535)
+    if not timeout_s > 0:
+        raise ValueError(f"side group timeout_s must be > 0, got {timeout_s!r}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"side group backend must be 'gloo' or 'nccl', got {backend!r}")
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError(f"side group prefix must be a non-empty string, got {prefix!r}")
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
+    try:
+        store = join_store(host, port, timeout_s)
+    except Exception as exc:
+        raise RuntimeError(
+            f"side-group rank {rank} of {world_size}: cannot join the refit store at {host}:{port} "
+            f"within {timeout_s}s (the refit driver serves it): {exc}"
+        ) from exc
     prefixed = dist.PrefixStore(prefix, store)
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()
@@ -94,12 +149,52 @@ def create_side_group(
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
         device = torch.device("cpu")
-    elif backend == "nccl":
+    else:
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)
         device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        raise ValueError(f"side group backend must be 'gloo' or 'nccl', got {backend!r}")
     return SideGroup(pg=pg, store=store, rank=rank, world_size=world_size, device=device)
+
+
+class SideGroupSlot:
+    """The one side group a member holds: built by the first refit, reused by every later one.
+
+    ``join(**kw)`` takes :func:`create_side_group`'s arguments. While the
+    signature (host, port, rank, world_size, backend, prefix) is unchanged it
+    returns the group it holds; a different signature (a new refit session)
+    closes the held group first and then joins the new one, so a member never
+    holds more than one. ``close()`` releases it (idempotent; a later
+    ``join`` builds a new one).
+    """
+
+    def __init__(self) -> None:
+        self._group: SideGroup | None = None
+        self._key: tuple | None = None
+        self.created = 0  # groups built over this slot's life (tests: 1 per session)
+
+    def join(self, *, host: str, port: int, rank: int, world_size: int, timeout_s: float = 120.0,
+             backend: str = "gloo", prefix: str = "harness-refit") -> SideGroup:
+        key = (host, port, rank, world_size, backend, prefix)
+        if self._group is not None and self._key == key:
+            return self._group
+        self.close()
+        self._group = create_side_group(host=host, port=port, rank=rank, world_size=world_size,
+                                        timeout_s=timeout_s, backend=backend, prefix=prefix)
+        self._key = key
+        self.created += 1
+        return self._group
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The held group's signature (``[]`` or one dict): what tests and diagnostics read."""
+        if self._group is None or self._key is None:
+            return []
+        host, port, rank, world_size, backend, prefix = self._key
+        return [{"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend,
+                 "prefix": prefix, "created": self.created}]
+
+    def close(self) -> None:
+        group, self._group, self._key = self._group, None, None
+        if group is not None:
+            group.close()
 
 
 def _broadcast_bytes(group: SideGroup, payload: bytes | None, src: int) -> bytes:
@@ -210,8 +305,9 @@ def receive_broadcast(
 
 __all__ = [
     "SideGroup",
-    "create_side_group",
+    "SideGroupSlot",
     "broadcast_weights",
-    "receive_broadcast",
+    "create_side_group",
     "packed_size",
+    "receive_broadcast",
 ]

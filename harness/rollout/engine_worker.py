@@ -97,7 +97,9 @@ class EngineWorker(RolloutLifecycleRPC):
                 eos_token_id=resolve_eos_token_id(spec),
             )
             self.engine.generate([WARMUP_REQUEST])
-        self._side_groups: dict[tuple, Any] = {}
+        from harness.refit.broadcast import SideGroupSlot
+
+        self._side_group = SideGroupSlot()  # the session's refit side group (built by the first broadcast)
 
     # -- generation ------------------------------------------------------------------
     def generate(self, requests: list[dict]) -> list[dict]:
@@ -132,15 +134,14 @@ class EngineWorker(RolloutLifecycleRPC):
 
     def receive_weights_broadcast(
         self, *, host: str, port: int, world_size: int, rank: int, buffer_size_bytes: int, src: int = 0,
-        timeout_s: float = 120.0,
+        timeout_s: float = 120.0, prefix: str = "harness-refit",
     ) -> int:
-        from harness.refit.broadcast import create_side_group, receive_broadcast
+        """One broadcast refit. The side group is joined (as a store client) by the first
+        call and reused while (host, port, world_size, rank, prefix) stay the same."""
+        from harness.refit.broadcast import receive_broadcast
 
-        key = (host, port, world_size, rank)
-        group = self._side_groups.get(key)
-        if group is None:
-            group = create_side_group(host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s)
-            self._side_groups[key] = group
+        group = self._side_group.join(host=host, port=port, rank=rank, world_size=world_size,
+                                      timeout_s=timeout_s, prefix=prefix)
         receive_broadcast(
             group,
             state_dict_info=self.engine.state_dict_info(),
@@ -151,7 +152,10 @@ class EngineWorker(RolloutLifecycleRPC):
         self.engine.weight_version += 1
         return self.engine.weight_version
 
+    def side_groups(self) -> list[dict]:
+        """The refit side group this rank holds: ``[]`` or one signature dict."""
+        return self._side_group.describe()
+
     def close_side_groups(self) -> None:
-        for group in self._side_groups.values():
-            group.close()
-        self._side_groups.clear()
+        """Close the held side group (idempotent; shutdown calls it)."""
+        self._side_group.close()

@@ -21,8 +21,8 @@ request's result is the same however it was batched. Every other method runs
 to completion on the event loop (fan-outs to internal processes run in a
 thread, serialised by the RPC lock).
 
-Shutdown closes profilers first, then stops the internal processes (no
-orphans), then the capture sink.
+Shutdown closes profilers first, then the refit side groups on every rank,
+then stops the internal processes (no orphans), then the capture sink.
 """
 
 from __future__ import annotations
@@ -284,8 +284,12 @@ class RolloutWorker:
 
         ``zmq``: ``timeout_ms`` (optional), ``addresses`` (optional, default
         ``refit_addresses()``; one per TP rank). ``broadcast``: ``host``,
-        ``port``, ``world_size``, ``rank_offset`` (side-group rank of internal
-        rank 0; ranks follow densely), ``buffer_size_bytes``, optional ``src``.
+        ``port`` (a store the caller serves; every rank joins it as a client),
+        ``world_size``, ``rank_offset`` (side-group rank of internal rank 0;
+        ranks follow densely), ``buffer_size_bytes``, optional ``src``,
+        ``prefix`` (the session's store prefix) and ``timeout_s``. Each rank
+        builds its side group on the first broadcast and reuses it while the
+        signature is unchanged (one group per rank per session).
         """
         if self._closed:
             raise RuntimeError(f"{self.label} is shut down")
@@ -299,11 +303,12 @@ class RolloutWorker:
             missing = [k for k in ("host", "port", "world_size", "rank_offset", "buffer_size_bytes") if k not in kw]
             if missing:
                 raise ValueError(f"broadcast refit of {self.label} needs {missing}")
+            optional = {k: kw[k] for k in ("prefix", "timeout_s") if k in kw}
             per_rank = [
                 {
                     "host": kw["host"], "port": int(kw["port"]), "world_size": int(kw["world_size"]),
                     "rank": int(kw["rank_offset"]) + r, "buffer_size_bytes": int(kw["buffer_size_bytes"]),
-                    "src": int(kw.get("src", 0)),
+                    "src": int(kw.get("src", 0)), **optional,
                 }
                 for r in range(self.tp)
             ]
@@ -318,9 +323,21 @@ class RolloutWorker:
             raise RuntimeError(f"{self.label}: TP ranks disagree on the weight version after refit: {versions}")
         return versions[0]
 
+    def side_groups(self) -> list[list[dict]]:
+        """Per TP rank, the refit side groups it holds (``[]`` or one signature dict).
+
+        Also answers after ``shutdown`` for an in-actor engine (its groups are
+        closed then); internal processes are gone after shutdown (``[]`` each)."""
+        if self._local is not None:
+            return [self._local.side_groups()]
+        if self._procs is None or self._closed:
+            return [[] for _ in range(self.tp)]
+        return self._procs.call("side_groups")
+
     # -- shutdown ----------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Close profilers, then the engine processes, then the capture sink; idempotent.
+        """Close profilers, then refit side groups, then the engine processes, then the
+        capture sink; idempotent.
 
         A profiler close error is re-raised after every resource is released.
         """
@@ -329,11 +346,16 @@ class RolloutWorker:
         self._closed = True
         error: BaseException | None = None
         try:
-            if self._local is not None:
-                self._local.close_profiler()
-                self._local.close_side_groups()
-            elif self._procs is not None:
-                self._procs.call("close_profiler")
+            try:
+                if self._local is not None:
+                    self._local.close_profiler()
+                elif self._procs is not None:
+                    self._procs.call("close_profiler")
+            finally:  # refit side groups: closed even when the profiler close failed
+                if self._local is not None:
+                    self._local.close_side_groups()
+                elif self._procs is not None:
+                    self._procs.call("close_side_groups")
         except BaseException as exc:
             error = exc
         finally:

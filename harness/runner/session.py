@@ -45,6 +45,7 @@ class Session:
         self.say = say
         self.policy = None
         self.workers: list = []
+        self.refitter: Refitter | None = None
         self.dataplane_handle = None
         self.dataplane = None
         self.ledger = None
@@ -182,6 +183,8 @@ class Session:
                 self.policy.shutdown()
             except Exception as e:  # noqa: BLE001
                 errors.append(f"policy shutdown: {e!r}")
+        if self.refitter is not None:  # the side group's store, after every member closed its group
+            self.refitter.close()
         if self.ledger is not None:
             self.ledger.close()
         if self.dataplane is not None:  # the driver's local read connection, before the actor's

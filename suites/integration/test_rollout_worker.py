@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 
@@ -16,7 +15,8 @@ ray = pytest.importorskip("ray")
 
 from harness.model.config import ModelConfig  # noqa: E402
 from harness.model.qwen3_moe import build_reference_model  # noqa: E402
-from harness.refit.broadcast import broadcast_weights, create_side_group  # noqa: E402
+from harness.parallel.rendezvous import HeldStore
+from harness.refit.broadcast import SideGroupSlot, broadcast_weights  # noqa: E402
 from harness.refit.engine_offsets import derive_engine_gpu_offsets  # noqa: E402
 from harness.refit.zmq_stream import send_weights_zmq  # noqa: E402
 from harness.rollout.worker import rollout_worker_actor  # noqa: E402
@@ -145,32 +145,76 @@ def test_zmq_refit_is_bit_exact(cluster, name):
     assert result["weight_version"] == version
 
 
-def test_broadcast_refit_to_two_engines_is_bit_exact(cluster):
+def _established(port: int) -> int:
+    """Established TCP connections accepted by the server on ``port`` (side-group store clients)."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    n += 1
+    return n
+
+
+def _settles_to(port: int, want: int, within_s: float = 30.0) -> int:
+    deadline = time.monotonic() + within_s
+    while (got := _established(port)) != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return got
+
+
+@pytest.fixture(scope="module")
+def side_store(cluster):
+    """The refit driver's role: a store served (bound) here before any member hears of the port."""
+    store = HeldStore()
+    yield {"store": store, "base": _established(store.port), "prefix": "test-rollout-worker"}
+    store.close()
+
+
+BROADCAST_REFITS = 3
+
+
+def test_broadcast_refits_reuse_one_side_group_per_rank_and_are_bit_exact(cluster, side_store):
     w = cluster["workers"]
     targets = [w["tp1_sync"], w["tp2_async"]]
     offsets = derive_engine_gpu_offsets([1, 2])
     world = 1 + 3
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    state = _new_weights(seed=321)
-    before = ray.get([t.weight_version.remote() for t in targets])
-    pending = [
-        t.receive_weights.remote("broadcast", host="127.0.0.1", port=port, world_size=world,
-                                 rank_offset=1 + off, buffer_size_bytes=4096)
-        for t, off in zip(targets, offsets)
-    ]
-    group = create_side_group(host="127.0.0.1", port=port, rank=0, world_size=world)
+    store = side_store["store"]
+    side = {"host": store.host, "port": store.port, "world_size": world, "prefix": side_store["prefix"]}
+    sender = SideGroupSlot()
     try:
-        buckets = broadcast_weights(state.items(), group, buffer_size_bytes=4096)
+        for refit in range(BROADCAST_REFITS):
+            state = _new_weights(seed=321 + refit)
+            before = ray.get([t.weight_version.remote() for t in targets])
+            pending = [
+                t.receive_weights.remote("broadcast", **side, rank_offset=1 + off, buffer_size_bytes=4096)
+                for t, off in zip(targets, offsets)
+            ]
+            try:
+                buckets = broadcast_weights(state.items(), sender.join(rank=0, **side), buffer_size_bytes=4096)
+            finally:
+                versions = ray.get(pending, timeout=120)
+            assert buckets > 1
+            assert not torch.distributed.is_initialized()  # the side group left the default world alone
+            assert versions == [b + 1 for b in before]
+            for t in targets:
+                _assert_bit_equal(ray.get(t.get_weights.remote()), state)
+            # exactly one side group per engine rank, built by the first refit, reused since
+            held = {name: ray.get(w[name].side_groups.remote()) for name in ("tp1_sync", "tp2_async")}
+            assert [len(r) for r in held["tp1_sync"]] == [1] and [len(r) for r in held["tp2_async"]] == [1, 1]
+            ranks = [r[0]["rank"] for name in ("tp1_sync", "tp2_async") for r in held[name]]
+            assert ranks == [1, 2, 3]
+            assert {r[0]["created"] for rs in held.values() for r in rs} == {1}
+            assert {(r[0]["port"], r[0]["prefix"]) for rs in held.values() for r in rs} == {
+                (store.port, side_store["prefix"])}
+            assert sender.created == 1
+            # one store connection per member (sender + 3 engine ranks), not one per refit
+            assert _settles_to(store.port, side_store["base"] + world) == side_store["base"] + world
+        assert ray.get(w["tp1_async"].side_groups.remote()) == [[]]  # not a member
     finally:
-        versions = ray.get(pending, timeout=120)
-        group.close()
-    assert buckets > 1
-    assert not torch.distributed.is_initialized()  # the side group left the default world alone
-    assert versions == [b + 1 for b in before]
-    for t in targets:
-        _assert_bit_equal(ray.get(t.get_weights.remote()), state)
+        sender.close()
+    assert _settles_to(store.port, side_store["base"] + world - 1) == side_store["base"] + world - 1
 
 
 def _events(path) -> list[str]:
@@ -194,10 +238,16 @@ def test_profiler_lifecycle_fans_out_to_every_engine_rank(cluster):
                           "finish_rollout", "begin_rollout", "abort_rollout"], rank
 
 
-def test_shutdown_closes_profilers_and_leaves_no_children(cluster):
+def test_shutdown_closes_profilers_side_groups_and_leaves_no_children(cluster, side_store):
     info, w = cluster["info"], cluster["workers"]
-    for name in ("tp2_async", "tp1_async", "tp1_sync"):
+    store = side_store["store"]
+    ray.get(w["tp1_sync"].shutdown.remote(), timeout=60)
+    # the in-actor engine's actor is still alive: its side group was closed, not just dropped with a process
+    assert ray.get(w["tp1_sync"].side_groups.remote()) == [[]]
+    assert _settles_to(store.port, side_store["base"] + 2) == side_store["base"] + 2  # tp2_async's 2 ranks
+    for name in ("tp2_async", "tp1_async"):
         ray.get(w[name].shutdown.remote(), timeout=60)
+    assert _settles_to(store.port, side_store["base"]) == side_store["base"]  # no member connection left
     deadline = time.monotonic() + 10
     pids = [p for i in info.values() for p in i["engine_pids"]]
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:

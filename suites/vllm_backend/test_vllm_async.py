@@ -17,7 +17,6 @@ surface (``call``, ``call_each``) exactly as the actor drives it.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 
 import pytest
@@ -26,7 +25,8 @@ pytest.importorskip("vllm", reason="vllm is not installed: the optional tier ci/
 
 import torch
 
-from harness.refit.broadcast import broadcast_weights, create_side_group
+from harness.parallel.rendezvous import HeldStore
+from harness.refit.broadcast import SideGroupSlot, broadcast_weights
 from harness.refit.zmq_stream import ipc_address, send_weights_zmq
 from harness.rollout.engine import Engine
 from harness.rollout.engine_worker import (
@@ -125,35 +125,40 @@ def test_async_zmq_refit_then_generation_follows_native(spec, procs, tmp_path):
     assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
 
 
-def test_async_broadcast_refit_then_generation_follows_native(spec, procs):
+def test_async_broadcast_refits_reuse_one_side_group_then_generation_follows_native(spec, procs):
     version0 = procs.call("weight_version")[0]
     before = _generate(procs, _requests())
-    policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 2))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out: dict = {}
-
-    def receive():
-        try:
-            out["versions"] = procs.call_each("receive_weights_broadcast", [{
-                "host": "127.0.0.1", "port": port, "world_size": 2, "rank": 1, "buffer_size_bytes": 65536}])
-        except BaseException as exc:  # noqa: BLE001 - re-raised by the assertion below
-            out["error"] = exc
-
-    receiver = threading.Thread(target=receive)
-    receiver.start()
-    group = create_side_group(host="127.0.0.1", port=port, rank=0, world_size=2)
+    store, sender = HeldStore(), SideGroupSlot()  # the refit driver's role: the store is served here
+    side = {"host": store.host, "port": store.port, "world_size": 2, "prefix": "vllm-async-test"}
     try:
-        buckets = broadcast_weights(policy.items(), group, buffer_size_bytes=65536)
+        for refit in range(3):
+            policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 2 + refit))
+            out: dict = {}
+
+            def receive(out=out):
+                try:
+                    out["versions"] = procs.call_each("receive_weights_broadcast",
+                                                      [{**side, "rank": 1, "buffer_size_bytes": 65536}])
+                except BaseException as exc:  # noqa: BLE001 - re-raised by the assertion below
+                    out["error"] = exc
+
+            receiver = threading.Thread(target=receive)
+            receiver.start()
+            try:
+                buckets = broadcast_weights(policy.items(), sender.join(rank=0, **side), buffer_size_bytes=65536)
+            finally:
+                receiver.join(120)
+            assert "error" not in out, out.get("error")
+            assert buckets > 1
+            assert not torch.distributed.is_initialized()
+            assert out["versions"] == [version0 + 1 + refit] == procs.call("weight_version")
+            _assert_holds(procs, policy)
+            held = procs.call("side_groups")  # per worker: one group, built by the first refit
+            assert [[(g["port"], g["rank"], g["created"]) for g in rank] for rank in held] == [[(store.port, 1, 1)]]
+        after = _assert_follows_native(spec, procs, policy, version=version0 + 3)
+        assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
+        procs.call("close_side_groups")
+        assert procs.call("side_groups") == [[]]
     finally:
-        receiver.join(120)
-        group.close()
-    assert "error" not in out, out.get("error")
-    assert buckets > 1
-    assert not torch.distributed.is_initialized()
-    assert out["versions"] == [version0 + 1] == procs.call("weight_version")
-    _assert_holds(procs, policy)
-    after = _assert_follows_native(spec, procs, policy, version=version0 + 1)
-    assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
-    procs.call("close_side_groups")
+        sender.close()
+        store.close()

@@ -13,8 +13,8 @@
 
 from __future__ import annotations
 
-import socket
 import threading
+import time
 
 import pytest
 
@@ -22,7 +22,8 @@ pytest.importorskip("vllm", reason="vllm is not installed: the optional tier ci/
 
 import torch
 
-from harness.refit.broadcast import broadcast_weights, create_side_group
+from harness.parallel.rendezvous import HeldStore
+from harness.refit.broadcast import SideGroupSlot, broadcast_weights
 from harness.refit.zmq_stream import ipc_address, send_weights_zmq
 from harness.rollout.engine import Engine
 from harness.rollout.engine_worker import (
@@ -119,49 +120,78 @@ def test_zmq_refit_loads_the_policy_weights(spec, vllm_worker, tmp_path):
     assert all(r["weight_version"] == 1 for r in after)
 
 
-def _broadcast(worker, weights, buffer_size_bytes=65536):
-    """Send ``weights`` over a fresh 2-member side group; returns (buckets or error, receiver version or error)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _broadcast(worker, weights, store, sender, buffer_size_bytes=65536):
+    """Send ``weights`` over the 2-member side group of ``store`` (served here, as the refit
+    driver does); ``sender`` is rank 0's ``SideGroupSlot``. Returns (buckets or error,
+    receiver version or error)."""
+    side = {"host": store.host, "port": store.port, "world_size": 2, "prefix": f"vllm-engine-{store.port}"}
     out: dict = {}
 
     def receive():
         try:
-            out["version"] = worker.receive_weights_broadcast(host="127.0.0.1", port=port, world_size=2, rank=1,
-                                                              buffer_size_bytes=buffer_size_bytes)
+            out["version"] = worker.receive_weights_broadcast(**side, rank=1, buffer_size_bytes=buffer_size_bytes)
         except BaseException as exc:  # noqa: BLE001 - inspected by the caller
             out["version"] = exc
 
     receiver = threading.Thread(target=receive)
     receiver.start()
-    group = create_side_group(host="127.0.0.1", port=port, rank=0, world_size=2)
     try:
-        sent = broadcast_weights(weights.items(), group, buffer_size_bytes=buffer_size_bytes)
+        sent = broadcast_weights(weights.items(), sender.join(rank=0, **side), buffer_size_bytes=buffer_size_bytes)
     except RuntimeError as exc:
         sent = exc
     finally:
         receiver.join(120)
-        group.close()
     return sent, out["version"]
 
 
-def test_broadcast_refit_loads_the_policy_weights(spec, vllm_worker):
+def _established(port: int) -> int:
+    """Established TCP connections accepted by the server on ``port`` (side-group store clients)."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    n += 1
+    return n
+
+
+def _settles_to(port: int, want: int, within_s: float = 30.0) -> int:
+    deadline = time.monotonic() + within_s
+    while (got := _established(port)) != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return got
+
+
+def test_broadcast_refits_reuse_one_side_group_and_load_the_policy_weights(spec, vllm_worker):
     version0 = vllm_worker.weight_version()
     before = vllm_worker.generate(_requests())
-    policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 7))
-    buckets, version = _broadcast(vllm_worker, policy)
-    assert isinstance(buckets, int) and buckets > 1, buckets
-    assert version == version0 + 1 == vllm_worker.weight_version()
-    assert torch.distributed.get_world_size() == 1  # vLLM's own default world, left alone by the side group
-    held = vllm_worker.state_dict()
-    assert set(held) == set(policy) and all(torch.equal(held[n], policy[n]) for n in policy)
-    after = vllm_worker.generate(_requests())
-    native = _native(spec, policy).generate(_requests())
-    assert [r["output_ids"] for r in after] == [r["output_ids"] for r in native]
-    assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
-    assert all(r["weight_version"] == version0 + 1 for r in after)
-    vllm_worker.close_side_groups()
+    store, sender = HeldStore(), SideGroupSlot()
+    base = _established(store.port)
+    try:
+        for refit in range(3):
+            policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 7 + refit))
+            buckets, version = _broadcast(vllm_worker, policy, store, sender)
+            assert isinstance(buckets, int) and buckets > 1, buckets
+            assert version == version0 + 1 + refit == vllm_worker.weight_version()
+            held = vllm_worker.state_dict()
+            assert set(held) == set(policy) and all(torch.equal(held[n], policy[n]) for n in policy), refit
+            groups = vllm_worker.side_groups()  # one group, built by the first refit, reused since
+            assert [(g["port"], g["rank"], g["created"]) for g in groups] == [(store.port, 1, 1)], refit
+            assert _settles_to(store.port, base + 2) == base + 2  # sender + worker, not one per refit
+        assert torch.distributed.get_world_size() == 1  # vLLM's own default world, left alone by the side group
+        after = vllm_worker.generate(_requests())
+        native = _native(spec, policy).generate(_requests())
+        assert [r["output_ids"] for r in after] == [r["output_ids"] for r in native]
+        assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
+        assert all(r["weight_version"] == version0 + 3 for r in after)
+        vllm_worker.close_side_groups()
+        assert vllm_worker.side_groups() == []
+        sender.close()
+        assert _settles_to(store.port, base) == base  # the worker's group released its store connection
+    finally:
+        sender.close()
+        store.close()
 
 
 def test_broadcast_refit_with_a_wrong_manifest_is_refused(spec, vllm_worker):
@@ -170,7 +200,11 @@ def test_broadcast_refit_with_a_wrong_manifest_is_refused(spec, vllm_worker):
     policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 8))
     name = "model.embed_tokens.weight"
     policy[name] = policy[name][:-1]  # one row short
-    sent, received = _broadcast(vllm_worker, policy)
+    store, sender = HeldStore(), SideGroupSlot()
+    try:
+        sent, received = _broadcast(vllm_worker, policy, store, sender)
+    finally:
+        sender.close()
     assert isinstance(sent, RuntimeError) and "rejected" in str(sent)
     assert isinstance(received, RuntimeError)
     assert "side-group rank 1" in str(received) and name in str(received)
@@ -178,3 +212,4 @@ def test_broadcast_refit_with_a_wrong_manifest_is_refused(spec, vllm_worker):
     held = vllm_worker.state_dict()
     assert all(torch.equal(held[n], held0[n]) for n in held0)
     vllm_worker.close_side_groups()
+    store.close()

@@ -312,6 +312,11 @@ class VllmEngineWorker(RolloutLifecycleRPC):
     def receive_weights_broadcast(self, **kw: Any) -> int:
         return int(self.engine.rpc("harness_receive_weights_broadcast", {"per_rank": [dict(kw)]})[0])
 
+    def side_groups(self) -> list[dict]:
+        if self.engine.llm is None:
+            return []
+        return list(self.engine.rpc("harness_side_groups")[0])
+
     def close_side_groups(self) -> None:
         if self.engine.llm is not None:
             self.engine.rpc("harness_close_side_groups")
@@ -332,6 +337,7 @@ _WEIGHTS = {
     "weight_version": "harness_weight_version",
     "set_weight_version": "harness_set_weight_version",
     "close_side_groups": "harness_close_side_groups",
+    "side_groups": "harness_side_groups",
     "pid": "harness_pid",
 }
 _ARG_NAMES = {"generate": ("requests",), "begin_rollout": ("step_id",), "abort_rollout": ("reason",), "set_weight_version": ("version",)}

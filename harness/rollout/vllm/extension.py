@@ -173,18 +173,22 @@ class HarnessVllmWorkerExtension:
                             load_fn=keep, timeout_ms=int(kw["timeout_ms"]))
         return self._harness_load(received)
 
+    def _harness_side_group_slot(self):
+        """This worker's one refit side group holder (``SideGroupSlot``), created on first use."""
+        from harness.refit.broadcast import SideGroupSlot
+
+        return self.__dict__.setdefault("_harness_side_group", SideGroupSlot())
+
     def harness_receive_weights_broadcast(self, per_rank: list[dict]) -> int:
-        """One broadcast refit over the side group (``per_rank[rank]``: host, port, world_size, rank, ...)."""
-        from harness.refit.broadcast import create_side_group, receive_broadcast
+        """One broadcast refit over the side group (``per_rank[rank]``: host, port, world_size,
+        rank, buffer_size_bytes, optional src/prefix/timeout_s). The group is joined (as a
+        client of the driver's store) by the first call and reused while the signature holds."""
+        from harness.refit.broadcast import receive_broadcast
 
         kw = per_rank[self.harness_rank()]
-        groups = self.__dict__.setdefault("_harness_side_groups", {})
-        key = (kw["host"], int(kw["port"]), int(kw["world_size"]), int(kw["rank"]))
-        group = groups.get(key)
-        if group is None:
-            group = create_side_group(host=kw["host"], port=int(kw["port"]), rank=int(kw["rank"]),
-                                      world_size=int(kw["world_size"]), timeout_s=float(kw.get("timeout_s", 120.0)))
-            groups[key] = group
+        group = self._harness_side_group_slot().join(
+            host=kw["host"], port=int(kw["port"]), rank=int(kw["rank"]), world_size=int(kw["world_size"]),
+            timeout_s=float(kw.get("timeout_s", 120.0)), prefix=str(kw.get("prefix", "harness-refit")))
         received: dict = {}
 
         def keep(views):
@@ -195,6 +199,10 @@ class HarnessVllmWorkerExtension:
                           buffer_size_bytes=int(kw["buffer_size_bytes"]), src=int(kw.get("src", 0)))
         return self._harness_load(received)
 
+    def harness_side_groups(self) -> list[dict]:
+        """The refit side group this worker holds: ``[]`` or one signature dict."""
+        return self._harness_side_group_slot().describe()
+
     def harness_close_side_groups(self) -> None:
-        for group in self.__dict__.pop("_harness_side_groups", {}).values():
-            group.close()
+        """Close the held side group (idempotent; the engine owner calls it on shutdown)."""
+        self._harness_side_group_slot().close()
