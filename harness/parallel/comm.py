@@ -18,9 +18,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-# torch 2.13 renamed the tensor-form collectives; use the new names when present.
-_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+# torch 2.13 renamed the tensor-form collectives; use the new names when present. Looked up at
+# call time, so the wrappers of harness.parallel.settle apply whenever they were installed.
+def _all_gather_tensor(out: torch.Tensor, x: torch.Tensor, *, group) -> None:
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x, group=group)
+
+
+def _reduce_scatter_tensor(out: torch.Tensor, x: torch.Tensor, *, op, group) -> None:
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, x, op=op, group=group)
 
 
 def _size(group) -> int:

@@ -41,6 +41,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from harness.parallel import settle
+
 SCHEDULES = ("1f1b", "gpipe")
 DEFAULT_SCHEDULE = "1f1b"
 
@@ -159,10 +161,16 @@ def run_gpipe(
 
 
 def _exchange(send: torch.Tensor, send_peer: int, recv: torch.Tensor, recv_peer: int) -> None:
-    """Post a send and a receive together, then wait for both."""
+    """Post a send and a receive together, wait for both, and for gloo to let go of the tensors
+    (harness.parallel.settle: the received gradient goes on into autograd)."""
+    tensors = [send, recv]
+    baseline = settle.use_counts(tensors)
     works = [dist.isend(send, dst=send_peer), dist.irecv(recv, src=recv_peer)]
     for w in works:
         w.wait()
+    del works, w
+    if send.device.type == "cpu":
+        settle.wait_released(tensors, baseline)
 
 
 def run_1f1b(

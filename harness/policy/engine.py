@@ -48,6 +48,7 @@ from harness.model.qwen3_moe import build_reference_model
 from harness.devices import local_device, moved
 from harness.parallel.rendezvous import join_store
 from harness.parallel import data as dp_data
+from harness.parallel import settle
 from harness.parallel.groups import (
     ProcessGroups,
     layout_from_spec,
@@ -74,6 +75,7 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.cuda.set_device(local_device(rank, device))
     torch.use_deterministic_algorithms(True)
+    settle.install()  # autograd's in-place choices must not depend on gloo's thread timing
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESS_COLLECTIVE_TIMEOUT_S", "300")))
