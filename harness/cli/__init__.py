@@ -68,7 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops filling a positional list at the first option, so `run W --platform cuda a.b=1`
+    # leaves `a.b=1` over: overrides may come anywhere after the workload.
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(
+            "=" in token and not token.startswith("-") for token in extra):
+        args.overrides.extend(extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

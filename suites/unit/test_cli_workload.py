@@ -150,3 +150,26 @@ def test_check_on_an_unscheduled_platform_says_so_instead_of_suggesting_capture(
     assert main(["check", SMOKE, "--goldens-root", str(root), "--platform", "tpu"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "'tpu' is not scheduled" in err and "golden capture" not in err
+
+
+def test_overrides_may_follow_options(root, monkeypatch):
+    """`golden run W --platform cpu a.b=1` used to fail with 'unrecognized arguments: a.b=1'."""
+    seen = {}
+
+    def record(workload, *, overrides, **kwargs):
+        seen["overrides"] = overrides
+        raise KeyboardInterrupt  # stop right there; main reports it as interrupted
+
+    monkeypatch.setattr(flows, "execute", record)
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    code = main(["run", SMOKE, "grpo.iterations=1", "--goldens-root", str(root), "--platform", "cpu",
+                 "rollout.max_new_tokens=8"])
+    assert code == EXIT_INTERRUPTED
+    assert seen["overrides"] == ("grpo.iterations=1", "rollout.max_new_tokens=8")
+
+
+def test_unknown_option_is_still_a_usage_error(root, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run", SMOKE, "--goldens-root", str(root), "--no-such-flag"])
+    assert info.value.code == EXIT_USAGE
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
