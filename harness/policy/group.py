@@ -192,11 +192,10 @@ class PolicyGroup:
                 refs.append(w.shutdown.remote())
             except Exception:
                 pass
-        for ref in refs:
-            try:
-                ray.get(ref, timeout=30)
-            except Exception:
-                pass
+        try:  # one bound for all ranks (a dead raylet answers none of them)
+            ray.wait(refs, num_returns=len(refs), timeout=30)
+        except Exception:
+            pass
         for w in workers:
             try:
                 ray.kill(w)
