@@ -51,6 +51,10 @@ _lock = threading.Lock()
 _installed = False
 _warned = False
 
+# Per process: calls that had to wait, the longest wait, and waits that gave up (a tensor
+# kept a reference past TIMEOUT_S: a new persistent reference somewhere, worth a look).
+stats = {"waited": 0, "max_wait_s": 0.0, "timeouts": 0}
+
 
 def cpu_tensors(values: Sequence[Any]) -> list[torch.Tensor]:
     """CPU tensors among ``values`` and inside list/tuple values (a collective's tensor arguments)."""
@@ -70,19 +74,23 @@ def use_counts(tensors: Sequence[torch.Tensor]) -> list[int]:
 def wait_released(tensors: Sequence[torch.Tensor], baseline: Sequence[int], timeout_s: float = TIMEOUT_S) -> bool:
     """Wait until every tensor is referenced no more than its ``baseline``; False if that timed out."""
     global _warned
-    deadline = None
+    start = None
     for tensor, count in zip(tensors, baseline):
         while tensor._use_count() > count:
             now = time.monotonic()
-            if deadline is None:
-                deadline = now + timeout_s
-            elif now > deadline:
+            if start is None:
+                start = now
+            elif now - start > timeout_s:
+                stats["timeouts"] += 1
                 if not _warned:
                     _warned = True
                     log.warning("a collective's tensor was still referenced %.1f s after the call returned; "
                                 "autograd's in-place choices may differ between reruns", timeout_s)
                 return False
             time.sleep(0)  # lets the backend's thread run (gloo's threads do not need the GIL)
+    if start is not None:
+        stats["waited"] += 1
+        stats["max_wait_s"] = max(stats["max_wait_s"], time.monotonic() - start)
     return True
 
 

@@ -42,6 +42,11 @@ def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
         init_distributed(rank, world, "127.0.0.1", port)
         engine = create_engine(spec, rank)  # the backend spec.policy.backend selects
         result = fn(engine, *args)
+        from harness.parallel import settle
+
+        if settle.stats["timeouts"]:  # a collective kept a tensor: autograd's choices could vary
+            raise RuntimeError(f"rank {rank}: {settle.stats['timeouts']} collective(s) kept a reference to "
+                               f"their tensors past {settle.TIMEOUT_S} s (harness.parallel.settle)")
         buf = io.BytesIO()  # plain bytes: shared-memory tensors would die with this process
         torch.save(result, buf)
         queue.put((rank, "ok", buf.getvalue()))
