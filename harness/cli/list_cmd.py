@@ -4,8 +4,11 @@ A golden for (workload, platform) exists when
 ``goldens/<workload>/<platform>/manifest.json`` exists. A workload with
 ``platform.platforms: []`` is *planned only* (e.g. a GPU-cluster job that
 ``golden plan`` lays out but no CI runs). Stored goldens for a platform the
-workload does not schedule are listed as ``unscheduled``. Exit 0, or 2 when a
-workload.yaml does not load (the others are still listed).
+workload does not schedule are listed as ``unscheduled``, and a stored golden
+that ``read_golden`` refuses (edited, truncated, another schema version) as
+``DAMAGED`` (``--json``: ``damaged`` maps its platform to the reason). Exit 0,
+or 2 when a workload.yaml does not load or a golden is damaged (the others are
+still listed).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def collect(root) -> list[dict]:
         folder = root / name
         stored = sorted(p.name for p in folder.iterdir() if (p / MANIFEST).is_file())
         entry = {"workload": name, "platforms": [], "stored": [], "missing": [], "unscheduled": stored,
-                 "description": "", "error": None}
+                 "damaged": _damaged(root, name, stored), "description": "", "error": None}
         try:
             spec = load_spec(name, goldens_root=root)
         except SpecError as exc:
@@ -51,11 +54,28 @@ def collect(root) -> list[dict]:
     return entries
 
 
+def _damaged(root, name: str, stored: list[str]) -> dict[str, str]:
+    """Stored goldens ``read_golden`` refuses (what check/diff would report as unusable), with why."""
+    from harness.store import GoldenStoreError, read_golden
+
+    damaged = {}
+    for platform in stored:
+        try:
+            read_golden(root, name, platform)
+        except (GoldenStoreError, FileNotFoundError) as exc:
+            damaged[platform] = str(exc)
+    return damaged
+
+
 def _status(entry: dict) -> str:
     if entry["error"]:
         return "INVALID: " + entry["error"]
-    parts = [f"{p}: golden" for p in entry["stored"]] + [f"{p}: MISSING" for p in entry["missing"]]
-    parts += [f"{p}: golden (unscheduled)" for p in entry["unscheduled"]]
+
+    def golden(p: str) -> str:
+        return "DAMAGED (golden lint says why)" if p in entry["damaged"] else "golden"
+
+    parts = [f"{p}: {golden(p)}" for p in entry["stored"]] + [f"{p}: MISSING" for p in entry["missing"]]
+    parts += [f"{p}: {golden(p)} (unscheduled)" for p in entry["unscheduled"]]
     if not entry["platforms"]:
         parts.insert(0, "planned only")
     return ", ".join(parts)
@@ -85,5 +105,7 @@ def run(args: argparse.Namespace) -> int:
     bad = [e["workload"] for e in entries if e["error"]]
     if bad:
         print(f"golden list: invalid workload spec(s): {', '.join(bad)}", file=sys.stderr)
-        return 2
-    return 0
+    damaged = [f"{e['workload']}/{p}" for e in entries for p in e["damaged"]]
+    if damaged:
+        print(f"golden list: damaged golden(s), unusable until refreshed: {', '.join(damaged)}", file=sys.stderr)
+    return 2 if bad or damaged else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,10 +66,9 @@ def test_list_shows_platforms_and_stored_goldens(tmp_path):
         (tmp_path / name / "workload.yaml").write_text(
             f"name: {name}\nmodel: {{layers: 4, hidden: 64, heads: 8, kv_heads: 2, head_dim: 16, experts: 8,"
             f" top_k: 2, moe_intermediate: 32, vocab: 256}}\nplatform: {{platforms: {platforms}}}\n")
-    (tmp_path / "alpha" / "cpu").mkdir()
-    (tmp_path / "alpha" / "cpu" / "manifest.json").write_text("{}")
-    (tmp_path / "beta" / "cpu").mkdir()
-    (tmp_path / "beta" / "cpu" / "manifest.json").write_text("{}")
+    smoke = REPO / "goldens" / "qwen3_moe_tiny_smoke" / "cpu"
+    shutil.copytree(smoke, tmp_path / "alpha" / "cpu")
+    shutil.copytree(smoke, tmp_path / "beta" / "cpu")
     (tmp_path / "gamma" / "cpu").mkdir()  # folder without a manifest: no golden
     proc = golden("list", "--json", root=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -78,6 +78,21 @@ def test_list_shows_platforms_and_stored_goldens(tmp_path):
     assert by_name["gamma"]["missing"] == ["cpu", "cuda-h100x8"]
     text = golden("list", root=tmp_path).stdout
     assert "planned only" in text and "cpu: MISSING" in text and "3 workloads" in text
+    assert all(not e["damaged"] for e in by_name.values())
+
+
+def test_list_names_a_damaged_golden_and_fails(tmp_path):
+    (tmp_path / "qwen3_moe_tiny_smoke").mkdir()
+    shutil.copy(REPO / "goldens" / "qwen3_moe_tiny_smoke" / "workload.yaml", tmp_path / "qwen3_moe_tiny_smoke" / "workload.yaml")
+    shutil.copytree(REPO / "goldens" / "qwen3_moe_tiny_smoke" / "cpu", tmp_path / "qwen3_moe_tiny_smoke" / "cpu")
+    surface = tmp_path / "qwen3_moe_tiny_smoke" / "cpu" / "surfaces" / "training.json"
+    surface.write_text(surface.read_text().replace("0", "1", 1))  # a hand edit
+    proc = golden("list", "--json", root=tmp_path)
+    assert proc.returncode == 2
+    (entry,) = json.loads(proc.stdout)["workloads"]
+    assert "training.json" in entry["damaged"]["cpu"] and "sha256" in entry["damaged"]["cpu"]
+    proc = golden("list", root=tmp_path)
+    assert proc.returncode == 2 and "cpu: DAMAGED" in proc.stdout and "qwen3_moe_tiny_smoke/cpu" in proc.stderr
 
 
 def test_list_repo_goldens_and_invalid_workload(tmp_path):
