@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_storable(prepared, *, allow_replace: bool) -> None:
     """Refuse (exit 2) what store_golden would refuse after the run: an
-    unscheduled platform, and for a capture an existing golden."""
+    unscheduled platform, for a capture an existing golden, and for a refresh
+    an invalid tolerances.yaml (it would be carried over verbatim)."""
     from harness.cli._workload_args import Refused
     from harness.store.layout import golden_dir
 
@@ -35,6 +36,15 @@ def check_storable(prepared, *, allow_replace: bool) -> None:
     if not allow_replace and target.exists():
         raise Refused(f"{target} exists; to replace it: golden refresh {spec['name']} --platform {platform} "
                       "--reason TEXT")
+    tolerances = target / "tolerances.yaml"
+    if allow_replace and tolerances.is_file():  # refresh carries it into the new golden verbatim
+        from harness.parity.tolerances import ToleranceFileError, load_tolerances
+
+        try:
+            load_tolerances(tolerances)
+        except ToleranceFileError as exc:
+            raise Refused(f"{exc}\n  refresh keeps the declared tolerances.yaml in the new golden: "
+                          f"fix {tolerances} first") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -173,3 +173,12 @@ def test_unknown_option_is_still_a_usage_error(root, capsys):
         main(["run", SMOKE, "--goldens-root", str(root), "--no-such-flag"])
     assert info.value.code == EXIT_USAGE
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+def test_refresh_with_an_invalid_tolerances_file_is_refused_before_running(root, no_run, capsys):
+    """refresh carries tolerances.yaml into the new golden verbatim: a broken one must be fixed first."""
+    tolerances = root / SMOKE / "cpu" / "tolerances.yaml"
+    tolerances.write_text("version: 1\nlanes: [unclosed\n")
+    assert main(["refresh", SMOKE, "--goldens-root", str(root), "--platform", "cpu", "--reason", "r"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert str(tolerances) in err and "fix" in err
