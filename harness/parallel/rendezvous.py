@@ -6,9 +6,10 @@ between, and the rank then fails to bind or, worse, joins the wrong store. Here
 the process that starts the ranks serves the ``TCPStore`` itself on an
 OS-assigned port, so the port is bound before anyone learns it and stays bound
 while the :class:`HeldStore` lives; every rank joins as a client
-(:func:`join_store`). torch.distributed's groups only use the store to meet
-(at group creation), so keep the ``HeldStore`` for as long as groups may still
-be created on it.
+(:func:`join_store`). Keep the ``HeldStore`` for as long as groups may still be
+created on it; note that a gloo group also keeps its connection to the store
+until the group is destroyed (measured), so the store's connections drop only
+when the members close their groups.
 """
 
 from __future__ import annotations
