@@ -1,4 +1,4 @@
-"""TP2 vLLM engine on CPU (in ci/l3_vllm.sh; ``VLLM_TP2=0`` skips it; ~30 s on 2 cores).
+"""TP2 vLLM engines, sync and async (``AsyncLLM``), on CPU (in ci/l3_vllm.sh; ``VLLM_TP2=0`` skips them).
 
 Greedy tokens equal the native engine's, and with a profiler each of the two
 vLLM workers writes its own trace (ranks ``rank_prefix + 0/1``), from two
@@ -39,8 +39,16 @@ def _native(spec, weights, reqs):
     return Engine(spec["model"], weights, eos_token_id=resolve_eos_token_id(spec)).generate(reqs)
 
 
-def test_tp2_greedy_parity_refit_and_one_profiler_per_worker(tmp_path):
-    spec = vllm_spec(tp=2)
+async def _generate_each(worker, reqs):
+    """The async engine's API: every request in flight at once."""
+    return list(await asyncio.gather(*(worker.generate_one(r) for r in reqs)))
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_tp2_greedy_parity_refit_and_one_profiler_per_worker(tmp_path, is_async):
+    spec = vllm_spec(tp=2, **{"async": is_async})
+    generate = (lambda w, r: asyncio.run(_generate_each(w, r))) if is_async else (
+        lambda w, r: asyncio.run(w.generate(r)))
     reqs = [{"request_id": r, "prompt_ids": p, "max_new_tokens": 8, "seed": 0, "temperature": 0.0, "top_p": 1.0}
             for r, p in (("a", [1, 2, 3]), ("b", [40, 41, 42, 43, 44]))]
     policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 1))  # "trained" weights: another init
@@ -50,7 +58,7 @@ def test_tp2_greedy_parity_refit_and_one_profiler_per_worker(tmp_path):
     try:
         pids = worker.ready()["engine_pids"]
         asyncio.run(worker.begin_rollout("step1/attempt1"))
-        ours = asyncio.run(worker.generate(reqs))
+        ours = generate(worker, reqs)
         asyncio.run(worker.finish_rollout())
         senders = [threading.Thread(target=send_weights_zmq, kwargs={
             "named_tensors": list(policy.items()), "address": a, "buffer_size_bytes": 65536})
@@ -61,7 +69,7 @@ def test_tp2_greedy_parity_refit_and_one_profiler_per_worker(tmp_path):
         for t in senders:
             t.join(60)
         held = worker.get_weights()
-        after = asyncio.run(worker.generate(reqs))
+        after = generate(worker, reqs)
     finally:
         worker.shutdown()
     assert [r["output_ids"] for r in ours] == [r["output_ids"] for r in _native(spec, initial_weights(spec), reqs)]
