@@ -15,7 +15,7 @@ Every function returns `dict[str, float]` of finite values, ready for
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

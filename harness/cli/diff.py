@@ -125,13 +125,12 @@ def _golden(args: argparse.Namespace, manifest: dict | None):
 
 
 def run(args: argparse.Namespace) -> int:
+    from harness.cli._workload_args import Refused, check_output_path
     from harness.parity.engine import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
     from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
     from harness.surfaces.canonical import NonFiniteError
-
-    from harness.cli._workload_args import Refused, check_output_path
 
     try:
         check_output_path(str(args.output) if args.output else None)

@@ -118,7 +118,7 @@ def _check_file(base: Path, rel: str, pointer: str, *, sha256: Any, size: Any = 
     return errors
 
 
-def validate_manifest(doc: Any, *, base_dir: "str | Path | None" = None,
+def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
                       check_artifact_files: bool = True) -> list[ManifestError]:
     """All problems of a manifest document (see module contract); ``[]`` when valid."""
     if not isinstance(doc, dict):
@@ -178,7 +178,7 @@ def validate_manifest(doc: Any, *, base_dir: "str | Path | None" = None,
     return errors
 
 
-def load_manifest(path: "str | Path", *, check_files: bool = True, check_artifact_files: bool = True) -> dict:
+def load_manifest(path: str | Path, *, check_files: bool = True, check_artifact_files: bool = True) -> dict:
     """Parse (strictly) and validate a manifest file; files are resolved beside it.
 
     Raises ``ManifestInvalid`` listing every error (a NaN/Infinity token or a JSON

@@ -13,7 +13,6 @@ Layout conventions (all functions):
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 

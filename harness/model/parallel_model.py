@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from harness.model import functional as Fn
 from harness.model.config import ModelConfig

@@ -14,7 +14,7 @@ parameter order, so each step issues a fixed, small set of all-reduces.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist

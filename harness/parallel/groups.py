@@ -19,8 +19,9 @@ collective over the world), and keeps the ones containing `rank`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 DENSE_AXES = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("etp", "ep", "edp", "pp")
@@ -173,7 +174,7 @@ class ProcessGroups:
         self._by_kind = by_kind
 
     @classmethod
-    def create(cls, layout: RankLayout, rank: int) -> "ProcessGroups":
+    def create(cls, layout: RankLayout, rank: int) -> ProcessGroups:
         import torch.distributed as dist
 
         mine: dict[str, Any] = {}

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from harness.parity.findings import Finding, SurfaceResult, Verdict, _MISSING
+from harness.parity.findings import _MISSING, Finding, SurfaceResult, Verdict
 from harness.parity.tolerances import ToleranceTable
 from harness.surfaces.canonical import canonical_bytes, json_pointer
 from harness.surfaces.digest import section_digests
@@ -66,7 +67,7 @@ def _phase_and_key(surface: str, section_id: str, path: tuple, golden_section: A
 
 def _get(node: Any, path: tuple) -> Any:
     for part in path:
-        if isinstance(node, Mapping) and part in node:
+        if isinstance(node, Mapping) and part in node:  # noqa: SIM114 - one branch per container kind
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
@@ -192,7 +193,7 @@ def _diff_section(surface: str, gated: bool, section_id: str, golden: Any, actua
 
 
 def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping[str, Any] | None, *,
-                    tolerances: "ToleranceTable | Sequence[ToleranceRule] | None" = None,
+                    tolerances: ToleranceTable | Sequence[ToleranceRule] | None = None,
                     deterministic: bool = True, normalised: bool = False) -> SurfaceResult:
     """Compare one surface (either side may be None: the surface is missing there)."""
     if name not in SURFACES:
@@ -241,7 +242,7 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
 
 
 def compare(golden_docs: Mapping[str, Mapping[str, Any]], actual_docs: Mapping[str, Mapping[str, Any]], *,
-            tolerances: "ToleranceTable | Sequence[ToleranceRule] | None" = None,
+            tolerances: ToleranceTable | Sequence[ToleranceRule] | None = None,
             deterministic: bool = True) -> Verdict:
     """Compare surfaces by name. Unknown surface names or a document whose ``surface``
     field disagrees with its name raise ValueError (unusable input); documents must be

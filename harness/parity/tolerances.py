@@ -20,9 +20,10 @@ matches wins. Errors name the file and the field (``rules[2].reason``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from harness.surfaces.registry import SURFACES, ToleranceRule
 
@@ -62,7 +63,7 @@ class ToleranceTable:
         return None
 
     @classmethod
-    def coerce(cls, value: "ToleranceTable | Sequence[ToleranceRule] | None") -> "ToleranceTable":
+    def coerce(cls, value: ToleranceTable | Sequence[ToleranceRule] | None) -> ToleranceTable:
         if isinstance(value, ToleranceTable):
             return value
         return cls(value or ())
@@ -121,7 +122,7 @@ def parse_tolerances(doc: Any, *, source: str = "tolerances.yaml") -> Tolerances
     return TolerancesFile(tuple(rules), deterministic)
 
 
-def load_tolerances(path: "str | Path") -> TolerancesFile:
+def load_tolerances(path: str | Path) -> TolerancesFile:
     """Read and validate a tolerances.yaml (safe YAML loader)."""
     import yaml
 

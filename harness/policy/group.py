@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ray
 import torch
@@ -23,7 +24,6 @@ from harness.parallel.groups import validate_policy_layout
 from harness.parallel.rendezvous import HeldStore
 from harness.policy.local_world import shard_for_dp
 from harness.policy.worker import PolicyWorker
-
 
 DEATH_GRACE_S = 10.0
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 import io
 import traceback
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -35,8 +36,9 @@ def world_size(spec: Mapping[str, Any]) -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
-    from harness.policy.engine import create_engine, init_distributed
     import torch.distributed as dist
+
+    from harness.policy.engine import create_engine, init_distributed
 
     try:
         init_distributed(rank, world, "127.0.0.1", port)

@@ -18,7 +18,8 @@ process group (gloo on CPU, nccl on cuda) over the policy world, seeds from
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ray
 import torch

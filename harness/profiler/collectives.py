@@ -268,7 +268,7 @@ def install_kernels() -> int:
     with _install_lock:
         if _installed is not None:
             return _installed
-        import torch.distributed  # noqa: F401  (registers the c10d ops)
+        import torch.distributed  # registers the c10d ops
 
         wrapped = 0
         for namespace in COLLECTIVE_NAMESPACES:

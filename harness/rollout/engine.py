@@ -628,7 +628,7 @@ class Engine:
             probs = torch.softmax(scores, dim=-1)
         return torch.bmm(probs, v.view(n * hq, length, d)).view(n, hq * d)
 
-    def _decode_attention(self, li: int, x: torch.Tensor, dec: "_DecodeBatch") -> torch.Tensor:
+    def _decode_attention(self, li: int, x: torch.Tensor, dec: _DecodeBatch) -> torch.Tensor:
         """o_proj partial ``[B, H]`` for one-token rows ``x`` (rows ordered by cache length)."""
         plan, layer = self.plan, self._layers[li]
         b, d = x.shape[0], self.cfg.head_dim
@@ -672,7 +672,7 @@ class Engine:
 
     @torch.no_grad()
     def _forward(
-        self, rows: Sequence[tuple[int, int, list[int]]], decode: "_DecodeBatch | None" = None
+        self, rows: Sequence[tuple[int, int, list[int]]], decode: _DecodeBatch | None = None
     ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """One step: a batched-decode block ``decode`` (or None) and per-request ``rows``
         ``(slot, start_position, new_token_ids)``. Returns (decode logits ``[B, V]`` or
@@ -844,7 +844,7 @@ class _DecodeBatch:
     group_heads: list[torch.Tensor]  # per group: KVCachePool.head_index of (slot, kv head of each q head)
 
     @classmethod
-    def build(cls, engine: Engine, seqs: list[_Sequence]) -> "_DecodeBatch":
+    def build(cls, engine: Engine, seqs: list[_Sequence]) -> _DecodeBatch:
         seqs = sorted(seqs, key=lambda s: s.cached)
         for s in seqs:
             if len(s.tokens) - s.cached != 1:

@@ -97,7 +97,7 @@ class EngineProcesses:
         self.pids = [p.pid for p in processes]
 
     @classmethod
-    def start(cls, spec: Mapping[str, Any], *, tp_size: int, rank_prefix: int, label: str, env: Mapping[str, str]) -> "EngineProcesses":
+    def start(cls, spec: Mapping[str, Any], *, tp_size: int, rank_prefix: int, label: str, env: Mapping[str, str]) -> EngineProcesses:
         """Spawn ``tp_size`` processes and wait until every engine is built and warmed up."""
         from harness.parallel.rendezvous import HeldStore
 

@@ -17,8 +17,9 @@ Input: a *loaded* spec (defaults filled, schema-valid). Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from harness.spec.errors import TopologyError
 

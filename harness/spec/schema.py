@@ -15,9 +15,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Iterator
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Iterator
+from typing import Any
 
 from harness.spec.errors import SpecError
 

@@ -23,16 +23,16 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 
-from harness.model.config import ModelConfig  # noqa: E402
-from harness.model.qwen3_moe import build_reference_model  # noqa: E402
-from harness.policy.local_world import (  # noqa: E402
+from harness.model.config import ModelConfig
+from harness.model.qwen3_moe import build_reference_model
+from harness.policy.local_world import (
     checksums,
     spawn_world,
     synthetic_batch,
     with_layout,
 )
-from harness.policy.megatron.local_world import curve_job  # noqa: E402
-from harness.spec import load_spec  # noqa: E402
+from harness.policy.megatron.local_world import curve_job
+from harness.spec import load_spec
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 

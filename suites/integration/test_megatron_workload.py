@@ -30,8 +30,8 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 
-from harness import flows  # noqa: E402
-from harness.dataplane.store import DataPlaneStore  # noqa: E402
+from harness import flows
+from harness.dataplane.store import DataPlaneStore
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 

@@ -9,7 +9,8 @@ reaches the profiler after ``close``, and the hooks' own view matches.
 
 from __future__ import annotations
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from harness.plugins.policy_hooks import PolicyProfilerHooks
@@ -49,7 +50,7 @@ class PolicyLifecycle(RuleBasedStateMachine):
             if self.worker_open:
                 raise RuntimeError("worker step already open")
             if fail:
-                raise WorkerFailure()
+                raise WorkerFailure
             self.worker_open = True
 
         self._call(self.hooks.begin_step, begin, worker_step_open=self.worker_open)
@@ -58,7 +59,7 @@ class PolicyLifecycle(RuleBasedStateMachine):
     def microbatch(self, fail):
         def mb():
             if fail:
-                raise WorkerFailure()
+                raise WorkerFailure
 
         self._call(self.hooks.train_microbatch, mb)
 
@@ -68,7 +69,7 @@ class PolicyLifecycle(RuleBasedStateMachine):
             if not self.worker_open:
                 raise RuntimeError("no worker step open")
             if fail:
-                raise WorkerFailure()
+                raise WorkerFailure
             self.worker_open = False
 
         self._call(self.hooks.finish_step, fin)
@@ -88,7 +89,7 @@ class PolicyLifecycle(RuleBasedStateMachine):
     def monolithic(self, fail, eval_mode, positional):
         def train(data, loss_fn=None, eval_mode=False):
             if fail:
-                raise WorkerFailure()
+                raise WorkerFailure
 
         calls_before = len(self.profiler.calls)
         if positional:
@@ -164,7 +165,7 @@ class RolloutLifecycle(RuleBasedStateMachine):
         def body():
             with self.hooks.engine_init():
                 if fail:
-                    raise WorkerFailure()
+                    raise WorkerFailure
 
         self._call(body)
 
@@ -191,7 +192,7 @@ class RolloutLifecycle(RuleBasedStateMachine):
         def body():
             with self.hooks.rollout(f"step{self.step}/attempt1"):
                 if fail:
-                    raise WorkerFailure()
+                    raise WorkerFailure
 
         self._call(body)
 

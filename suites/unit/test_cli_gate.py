@@ -152,7 +152,7 @@ def test_gate_commands_in_a_subprocess_import_neither_torch_nor_ray(setup):
         "plan": _probe("plan", "nemo_rl_qwen3_235b"),
     }
     assert {k: v["code"] for k, v in probes.items()} == {"validate": 0, "diff": 0, "plan": 0}
-    assert {k: (v["torch"], v["ray"]) for k, v in probes.items()} == {k: (False, False) for k in probes}
+    assert {k: (v["torch"], v["ray"]) for k, v in probes.items()} == dict.fromkeys(probes, (False, False))
 
 
 def test_diff_by_workload_name_takes_the_golden_platform_from_the_runs_spec(tmp_path, monkeypatch):

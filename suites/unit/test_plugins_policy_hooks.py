@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.plugins.policy_hooks import STEP_ALREADY_OPEN, PolicyProfilerHooks
-from harness.plugins.recording import InjectedFailure as Boom, RecordingPolicyProfiler
+from harness.plugins.recording import InjectedFailure as Boom
+from harness.plugins.recording import RecordingPolicyProfiler
 
 
 class SplitWorker:

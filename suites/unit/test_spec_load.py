@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.spec import SpecError, TopologyError, apply_overrides, list_workloads, load_spec, spec_digest
-from harness.spec import schema
+from harness.spec import SpecError, TopologyError, apply_overrides, list_workloads, load_spec, schema, spec_digest
 from harness.spec.load import default_goldens_root
 
 REPO = Path(__file__).resolve().parents[2]

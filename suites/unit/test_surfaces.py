@@ -70,7 +70,7 @@ def test_synthetic_surfaces_satisfy_their_schemas():
 @pytest.mark.parametrize("mutate,pointer", [
     (lambda d: d["training"]["sections"]["step0001"]["metrics"].__setitem__("loss", "high"), "/sections/step0001/metrics/loss"),
     (lambda d: d["training"].__setitem__("version", 2), "/version"),
-    (lambda d: d["collectives"]["sections"]["policy/rank00000"]["phases"]["train/step1"]["collectives"][0].pop(), 
+    (lambda d: d["collectives"]["sections"]["policy/rank00000"]["phases"]["train/step1"]["collectives"][0].pop(),
      "/sections/policy~1rank00000/phases/train~1step1/collectives/0"),
     (lambda d: d["operators"]["sections"].__setitem__("rank0", {"phases": {}}), "/sections"),
 ])

@@ -20,7 +20,8 @@ import html
 import json
 import math
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from harness.parity.findings import Finding, Verdict
 from harness.parity.render.common import STATUS_WORD, VERDICT_WORD, coords_cell, number_cell, summary_line
