@@ -91,7 +91,7 @@ def causal_attention(
     incremental (KV-cache) callers get exactly the full-sequence result.
     Every query must see at least one key. Returns `[B, Sq, Hq, D]`.
     Computed eagerly (explicit softmax in the input dtype) with scale `D**-0.5`."""
-    b, sq, hq, d = q.shape
+    _b, _sq, hq, d = q.shape
     hkv = k.shape[2]
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")

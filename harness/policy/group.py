@@ -190,17 +190,17 @@ class PolicyGroup:
         for w in workers:
             try:
                 refs.append(w.shutdown.remote())
-            except Exception:
+            except Exception:  # noqa: BLE001 - best-effort shutdown
                 pass
         for ref in refs:
             try:
                 ray.get(ref, timeout=30)
-            except Exception:
+            except Exception:  # noqa: BLE001 - best-effort shutdown
                 pass
         for w in workers:
             try:
                 ray.kill(w)
-            except Exception:
+            except Exception:  # noqa: BLE001 - best-effort shutdown
                 pass
         store = getattr(self, "_store", None)
         if store is not None:

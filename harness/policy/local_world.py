@@ -47,7 +47,7 @@ def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
         buf = io.BytesIO()  # plain bytes: shared-memory tensors would die with this process
         torch.save(result, buf)
         queue.put((rank, "ok", buf.getvalue()))
-    except BaseException as exc:  # report, never hang the parent
+    except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
         queue.put((rank, "error", f"{exc!r}\n{traceback.format_exc()}"))
     finally:
         if dist.is_initialized():

@@ -60,7 +60,7 @@ def engine_process_main(conn: Any, spec: dict, tp_rank: int, tp_size: int, port:
 
             worker = EngineWorker(spec, tp_rank=tp_rank, tp_size=tp_size, tp_group=group, profiler_rank=profiler_rank)
             conn.send(("ok", os.getpid()))
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - reported to the parent process
             conn.send(("err", traceback.format_exc()))
             return
         while True:
@@ -73,13 +73,13 @@ def engine_process_main(conn: Any, spec: dict, tp_rank: int, tp_size: int, port:
                 break
             try:
                 conn.send(("ok", getattr(worker, method)(*args, **kwargs)))
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - reported to the parent process
                 conn.send(("err", traceback.format_exc()))
     finally:
         if worker is not None:
             try:
                 worker.close_side_groups()
-            except Exception:
+            except Exception:  # noqa: BLE001 - best-effort cleanup
                 pass
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 import ray
 import torch
@@ -52,7 +53,7 @@ class Session:
         self._started_ray = False
 
     # -- start-up ------------------------------------------------------------
-    def __enter__(self) -> Session:
+    def __enter__(self) -> Self:
         try:
             self._start()
         except BaseException:

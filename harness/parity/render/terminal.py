@@ -49,8 +49,8 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
         if not findings:
             continue
         if not show_info and all(f.status == "info" for f in findings):
-            lines += ["", f"{name}: {len(findings)} informational finding(s), not gated "
-                          "(--show-info or --format json lists them)"]
+            lines += ["", (f"{name}: {len(findings)} informational finding(s), not gated "
+                           "(--show-info or --format json lists them)")]
             continue
         lines += ["", f"{name}: {len(findings)} finding(s)"]
         shown = findings[:limit]
