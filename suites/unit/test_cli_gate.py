@@ -84,7 +84,7 @@ def test_diff_parity_exits_0(setup, capsys):
 
 
 def test_diff_findings_exit_1_in_every_format(setup, tmp_path):
-    root, run, golden, docs = setup
+    _, _, golden, docs = setup
     changed = copy.deepcopy(docs)
     changed["operators"]["sections"]["policy/rank00001"]["phases"]["train/step1"]["operators"]["aten::op_004"] += 1
     run2 = make_run(tmp_path / "run2", changed)

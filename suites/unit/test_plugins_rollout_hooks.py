@@ -25,7 +25,7 @@ def _ready(prof=None):
 
 
 def test_engine_init_passes_back_the_exact_token():
-    prof, hooks = _ready()
+    prof, _hooks = _ready()
     assert prof.names() == ["begin_init", "end_init"]
     assert prof.calls[1][1] is prof.token
 
@@ -106,7 +106,7 @@ def test_rollout_window_success_and_error():
 
 
 def test_rollout_abort_failure_does_not_mask_error():
-    prof, hooks = _ready(RecordingRolloutProfiler(fail={"abort_rollout": 0}))
+    _prof, hooks = _ready(RecordingRolloutProfiler(fail={"abort_rollout": 0}))
     with pytest.raises(KeyError) as info, hooks.rollout("step1/attempt1"):
         raise KeyError("generation failed")
     assert any("abort_rollout" in n for n in info.value.__notes__)
@@ -147,7 +147,7 @@ def test_close_ends_open_init_window_first_and_cleans_up():
 
 
 def test_close_failure_still_cleans_up():
-    prof, hooks = _ready(RecordingRolloutProfiler(fail={"close": 0}))
+    _prof, hooks = _ready(RecordingRolloutProfiler(fail={"close": 0}))
     cleaned = []
     with pytest.raises(InjectedFailure):
         hooks.close(cleanup=lambda: cleaned.append(True))

@@ -20,7 +20,7 @@ from harness.spec.topology import plan
 
 
 def _write_run(run_dir: Path, *, steps: int = 2, break_rank: int | None = None, status: str = "completed") -> dict:
-    spec = load_spec("qwen3_moe_tiny_smoke", ("grpo.iterations=%d" % steps,))
+    spec = load_spec("qwen3_moe_tiny_smoke", (f"grpo.iterations={steps}",))
     topo = plan(spec)
     expected = [layout.policy_trace_path(0), layout.rollout_trace_path(0), layout.METRICS, layout.ROLLOUTS]
     run = {
