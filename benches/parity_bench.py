@@ -45,7 +45,8 @@ def plant_differences(docs: dict) -> dict:
     ops = out["operators"]["sections"][op_sections[len(op_sections) // 4]]["phases"]["train/step2"]["operators"]
     ops[sorted(ops)[5]] += 1
     coll_sections = sorted(out["collectives"]["sections"])
-    coll = out["collectives"]["sections"][coll_sections[len(coll_sections) // 2]]["phases"]["train/step1"]["collectives"]
+    middle = coll_sections[len(coll_sections) // 2]
+    coll = out["collectives"]["sections"][middle]["phases"]["train/step1"]["collectives"]
     coll[min(1234, len(coll) - 1)] = ["all_to_all_single", "ep", "bfloat16", 4096]
     out["training"]["sections"]["step0002"]["metrics"]["loss"] += 1e-3
     del out["rollouts"]["sections"][sorted(out["rollouts"]["sections"])[7]]

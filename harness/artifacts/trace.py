@@ -92,7 +92,9 @@ class TraceWriter:
             record["crc"] = record_crc(record)
             line = canonical_json(record)
         except (TypeError, ValueError) as exc:
-            raise TraceFormatError(f"trace record seq {self._next_seq} is not JSON-serialisable ({self.path}): {exc}") from exc
+            raise TraceFormatError(
+                f"trace record seq {self._next_seq} is not JSON-serialisable ({self.path}): {exc}"
+            ) from exc
         self._file.write(line + "\n")
         self._file.flush()
         self._next_seq += 1

@@ -144,7 +144,9 @@ class Tokenizer:
         for offset, token_id in enumerate(ids):
             token_id = int(token_id)
             if not 0 <= token_id < len(self.tokens):
-                raise ValueError(f"decode: ids[{offset}] = {token_id} is outside the vocabulary [0, {len(self.tokens)})")
+                raise ValueError(
+                    f"decode: ids[{offset}] = {token_id} is outside the vocabulary [0, {len(self.tokens)})"
+                )
             if skip_special_tokens and self.is_control(token_id):
                 continue
             parts.append(self.tokens[token_id])

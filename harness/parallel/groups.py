@@ -141,7 +141,9 @@ def layout_from_topology(topology: Any, policy: Mapping[str, Any]) -> RankLayout
         if kind in groups:
             norm = sorted(sorted(int(r) for r in g) for g in lists)
             if norm != groups[kind]:
-                raise ValueError(f"topology group kind {kind!r} disagrees with the mixed-radix rule: {norm} vs {groups[kind]}")
+                raise ValueError(
+                    f"topology group kind {kind!r} disagrees with the mixed-radix rule: {norm} vs {groups[kind]}"
+                )
     return RankLayout(sizes=local.sizes, coords=local.coords, groups=groups)
 
 

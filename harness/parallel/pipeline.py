@@ -66,7 +66,9 @@ class StageInfo:
         return self.stage == self.stages - 1
 
 
-def stage_info(pp_ranks: list[int], rank: int, activation_shape, dtype, device: torch.device | None = None) -> StageInfo:
+def stage_info(
+    pp_ranks: list[int], rank: int, activation_shape, dtype, device: torch.device | None = None
+) -> StageInfo:
     s = pp_ranks.index(rank)
     return StageInfo(
         stage=s,

@@ -119,7 +119,8 @@ def _deepdiff_paths(golden: Any, actual: Any) -> list[tuple[str, tuple]]:
 def _canonical_residuals(golden: Any, actual: Any, path: tuple = ()) -> list[tuple]:
     """Paths of leaves Python considers equal but whose canonical bytes differ (``-0.0``)."""
     if isinstance(golden, Mapping) and isinstance(actual, Mapping):
-        return [p for key in golden if key in actual for p in _canonical_residuals(golden[key], actual[key], path + (key,))]
+        return [p for key in golden if key in actual
+                for p in _canonical_residuals(golden[key], actual[key], path + (key,))]
     if isinstance(golden, list) and isinstance(actual, list):
         return [p for i, (g, a) in enumerate(zip(golden, actual)) for p in _canonical_residuals(g, a, path + (i,))]
     if canonical_bytes(golden) != canonical_bytes(actual):
@@ -207,7 +208,8 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
         result.findings.append(Finding(surface=name, section=None, kind=kind, lane="exact", status=failed,
                                        golden=name if golden is not None else _MISSING,
                                        actual=name if actual is not None else _MISSING,
-                                       note=f"surface {name} is missing from the {'actual run' if actual is None else 'golden'}"))
+                                       note=f"surface {name} is missing from the "
+                                            f"{'actual run' if actual is None else 'golden'}"))
         return result
     for side, doc in (("golden", golden), ("actual", actual)):
         if doc.get("surface") != name:
@@ -233,7 +235,8 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
                 lane="exact", status=failed, coords=_coords(present),
                 golden=section_id if section_id in g_digests else _MISSING,
                 actual=section_id if section_id in a_digests else _MISSING,
-                note=f"section {section_id} is missing from the {'actual run' if section_id not in a_digests else 'golden'}"))
+                note=f"section {section_id} is missing from the "
+                     f"{'actual run' if section_id not in a_digests else 'golden'}"))
             continue
         result.findings.extend(_diff_section(name, gated, section_id, g_sections[section_id],
                                              a_sections[section_id], table, deterministic))

@@ -104,7 +104,9 @@ def parse_tolerances(doc: Any, *, source: str = "tolerances.yaml") -> Tolerances
             if not isinstance(raw.get(required), str) or not raw[required].strip():
                 raise ToleranceFileError(f"{where}.{required}: required, a non-empty string")
         if raw["surface"] not in SURFACES:
-            raise ToleranceFileError(f"{where}.surface: unknown surface {raw['surface']!r}; known: {', '.join(SURFACES)}")
+            raise ToleranceFileError(
+                f"{where}.surface: unknown surface {raw['surface']!r}; known: {', '.join(SURFACES)}"
+            )
         when = raw.get("when", "nondeterministic")
         if when not in ("always", "nondeterministic"):
             raise ToleranceFileError(f"{where}.when: must be 'always' or 'nondeterministic', got {when!r}")

@@ -279,7 +279,9 @@ class PolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
             dim = dims[name]
             out[name] = parts[0] if dim is None else torch.cat([parts[r] for r in sorted(parts)], dim=dim)
             if tuple(out[name].shape) != self.full_shapes[name]:
-                raise RuntimeError(f"hf_state_dict: {name} assembled to {tuple(out[name].shape)}, expected {self.full_shapes[name]}")
+                raise RuntimeError(
+                    f"hf_state_dict: {name} assembled to {tuple(out[name].shape)}, expected {self.full_shapes[name]}"
+                )
         return out
 
     # -- checkpoints ----------------------------------------------------------------------

@@ -74,9 +74,15 @@ class PolicyGroup:
             self.shutdown()
             raise
         last = policy["pp"] - 1
-        self.metrics_rank = next(r for r, c in enumerate(self.coords) if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == 0)
+        self.metrics_rank = next(
+            r for r, c in enumerate(self.coords) if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == 0
+        )
         self.output_ranks = [
-            next(r for r, c in enumerate(self.coords) if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == d)
+            next(
+                r
+                for r, c in enumerate(self.coords)
+                if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == d
+            )
             for d in range(self.dp)
         ]
 

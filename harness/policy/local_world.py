@@ -131,7 +131,10 @@ def shard_for_dp(batch: Mapping[str, torch.Tensor], dp: int, dp_rank: int) -> di
 
 def checksums(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[float, float, float]]:
     """{name: (sum, sum of squares, sum of |x|)} in float64."""
-    return {k: (float(v.double().sum()), float(v.double().pow(2).sum()), float(v.double().abs().sum())) for k, v in state.items()}
+    return {
+        k: (float(v.double().sum()), float(v.double().pow(2).sum()), float(v.double().abs().sum()))
+        for k, v in state.items()
+    }
 
 
 def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: int, ckpt_dir: str) -> dict[str, Any]:

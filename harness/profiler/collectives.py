@@ -393,7 +393,9 @@ def CollectiveRecorder(method: str | None = None) -> KernelCollectiveRecorder | 
     method = method or resolve_method()
     if method == "kernel":
         if not kernel_method_available():
-            raise RuntimeError("this torch lacks what the kernel method needs (dispatch keyset helpers, TLS object stash)")
+            raise RuntimeError(
+                "this torch lacks what the kernel method needs (dispatch keyset helpers, TLS object stash)"
+            )
         return KernelCollectiveRecorder()
     if method == "mode":
         return ModeCollectiveRecorder()

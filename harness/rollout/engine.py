@@ -538,7 +538,9 @@ class Engine:
             return partials
         sizes = [p.shape[0] for p in partials]
         stacked = torch.cat(partials, dim=0).contiguous()
-        flat = torch.empty((self.plan.tp_size * stacked.shape[0], *stacked.shape[1:]), dtype=stacked.dtype, device=stacked.device)
+        flat = torch.empty(
+            (self.plan.tp_size * stacked.shape[0], *stacked.shape[1:]), dtype=stacked.dtype, device=stacked.device
+        )
         _all_gather_flat(flat, stacked, self.tp_group)
         gathered = flat.view(self.plan.tp_size, *stacked.shape)
         total = gathered[0].clone()
@@ -603,7 +605,9 @@ class Engine:
         return out
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(Fn.rms_norm(x, self.params["model.norm.weight"], self.cfg.rms_eps), self.params["lm_head.weight"])
+        return F.linear(
+            Fn.rms_norm(x, self.params["model.norm.weight"], self.cfg.rms_eps), self.params["lm_head.weight"]
+        )
 
     # -- model: many one-token rows together (batched decode) -------------------------
 
@@ -648,7 +652,9 @@ class Engine:
         for (g0, g1, length), heads in zip(dec.groups, dec.group_heads):
             k_all, v_all = self.kv.gather(li, heads, length)
             n = g1 - g0
-            outs.append(self._grouped_attention(qk[g0:g1, :hq], k_all.view(n, hq, length, d), v_all.view(n, hq, length, d)))
+            outs.append(
+                self._grouped_attention(qk[g0:g1, :hq], k_all.view(n, hq, length, d), v_all.view(n, hq, length, d))
+            )
         (out,) = layer.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
         return out
 

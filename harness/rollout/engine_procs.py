@@ -37,7 +37,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def engine_process_main(conn: Any, spec: dict, tp_rank: int, tp_size: int, port: int, profiler_rank: int, env: dict) -> None:
+def engine_process_main(
+    conn: Any, spec: dict, tp_rank: int, tp_size: int, port: int, profiler_rank: int, env: dict
+) -> None:
     """Entry point of one internal engine process (picklable, module level)."""
     _die_with_parent()
     os.environ.update(env)
@@ -97,7 +99,9 @@ class EngineProcesses:
         self.pids = [p.pid for p in processes]
 
     @classmethod
-    def start(cls, spec: Mapping[str, Any], *, tp_size: int, rank_prefix: int, label: str, env: Mapping[str, str]) -> EngineProcesses:
+    def start(
+        cls, spec: Mapping[str, Any], *, tp_size: int, rank_prefix: int, label: str, env: Mapping[str, str]
+    ) -> EngineProcesses:
         """Spawn ``tp_size`` processes and wait until every engine is built and warmed up."""
         from harness.parallel.rendezvous import HeldStore
 

@@ -40,7 +40,9 @@ def provenance_errors(doc: Any) -> list[str]:
         errors.append("command: must be a string")
     if "environment" in doc and not isinstance(doc["environment"], dict):
         errors.append("environment: must be an object")
-    if "tolerance_evidence" in doc and not (doc["tolerance_evidence"] is None or isinstance(doc["tolerance_evidence"], dict)):
+    if "tolerance_evidence" in doc and not (
+        doc["tolerance_evidence"] is None or isinstance(doc["tolerance_evidence"], dict)
+    ):
         errors.append("tolerance_evidence: must be an object or null")
     if "date" in doc:
         try:

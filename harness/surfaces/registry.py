@@ -75,7 +75,9 @@ class ToleranceRule:
         for name in ("abs", "rel"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")):
-                raise ValueError(f"tolerance for {self.surface}:{self.key}: {name} must be a finite number >= 0, got {value!r}")
+                raise ValueError(
+                    f"tolerance for {self.surface}:{self.key}: {name} must be a finite number >= 0, got {value!r}"
+                )
         if self.when not in ("always", "nondeterministic"):
             raise ValueError(f"tolerance for {self.surface}:{self.key}: when must be 'always' or 'nondeterministic'")
 

@@ -99,7 +99,11 @@ def test_policy_collectives_name_group_kind_dtype_and_numel(gloo_run, rank):
         ["all_reduce", "tp", "float32", 5],
         ["all_reduce", "tp", "int32", 2],
     ]
-    assert (step2["phase"], step2["outcome"], step2["reason"]) == ("train/step2", "aborted", "policy_train_step_aborted")
+    assert (step2["phase"], step2["outcome"], step2["reason"]) == (
+        "train/step2",
+        "aborted",
+        "policy_train_step_aborted",
+    )
     assert step2["collectives"] == [["broadcast", "tp", "int64", 4]]
     assert "c10d::allreduce_" in step1["operators"] and "gloo:all_reduce" in step1["operators"]
 

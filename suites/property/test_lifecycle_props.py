@@ -148,7 +148,9 @@ class RolloutLifecycle(RuleBasedStateMachine):
         except Exception:  # noqa: BLE001 - errors are part of the explored behaviour
             return None
 
-    @rule(method=st.sampled_from(["begin_init", "end_init", "begin_rollout", "finish_rollout", "abort_rollout", "close"]))
+    @rule(
+        method=st.sampled_from(["begin_init", "end_init", "begin_rollout", "finish_rollout", "abort_rollout", "close"])
+    )
     def arm_profiler_failure(self, method):
         _arm(self.profiler, method)
 

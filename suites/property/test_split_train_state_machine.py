@@ -118,7 +118,11 @@ class SplitTrain(RuleBasedStateMachine):
 
     @rule(kind=st.sampled_from(["empty", "missing_key"]))
     def bad_microbatch(self, kind):
-        batch = _rows(self.batch, 0) if kind == "empty" else {k: v for k, v in _rows(self.batch, 1).items() if k != "advantages"}
+        batch = (
+            _rows(self.batch, 0)
+            if kind == "empty"
+            else {k: v for k, v in _rows(self.batch, 1).items() if k != "advantages"}
+        )
         with pytest.raises(RuntimeError if not self.open else ValueError) as info:
             self.hooks.train_microbatch(self.engine.train_microbatch, batch)
         if not self.open:

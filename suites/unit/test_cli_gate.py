@@ -106,7 +106,9 @@ def test_diff_by_workload_name_and_platform(setup, capsys):
 def test_diff_unusable_inputs_exit_2(setup, tmp_path):
     _, run, golden, _ = setup
     assert main(["diff", str(tmp_path / "missing"), str(golden)]) == 2
-    (run / "surfaces/training.json").write_text('{"surface": "training", "sections": {"step0001": {"metrics": {"loss": NaN}}}}')
+    (run / "surfaces/training.json").write_text(
+        '{"surface": "training", "sections": {"step0001": {"metrics": {"loss": NaN}}}}'
+    )
     assert main(["diff", str(run), str(golden)]) == 2
 
 

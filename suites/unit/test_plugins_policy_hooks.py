@@ -154,7 +154,11 @@ def test_split_nested_begin_keeps_worker_error_and_leaves_profiler_alone():
 
 @pytest.mark.parametrize(
     "failure,reason",
-    [("begin", "policy_train_begin_error"), ("microbatch", "policy_train_microbatch_error"), ("finish", "policy_train_finish_error")],
+    [
+        ("begin", "policy_train_begin_error"),
+        ("microbatch", "policy_train_microbatch_error"),
+        ("finish", "policy_train_finish_error"),
+    ],
 )
 def test_split_failures_abort_with_their_reason(failure, reason):
     prof = RecordingPolicyProfiler()

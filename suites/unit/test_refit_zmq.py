@@ -30,7 +30,9 @@ def _stream(tmp_path, sent, expected_info, buffer_size=4096, timeout_ms=10_000):
 
     def sender():
         try:
-            outcome["stats"] = send_weights_zmq(sent.items(), address=address, buffer_size_bytes=buffer_size, timeout_ms=timeout_ms)
+            outcome["stats"] = send_weights_zmq(
+                sent.items(), address=address, buffer_size_bytes=buffer_size, timeout_ms=timeout_ms
+            )
         except BaseException as exc:  # noqa: BLE001 - surfaced by the test
             outcome["error"] = exc
 
@@ -86,7 +88,9 @@ def test_zmq_receiver_rejects_duplicates(tmp_path):
     pairs = list(sd.items()) + [("layer1.w", sd["layer1.w"])]
     errors: dict = {}
     thread = threading.Thread(
-        target=lambda: errors.setdefault("s", send_weights_zmq(pairs, address=address, buffer_size_bytes=4096, timeout_ms=10_000))
+        target=lambda: errors.setdefault(
+            "s", send_weights_zmq(pairs, address=address, buffer_size_bytes=4096, timeout_ms=10_000)
+        )
     )
     thread.start()
     with pytest.raises(WeightManifestError, match="duplicate tensor 'layer1.w'"):

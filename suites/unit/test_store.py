@@ -19,8 +19,13 @@ from harness.store import (
     write_golden,
 )
 
-PROV = new_provenance(commit="d892304", reason="initial capture", command="golden capture w", environment={"device": "cpu"},
-                      date="2026-11-29T08:00:00+00:00")
+PROV = new_provenance(
+    commit="d892304",
+    reason="initial capture",
+    command="golden capture w",
+    environment={"device": "cpu"},
+    date="2026-11-29T08:00:00+00:00",
+)
 
 
 def _write(root, version=0, **kw):

@@ -285,8 +285,10 @@ def _plot(metric: str, series: list[tuple[str, list[tuple[int, float]]]], differ
     actual = dict(series).get("actual", [])
     for s, v in actual:
         if s in differing:
-            out.append(f'<circle class="differs {_e(differing[s])}" cx="{sx(s):.1f}" cy="{sy(v):.1f}" r="6">'
-                       f"<title>{_e(STATUS_WORD.get(differing[s], differing[s]))} finding at step {_e(s)}</title></circle>")
+            out.append(
+                f'<circle class="differs {_e(differing[s])}" cx="{sx(s):.1f}" cy="{sy(v):.1f}" r="6">'
+                f"<title>{_e(STATUS_WORD.get(differing[s], differing[s]))} finding at step {_e(s)}</title></circle>"
+            )
     # legend
     lx = left
     for cls, _ in series:

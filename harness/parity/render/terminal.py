@@ -59,8 +59,11 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
         lines.extend("  " + paint(row, f.status) for row, f in zip(table[1:], shown))
         for f in shown:
             if f.status == "stale":
-                lines.append(f"  note: {f.section} {f.key}: exact lane fails, inside tolerance "
-                             f"(abs {f.tolerance['abs']}, rel {f.tolerance['rel']}: {f.tolerance['reason']}): probable stale golden")
+                lines.append(
+                    f"  note: {f.section} {f.key}: exact lane fails, inside tolerance "
+                    f"(abs {f.tolerance['abs']}, rel {f.tolerance['rel']}: {f.tolerance['reason']}): "
+                    "probable stale golden"
+                )
                 break
         if len(findings) > limit:
             lines.append(f"  ... and {len(findings) - limit} more (--format json lists all)")

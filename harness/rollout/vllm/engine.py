@@ -339,7 +339,12 @@ _WEIGHTS = {
     "side_groups": "harness_side_groups",
     "pid": "harness_pid",
 }
-_ARG_NAMES = {"generate": ("requests",), "begin_rollout": ("step_id",), "abort_rollout": ("reason",), "set_weight_version": ("version",)}
+_ARG_NAMES = {
+    "generate": ("requests",),
+    "begin_rollout": ("step_id",),
+    "abort_rollout": ("reason",),
+    "set_weight_version": ("version",),
+}
 
 
 class VllmEngineProcesses:
