@@ -30,12 +30,16 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         ex = flows.execute("qwen3_moe_tiny_smoke", overrides=overrides, run_dir=Path(tmp) / "run")
-        rewards = [json.loads(line)["metrics"]["reward"] for line in (ex.run_dir / "metrics.jsonl").read_text().splitlines()]
+        rewards = [
+            json.loads(line)["metrics"]["reward"] for line in (ex.run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
     blocks = [rewards[i : i + args.block] for i in range(0, len(rewards), args.block)]
     means = [sum(b) / len(b) for b in blocks]
     for i, m in enumerate(means):
         print(f"steps {i * args.block + 1:>3}-{i * args.block + len(blocks[i]):>3}: mean reward {m:.4f}")
-    print(f"first block {means[0]:.4f} -> last block {means[-1]:.4f} (x{means[-1] / means[0]:.2f}); wall {ex.wall_s:.0f}s")
+    print(
+        f"first block {means[0]:.4f} -> last block {means[-1]:.4f} (x{means[-1] / means[0]:.2f}); wall {ex.wall_s:.0f}s"
+    )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def plant_differences(docs: dict) -> dict:
     ops = out["operators"]["sections"][op_sections[len(op_sections) // 4]]["phases"]["train/step2"]["operators"]
     ops[sorted(ops)[5]] += 1
     coll_sections = sorted(out["collectives"]["sections"])
-    coll = out["collectives"]["sections"][coll_sections[len(coll_sections) // 2]]["phases"]["train/step1"]["collectives"]
+    middle = coll_sections[len(coll_sections) // 2]
+    coll = out["collectives"]["sections"][middle]["phases"]["train/step1"]["collectives"]
     coll[min(1234, len(coll) - 1)] = ["all_to_all_single", "ep", "bfloat16", 4096]
     out["training"]["sections"]["step0002"]["metrics"]["loss"] += 1e-3
     del out["rollouts"]["sections"][sorted(out["rollouts"]["sections"])[7]]
@@ -103,13 +104,13 @@ def main() -> None:
         print("\ncase       json.load(g+a)  compare   ratio(<=2x)  deepdiff(whole)  speed-up(>=10x)  findings")
         for case, actual_docs in cases.items():
             actual_paths = write_all(Path(tmp) / case, actual_docs)
-            load_s, _ = best_of(args.repeat, lambda: (load_all(golden_paths), load_all(actual_paths)))
+            load_s, _ = best_of(args.repeat, lambda paths=actual_paths: (load_all(golden_paths), load_all(paths)))
             golden_loaded, actual_loaded = load_all(golden_paths), load_all(actual_paths)
-            compare_s, verdict = best_of(args.repeat, lambda: compare(golden_loaded, actual_loaded))
+            compare_s, verdict = best_of(args.repeat, lambda g=golden_loaded, a=actual_loaded: compare(g, a))
             if args.skip_deepdiff:
                 dd_text, speedup = "skipped", ""
             else:
-                dd_s, _ = best_of(1, lambda: whole_document_deepdiff(golden_loaded, actual_loaded))
+                dd_s, _ = best_of(1, lambda g=golden_loaded, a=actual_loaded: whole_document_deepdiff(g, a))
                 dd_text, speedup = f"{dd_s:>10.2f}s", f"{dd_s / compare_s:>10.1f}x"
             print(f"{case:<10} {load_s:>12.3f}s {compare_s:>8.3f}s {compare_s / load_s:>8.2f}x   {dd_text:>15} "
                   f"{speedup:>16}  {len(verdict.findings):>8} ({verdict.status})")

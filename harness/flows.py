@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from harness.parity.engine import compare
 from harness.parity.findings import Verdict

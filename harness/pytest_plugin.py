@@ -50,7 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--golden-refresh", action="store_true", default=False,
                     help="rewrite the selected goldens instead of comparing (needs --golden-reason)")
     group.addoption("--golden-reason", default=None, help="why the goldens are refreshed (recorded in PROVENANCE.json)")
-    group.addoption("--golden-platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)")
+    group.addoption(
+        "--golden-platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)"
+    )
     group.addoption("--golden-root", default=None, help="goldens directory (default: the repository's goldens/)")
     group.addoption("--golden-summary", default=None, help="write a Markdown summary of golden results here")
 

@@ -24,7 +24,8 @@ metric whose normalisation is "tokens" or "sequences"; "none" metrics add,
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 

@@ -15,7 +15,7 @@ Every function returns `dict[str, float]` of finite values, ready for
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -77,7 +77,7 @@ def rollout_metrics(
             f"rollout_metrics: prompt_lengths ({len(prompt_lengths)}), gen_lengths ({n}) and "
             f"finish_reasons ({len(finish_reasons)}) must have one entry per sample"
         )
-    unknown = sorted({r for r in finish_reasons} - {"eos", "length"})
+    unknown = sorted(set(finish_reasons) - {"eos", "length"})
     if unknown:
         raise ValueError(f"rollout_metrics: unknown finish_reason(s) {unknown}; expected eos | length")
     if n == 0:

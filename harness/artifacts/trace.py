@@ -65,7 +65,7 @@ class TraceWriter:
             raise TraceFormatError(f"trace header field 'rank' must be a non-negative int, got {header['rank']!r}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._file = open(self.path, "x", encoding="utf-8", newline="\n")
+            self._file = open(self.path, "x", encoding="utf-8", newline="\n")  # noqa: SIM115 - held until close()
         except FileExistsError:
             raise FileExistsError(f"trace file already exists (one writer per rank and run): {self.path}") from None
         self._next_seq = 0
@@ -92,7 +92,9 @@ class TraceWriter:
             record["crc"] = record_crc(record)
             line = canonical_json(record)
         except (TypeError, ValueError) as exc:
-            raise TraceFormatError(f"trace record seq {self._next_seq} is not JSON-serialisable ({self.path}): {exc}") from exc
+            raise TraceFormatError(
+                f"trace record seq {self._next_seq} is not JSON-serialisable ({self.path}): {exc}"
+            ) from exc
         self._file.write(line + "\n")
         self._file.flush()
         self._next_seq += 1

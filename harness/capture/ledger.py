@@ -121,7 +121,9 @@ class CaptureLedger:
     def record(self, call: CallRecord) -> None:
         """Write a committed row. Call only after the staged row is durable."""
         if not call.committed:
-            raise LedgerError(f"record() takes committed rows; use record_failure for {call.rollout_id}/{call.model_call_id}")
+            raise LedgerError(
+                f"record() takes committed rows; use record_failure for {call.rollout_id}/{call.model_call_id}"
+            )
         self._write_outcome(call)
 
     def record_failure(self, rollout_id: str, model_call_id: str, reason: str, *,

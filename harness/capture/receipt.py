@@ -95,7 +95,10 @@ def heuristic_terminal(manifest: list[CallRecord]) -> tuple[str | None, str]:
         *earlier, latest = kids
         for sib in earlier:
             if children.get(sib.model_call_id):
-                return None, f"fork at {node.model_call_id}: {sib.model_call_id} and {latest.model_call_id} both continue"
+                return (
+                    None,
+                    f"fork at {node.model_call_id}: {sib.model_call_id} and {latest.model_call_id} both continue",
+                )
         retries += len(earlier)
         node = latest
     why = f"earliest root {roots[0].model_call_id}, {retries} abandoned retries"

@@ -142,7 +142,11 @@ class CaptureAdmission(_Record):
             if self.staging_chain:
                 expected = staging_key(self.rollout_id, self.parent_call_id)
                 if self.staging_chain[-1] != expected:
-                    _fail(r, "staging_chain", f"must end with the parent's key {expected!r}, got {self.staging_chain[-1]!r}")
+                    _fail(
+                        r,
+                        "staging_chain",
+                        f"must end with the parent's key {expected!r}, got {self.staging_chain[-1]!r}",
+                    )
             elif self.required_prefix_token_ids is None or len(self.required_prefix_token_ids) != self.prev_len:
                 got = None if self.required_prefix_token_ids is None else len(self.required_prefix_token_ids)
                 _fail(r, "required_prefix_token_ids",

@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
     parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit", "html"), default="terminal")
     parser.add_argument("--output", default=None, help="also write the report here")
-    parser.add_argument("--show-info", action="store_true", help="terminal: list informational (not gated) findings too")
+    parser.add_argument(
+        "--show-info", action="store_true", help="terminal: list informational (not gated) findings too"
+    )
 
 
 def _golden(prepared):
@@ -73,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     curves = {}
     if args.format == "html":  # the HTML report plots golden vs actual training curves
         curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces}
-    report = render(verdict, args.format, title=f"{execution.spec['name']} [{platform}]", show_info=args.show_info, **curves)
+    report = render(
+        verdict, args.format, title=f"{execution.spec['name']} [{platform}]", show_info=args.show_info, **curves
+    )
     print(report)
     if args.output:
         Path(args.output).write_text(report + "\n")

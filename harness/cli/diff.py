@@ -30,10 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goldens-root", type=Path, default=None, help="goldens folder for a workload name")
     parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit", "html"), default="terminal")
     parser.add_argument("--output", type=Path, default=None, help="write the report here instead of stdout")
-    parser.add_argument("--show-info", action="store_true", help="terminal: list informational (not gated) findings too")
+    parser.add_argument(
+        "--show-info", action="store_true", help="terminal: list informational (not gated) findings too"
+    )
     lanes = parser.add_mutually_exclusive_group()
     lanes.add_argument("--nondeterministic", action="store_true", help="tolerance bands decide (GPU platforms)")
-    lanes.add_argument("--deterministic", action="store_true", help="exact lane decides even if tolerances.yaml says otherwise")
+    lanes.add_argument(
+        "--deterministic", action="store_true", help="exact lane decides even if tolerances.yaml says otherwise"
+    )
 
 
 def _load(path: Path) -> dict:
@@ -63,7 +67,11 @@ def load_run_surfaces(run_path: Path) -> tuple[dict[str, dict], dict | None]:
     if manifest is not None:
         if not isinstance(manifest, dict) or not isinstance(manifest.get("surfaces"), list):
             raise UnusableInput(f"{base}/manifest.json: no /surfaces list")
-        files = {e["name"]: base / e["path"] for e in manifest["surfaces"] if isinstance(e, dict) and "name" in e and "path" in e}
+        files = {
+            e["name"]: base / e["path"]
+            for e in manifest["surfaces"]
+            if isinstance(e, dict) and "name" in e and "path" in e
+        }
     else:
         files = {p.stem: p for p in sorted((run_path / "surfaces").glob("*.json"))}
     if not files:
@@ -125,13 +133,12 @@ def _golden(args: argparse.Namespace, manifest: dict | None):
 
 
 def run(args: argparse.Namespace) -> int:
+    from harness.cli._workload_args import Refused, check_output_path
     from harness.parity.engine import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
     from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
     from harness.surfaces.canonical import NonFiniteError
-
-    from harness.cli._workload_args import Refused, check_output_path
 
     try:
         check_output_path(str(args.output) if args.output else None)

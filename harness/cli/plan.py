@@ -17,7 +17,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="workload name (goldens/<name>/workload.yaml) or path to a workload.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="spec overrides, YAML-typed")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (spec digest, summary, topology)")
-    parser.add_argument("--goldens-root", default=None, help="folder holding the workloads (default: $GOLDEN_ROOT or the repo's goldens/)")
+    parser.add_argument(
+        "--goldens-root",
+        default=None,
+        help="folder holding the workloads (default: $GOLDEN_ROOT or the repo's goldens/)",
+    )
 
 
 def _fmt_group(group: list[int]) -> str:
@@ -66,18 +70,18 @@ def _render_text(spec: dict, digest: str, topo) -> str:
     head = "1 CPU head + " if s["head_node"] else ""
     lines = [
         f"workload  {s['workload']}   spec {digest[:16]}",
-        f"nodes     {s['nodes']} ({head}{s['device_nodes']} x {s['devices_per_node']} {s['device']}), "
-        f"devices used {s['devices_used']}/{s['devices_available']}",
-        f"policy    world {s['policy_world']} = tp{ps['tp']} x cp{ps['cp']} x dp{ps['dp']} x pp{ps['pp']}; "
-        f"expert grid etp{ps['etp']} x ep{ps['ep']} x edp{ps['edp']} per stage; "
-        f"{s['local_experts']} local experts/rank; stage layers {s['stage_layers']}",
-        f"rollout   world {s['rollout_world']} = {rs['engines']} engine(s) x tp{rs['tp']} x pp{rs['pp']}, "
-        f"{s['placement']}, {'async' if spec['rollout']['async'] else 'sync'} {spec['rollout']['backend']}",
+        (f"nodes     {s['nodes']} ({head}{s['device_nodes']} x {s['devices_per_node']} {s['device']}), "
+         f"devices used {s['devices_used']}/{s['devices_available']}"),
+        (f"policy    world {s['policy_world']} = tp{ps['tp']} x cp{ps['cp']} x dp{ps['dp']} x pp{ps['pp']}; "
+         f"expert grid etp{ps['etp']} x ep{ps['ep']} x edp{ps['edp']} per stage; "
+         f"{s['local_experts']} local experts/rank; stage layers {s['stage_layers']}"),
+        (f"rollout   world {s['rollout_world']} = {rs['engines']} engine(s) x tp{rs['tp']} x pp{rs['pp']}, "
+         f"{s['placement']}, {'async' if spec['rollout']['async'] else 'sync'} {spec['rollout']['backend']}"),
         f"params    {s['params']['total']:,} total, {s['params']['active']:,} active",
-        f"batch     {s['samples_per_step']} samples/step = {spec['grpo']['prompts_per_step']} prompts x "
-        f"{spec['grpo']['generations_per_prompt']} generations; {s['samples_per_dp_rank']} per dp rank "
-        f"= {s['microbatches_per_dp_rank']} micro-batches of {spec['policy']['micro_batch_size']}; "
-        f"{s['iterations']} iterations",
+        (f"batch     {s['samples_per_step']} samples/step = {spec['grpo']['prompts_per_step']} prompts x "
+         f"{spec['grpo']['generations_per_prompt']} generations; {s['samples_per_dp_rank']} per dp rank "
+         f"= {s['microbatches_per_dp_rank']} micro-batches of {spec['policy']['micro_batch_size']}; "
+         f"{s['iterations']} iterations"),
         "groups    " + "  ".join(f"{k} {s['group_counts'][k]}x{s['group_sizes'][k]}" for k in topo.policy.groups),
         "",
     ]

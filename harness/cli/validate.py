@@ -58,7 +58,9 @@ def check_path(path: Path) -> tuple[str, list[str]]:
     elif (path / "manifest.json").is_file():
         kind, manifest_path, golden = "run directory", path / "manifest.json", False
     elif path.exists():
-        raise ValueError(f"{path}: not a manifest, a run directory (manifest.json) or a golden directory (PROVENANCE.json)")
+        raise ValueError(
+            f"{path}: not a manifest, a run directory (manifest.json) or a golden directory (PROVENANCE.json)"
+        )
     else:
         raise FileNotFoundError(f"{path}: no such file or directory")
     base = manifest_path.parent

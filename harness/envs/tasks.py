@@ -30,8 +30,9 @@ import hashlib
 import random
 import re
 import string
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 _THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)
@@ -76,7 +77,7 @@ class Prompt:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "Prompt":
+    def from_dict(cls, doc: Mapping[str, Any]) -> Prompt:
         return cls(**{k: doc[k] for k in ("task", "step", "index", "text", "answer")})
 
 

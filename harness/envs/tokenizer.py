@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import jinja2
 import jinja2.sandbox
@@ -143,7 +144,9 @@ class Tokenizer:
         for offset, token_id in enumerate(ids):
             token_id = int(token_id)
             if not 0 <= token_id < len(self.tokens):
-                raise ValueError(f"decode: ids[{offset}] = {token_id} is outside the vocabulary [0, {len(self.tokens)})")
+                raise ValueError(
+                    f"decode: ids[{offset}] = {token_id} is outside the vocabulary [0, {len(self.tokens)})"
+                )
             if skip_special_tokens and self.is_control(token_id):
                 continue
             parts.append(self.tokens[token_id])

@@ -28,7 +28,8 @@ or hostile tool calls get an `error: ...` tool message, never an exception.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from harness.envs.tasks import Prompt, _first_char_reward, first_integer
 

@@ -106,7 +106,7 @@ class RolloutDriver:
                 index = p_idx * G + g
                 rid = f"step{step:04d}-attempt{attempt}-row{index:04d}"
                 episodes.append(Episode(index, prompt, rid, self.env.reset(prompt)))
-        for turn in range(self.turns):
+        for _turn in range(self.turns):
             live = [e for e in episodes if not e.done]
             if not live:
                 break

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ray
 import torch
@@ -66,7 +67,7 @@ class Trainer:
         except BaseException as exc:
             try:
                 ray.get([w.abort_rollout.remote("grpo_rollout_error") for w in self.workers])
-            except Exception as abort_exc:  # never mask the original error
+            except Exception as abort_exc:  # noqa: BLE001 - never mask the original error
                 exc.add_note(f"abort_rollout also failed: {abort_exc!r}")
             raise
         ray.get([w.finish_rollout.remote() for w in self.workers])

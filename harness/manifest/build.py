@@ -9,8 +9,9 @@ bytes that exist.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 __all__ = ["SCHEMA_VERSION", "sha256_file", "new_manifest", "artifact_entry", "surface_entry"]
 
@@ -18,7 +19,7 @@ SCHEMA_VERSION = 2
 _CHUNK = 1 << 20
 
 
-def sha256_file(path: "str | Path") -> str:
+def sha256_file(path: str | Path) -> str:
     """sha256 hex digest of a file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -34,14 +35,14 @@ def _relative(base_dir: Path, rel_path: str) -> Path:
     return target
 
 
-def artifact_entry(base_dir: "str | Path", rel_path: str, *, role: str, rank: int | None) -> dict:
+def artifact_entry(base_dir: str | Path, rel_path: str, *, role: str, rank: int | None) -> dict:
     """``{path, role, rank, sha256, bytes}`` for a file under ``base_dir``."""
     target = _relative(Path(base_dir), rel_path)
     return {"path": rel_path, "role": role, "rank": rank,
             "sha256": sha256_file(target), "bytes": target.stat().st_size}
 
 
-def surface_entry(base_dir: "str | Path", name: str, rel_path: str | None = None) -> dict:
+def surface_entry(base_dir: str | Path, name: str, rel_path: str | None = None) -> dict:
     """``{name, path, sha256}`` for a surface file (default path ``surfaces/<name>.json``)."""
     rel_path = rel_path or f"surfaces/{name}.json"
     target = _relative(Path(base_dir), rel_path)

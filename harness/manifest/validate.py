@@ -111,24 +111,38 @@ def _check_file(base: Path, rel: str, pointer: str, *, sha256: Any, size: Any = 
         return [ManifestError(f"{pointer}/path", f"file {rel!r} is missing under {base}")]
     errors = []
     if size is not None and isinstance(size, int) and target.stat().st_size != size:
-        errors.append(ManifestError(f"{pointer}/bytes", f"{rel}: manifest says {size} bytes, file has {target.stat().st_size}"))
+        errors.append(
+            ManifestError(f"{pointer}/bytes", f"{rel}: manifest says {size} bytes, file has {target.stat().st_size}")
+        )
     actual = sha256_file(target)
     if isinstance(sha256, str) and actual != sha256:
-        errors.append(ManifestError(f"{pointer}/sha256", f"{rel}: sha256 mismatch (manifest {sha256[:16]}..., file {actual[:16]}...)"))
+        errors.append(
+            ManifestError(
+                f"{pointer}/sha256", f"{rel}: sha256 mismatch (manifest {sha256[:16]}..., file {actual[:16]}...)"
+            )
+        )
     return errors
 
 
-def validate_manifest(doc: Any, *, base_dir: "str | Path | None" = None,
+def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
                       check_artifact_files: bool = True) -> list[ManifestError]:
     """All problems of a manifest document (see module contract); ``[]`` when valid."""
     if not isinstance(doc, dict):
         return [ManifestError("", f"manifest must be a JSON object, got {type(doc).__name__}")]
     if "schema_version" not in doc:
-        return [ManifestError("/schema_version", f"required field 'schema_version' is missing (supported: {SCHEMA_VERSION})")]
+        return [
+            ManifestError(
+                "/schema_version", f"required field 'schema_version' is missing (supported: {SCHEMA_VERSION})"
+            )
+        ]
     found = doc["schema_version"]
     if type(found) is not int or found != SCHEMA_VERSION:
-        return [ManifestError("/schema_version",
-                              f"schema_version {found!r} is not supported; this harness reads schema_version {SCHEMA_VERSION}")]
+        return [
+            ManifestError(
+                "/schema_version",
+                f"schema_version {found!r} is not supported; this harness reads schema_version {SCHEMA_VERSION}",
+            )
+        ]
     non_finite = find_non_finite(doc)
     if non_finite is not None:
         path, value = non_finite
@@ -178,7 +192,7 @@ def validate_manifest(doc: Any, *, base_dir: "str | Path | None" = None,
     return errors
 
 
-def load_manifest(path: "str | Path", *, check_files: bool = True, check_artifact_files: bool = True) -> dict:
+def load_manifest(path: str | Path, *, check_files: bool = True, check_artifact_files: bool = True) -> dict:
     """Parse (strictly) and validate a manifest file; files are resolved beside it.
 
     Raises ``ManifestInvalid`` listing every error (a NaN/Infinity token or a JSON

@@ -16,8 +16,9 @@ naming `model.<field>`):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 # Spec dtype name -> torch dtype attribute name (resolved lazily so this
 # module does not import torch).
@@ -74,7 +75,7 @@ class ModelConfig:
     # -- construction -----------------------------------------------------
 
     @classmethod
-    def from_spec(cls, spec_or_model_block: Mapping[str, Any]) -> "ModelConfig":
+    def from_spec(cls, spec_or_model_block: Mapping[str, Any]) -> ModelConfig:
         """Build from a whole spec dict (uses `spec["model"]`) or from the
         `model` block itself. Unknown keys raise `ValueError` naming them."""
         block = spec_or_model_block.get("model", spec_or_model_block)

@@ -13,7 +13,6 @@ Layout conventions (all functions):
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
@@ -92,7 +91,7 @@ def causal_attention(
     incremental (KV-cache) callers get exactly the full-sequence result.
     Every query must see at least one key. Returns `[B, Sq, Hq, D]`.
     Computed eagerly (explicit softmax in the input dtype) with scale `D**-0.5`."""
-    b, sq, hq, d = q.shape
+    _b, _sq, hq, d = q.shape
     hkv = k.shape[2]
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")

@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from harness.model import functional as Fn
 from harness.model.config import ModelConfig
@@ -130,7 +130,9 @@ class ParallelQwen3Moe(nn.Module):
         stage the logprobs `[b, S]`."""
         cfg, g = self.cfg, self.groups
         if input_ids.shape[1] != self.seq_len:
-            raise ValueError(f"input_ids has sequence length {input_ids.shape[1]}, expected policy.seq_len={self.seq_len}")
+            raise ValueError(
+                f"input_ids has sequence length {input_ids.shape[1]}, expected policy.seq_len={self.seq_len}"
+            )
         pos = self.positions
         if self.is_first:
             hidden = tensor.vocab_parallel_embedding(

@@ -14,7 +14,7 @@ parameter order, so each step issues a fixed, small set of all-reduces.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -50,7 +50,9 @@ def reduce_gradients(params: Iterable[tuple[str, torch.nn.Parameter]], kinds: di
     _all_reduce_flat(by_kind[EXPERT], groups["edp"])
 
 
-def global_grad_norm(params: Iterable[tuple[str, torch.nn.Parameter]], kinds: dict[str, str], coords: dict[str, int]) -> float:
+def global_grad_norm(
+    params: Iterable[tuple[str, torch.nn.Parameter]], kinds: dict[str, str], coords: dict[str, int]
+) -> float:
     """L2 norm of the full model's gradient (after `reduce_gradients`), the
     same value on every rank: each shard is counted by exactly one rank, then
     a world all-reduce sums the squares."""

@@ -19,8 +19,9 @@ collective over the world), and keeps the ones containing `rank`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 DENSE_AXES = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("etp", "ep", "edp", "pp")
@@ -140,7 +141,9 @@ def layout_from_topology(topology: Any, policy: Mapping[str, Any]) -> RankLayout
         if kind in groups:
             norm = sorted(sorted(int(r) for r in g) for g in lists)
             if norm != groups[kind]:
-                raise ValueError(f"topology group kind {kind!r} disagrees with the mixed-radix rule: {norm} vs {groups[kind]}")
+                raise ValueError(
+                    f"topology group kind {kind!r} disagrees with the mixed-radix rule: {norm} vs {groups[kind]}"
+                )
     return RankLayout(sizes=local.sizes, coords=local.coords, groups=groups)
 
 
@@ -173,7 +176,7 @@ class ProcessGroups:
         self._by_kind = by_kind
 
     @classmethod
-    def create(cls, layout: RankLayout, rank: int) -> "ProcessGroups":
+    def create(cls, layout: RankLayout, rank: int) -> ProcessGroups:
         import torch.distributed as dist
 
         mine: dict[str, Any] = {}

@@ -35,8 +35,8 @@ The stage function is supplied by the caller:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -66,7 +66,9 @@ class StageInfo:
         return self.stage == self.stages - 1
 
 
-def stage_info(pp_ranks: list[int], rank: int, activation_shape, dtype, device: torch.device | None = None) -> StageInfo:
+def stage_info(
+    pp_ranks: list[int], rank: int, activation_shape, dtype, device: torch.device | None = None
+) -> StageInfo:
     s = pp_ranks.index(rank)
     return StageInfo(
         stage=s,

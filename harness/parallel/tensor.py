@@ -91,7 +91,9 @@ class _VocabParallelLogprobs(torch.autograd.Function):
         return grad.to(ctx.logits_dtype), None, None, None
 
 
-def vocab_parallel_logprobs(logits_shard: torch.Tensor, targets: torch.Tensor, vocab_start: int, tp_group) -> torch.Tensor:
+def vocab_parallel_logprobs(
+    logits_shard: torch.Tensor, targets: torch.Tensor, vocab_start: int, tp_group
+) -> torch.Tensor:
     """`[b, s, V/tp]` local logits, `[b, s]` targets -> `[b, s]` fp32 logprobs,
     identical on every TP rank."""
     return _VocabParallelLogprobs.apply(logits_shard, targets, vocab_start, tp_group)

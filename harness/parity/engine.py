@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from harness.parity.findings import Finding, SurfaceResult, Verdict, _MISSING
+from harness.parity.findings import _MISSING, Finding, SurfaceResult, Verdict
 from harness.parity.tolerances import ToleranceTable
 from harness.surfaces.canonical import canonical_bytes, json_pointer
 from harness.surfaces.digest import section_digests
@@ -66,7 +67,7 @@ def _phase_and_key(surface: str, section_id: str, path: tuple, golden_section: A
 
 def _get(node: Any, path: tuple) -> Any:
     for part in path:
-        if isinstance(node, Mapping) and part in node:
+        if isinstance(node, Mapping) and part in node:  # noqa: SIM114 - one branch per container kind
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
@@ -118,7 +119,8 @@ def _deepdiff_paths(golden: Any, actual: Any) -> list[tuple[str, tuple]]:
 def _canonical_residuals(golden: Any, actual: Any, path: tuple = ()) -> list[tuple]:
     """Paths of leaves Python considers equal but whose canonical bytes differ (``-0.0``)."""
     if isinstance(golden, Mapping) and isinstance(actual, Mapping):
-        return [p for key in golden if key in actual for p in _canonical_residuals(golden[key], actual[key], path + (key,))]
+        return [p for key in golden if key in actual
+                for p in _canonical_residuals(golden[key], actual[key], path + (key,))]
     if isinstance(golden, list) and isinstance(actual, list):
         return [p for i, (g, a) in enumerate(zip(golden, actual)) for p in _canonical_residuals(g, a, path + (i,))]
     if canonical_bytes(golden) != canonical_bytes(actual):
@@ -192,7 +194,7 @@ def _diff_section(surface: str, gated: bool, section_id: str, golden: Any, actua
 
 
 def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping[str, Any] | None, *,
-                    tolerances: "ToleranceTable | Sequence[ToleranceRule] | None" = None,
+                    tolerances: ToleranceTable | Sequence[ToleranceRule] | None = None,
                     deterministic: bool = True, normalised: bool = False) -> SurfaceResult:
     """Compare one surface (either side may be None: the surface is missing there)."""
     if name not in SURFACES:
@@ -206,7 +208,8 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
         result.findings.append(Finding(surface=name, section=None, kind=kind, lane="exact", status=failed,
                                        golden=name if golden is not None else _MISSING,
                                        actual=name if actual is not None else _MISSING,
-                                       note=f"surface {name} is missing from the {'actual run' if actual is None else 'golden'}"))
+                                       note=f"surface {name} is missing from the "
+                                            f"{'actual run' if actual is None else 'golden'}"))
         return result
     for side, doc in (("golden", golden), ("actual", actual)):
         if doc.get("surface") != name:
@@ -232,7 +235,8 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
                 lane="exact", status=failed, coords=_coords(present),
                 golden=section_id if section_id in g_digests else _MISSING,
                 actual=section_id if section_id in a_digests else _MISSING,
-                note=f"section {section_id} is missing from the {'actual run' if section_id not in a_digests else 'golden'}"))
+                note=f"section {section_id} is missing from the "
+                     f"{'actual run' if section_id not in a_digests else 'golden'}"))
             continue
         result.findings.extend(_diff_section(name, gated, section_id, g_sections[section_id],
                                              a_sections[section_id], table, deterministic))
@@ -241,7 +245,7 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
 
 
 def compare(golden_docs: Mapping[str, Mapping[str, Any]], actual_docs: Mapping[str, Mapping[str, Any]], *,
-            tolerances: "ToleranceTable | Sequence[ToleranceRule] | None" = None,
+            tolerances: ToleranceTable | Sequence[ToleranceRule] | None = None,
             deterministic: bool = True) -> Verdict:
     """Compare surfaces by name. Unknown surface names or a document whose ``surface``
     field disagrees with its name raise ValueError (unusable input); documents must be

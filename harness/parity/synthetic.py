@@ -34,7 +34,8 @@ QWEN3_235B = Scale(policy_ranks=64, rollout_ranks=8, iterations=3, operators_per
                    collectives_per_step=2000, metrics=40, prompts=64, generations=16,
                    layout=(("tp", 2), ("cp", 2), ("dp", 4), ("pp", 4)))
 
-_OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "send", "recv", "broadcast"]
+_OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "send", "recv",
+        "broadcast"]
 _GROUPS = ["tp", "cp", "ep", "dp", "pp", "dp_cp", "tp_ep", "etp", "edp"]
 _DTYPES = ["float32", "bfloat16", "int64"]
 
@@ -64,14 +65,16 @@ def synthetic_surfaces(workload: str = "synthetic", scale: Scale = SMALL, seed: 
     rng = random.Random(seed)
     op_names = [f"aten::op_{i:03d}" for i in range(scale.operators_per_phase)]
     docs = {name: {"surface": name, "version": 1, "workload": workload, "sections": {}}
-            for name in ("topology", "lifecycle", "operators", "collectives", "rollouts", "training", "memory", "timings")}
+            for name in ("topology", "lifecycle", "operators", "collectives", "rollouts", "training", "memory",
+                         "timings")}
     # one collective pattern per role/phase kind, reused across ranks (as in a real SPMD job)
     patterns = {role: [[rng.choice(_OPS), rng.choice(_GROUPS), rng.choice(_DTYPES), rng.randrange(1, 1 << 22)]
                        for _ in range(scale.collectives_per_step)] for role in ("policy", "rollout")}
     for role, rank, coords in _rank_ids(scale):
         sid = f"{role}/rank{rank:05d}"
         phases = _phases(role, scale.iterations)
-        events = [{"event": "begin_engine_initialization" if p == "engine_init" else "begin", "phase": p} for p in phases]
+        events = [{"event": "begin_engine_initialization" if p == "engine_init" else "begin", "phase": p}
+                  for p in phases]
         events.append({"event": "close", "phase": None})
         docs["lifecycle"]["sections"][sid] = {"coords": coords, "events": events, "closed": True}
         docs["operators"]["sections"][sid] = {"coords": coords, "phases": {
@@ -79,9 +82,11 @@ def synthetic_surfaces(workload: str = "synthetic", scale: Scale = SMALL, seed: 
         docs["collectives"]["sections"][sid] = {"coords": coords, "phases": {
             p: {"outcome": "finished", "collectives": [list(c) for c in patterns[role]]} for p in phases}}
         docs["memory"]["sections"][sid] = {"coords": coords, "phases": {
-            p: {"allocated_bytes": float(rng.randrange(1 << 30, 1 << 34)), "peak_bytes": float(rng.randrange(1 << 30, 1 << 35))}
+            p: {"allocated_bytes": float(rng.randrange(1 << 30, 1 << 34)),
+                "peak_bytes": float(rng.randrange(1 << 30, 1 << 35))}
             for p in phases}}
-        docs["timings"]["sections"][sid] = {"coords": coords, "phases": {p: {"wall_s": rng.uniform(0.1, 30.0)} for p in phases}}
+        docs["timings"]["sections"][sid] = {"coords": coords,
+                                            "phases": {p: {"wall_s": rng.uniform(0.1, 30.0)} for p in phases}}
     for role, count in (("policy", scale.policy_ranks), ("rollout", scale.rollout_ranks)):
         docs["topology"]["sections"][role] = {
             "world_size": count,
@@ -98,7 +103,8 @@ def synthetic_surfaces(workload: str = "synthetic", scale: Scale = SMALL, seed: 
             for gen in range(scale.generations):
                 rid = f"s{step:02d}-p{prompt:03d}-g{gen:02d}"
                 docs["rollouts"]["sections"][rid] = {
-                    "calls": [{"call": 0, "prompt_tokens": rng.randrange(10, 400), "completion_tokens": rng.randrange(1, 800),
+                    "calls": [{"call": 0, "prompt_tokens": rng.randrange(10, 400),
+                               "completion_tokens": rng.randrange(1, 800),
                                "chain_digest": f"{rng.getrandbits(64):016x}", "weight_epoch": step - 1}],
                     "terminal": 0, "decision": "train", "sample_digest": f"{rng.getrandbits(64):016x}"}
     return docs

@@ -20,9 +20,10 @@ matches wins. Errors name the file and the field (``rules[2].reason``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from harness.surfaces.registry import SURFACES, ToleranceRule
 
@@ -62,7 +63,7 @@ class ToleranceTable:
         return None
 
     @classmethod
-    def coerce(cls, value: "ToleranceTable | Sequence[ToleranceRule] | None") -> "ToleranceTable":
+    def coerce(cls, value: ToleranceTable | Sequence[ToleranceRule] | None) -> ToleranceTable:
         if isinstance(value, ToleranceTable):
             return value
         return cls(value or ())
@@ -103,7 +104,9 @@ def parse_tolerances(doc: Any, *, source: str = "tolerances.yaml") -> Tolerances
             if not isinstance(raw.get(required), str) or not raw[required].strip():
                 raise ToleranceFileError(f"{where}.{required}: required, a non-empty string")
         if raw["surface"] not in SURFACES:
-            raise ToleranceFileError(f"{where}.surface: unknown surface {raw['surface']!r}; known: {', '.join(SURFACES)}")
+            raise ToleranceFileError(
+                f"{where}.surface: unknown surface {raw['surface']!r}; known: {', '.join(SURFACES)}"
+            )
         when = raw.get("when", "nondeterministic")
         if when not in ("always", "nondeterministic"):
             raise ToleranceFileError(f"{where}.when: must be 'always' or 'nondeterministic', got {when!r}")
@@ -121,7 +124,7 @@ def parse_tolerances(doc: Any, *, source: str = "tolerances.yaml") -> Tolerances
     return TolerancesFile(tuple(rules), deterministic)
 
 
-def load_tolerances(path: "str | Path") -> TolerancesFile:
+def load_tolerances(path: str | Path) -> TolerancesFile:
     """Read and validate a tolerances.yaml (safe YAML loader)."""
     import yaml
 

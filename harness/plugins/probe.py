@@ -26,7 +26,7 @@ def probe(class_path: str, methods: list[str]) -> dict[str, object]:
         return result
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the probe reports any import failure
         result["error"] = f"could not import module {module_name!r}: {type(exc).__name__}: {exc}"
         return result
     result["module_file"] = getattr(module, "__file__", None)

@@ -137,7 +137,9 @@ class RolloutProfilerHooks:
             return
         self._check_usable()
         if self._init_state != _INIT_NONE:
-            raise RuntimeError(f"the rollout profiler engine-initialization window was already begun ({self._init_state})")
+            raise RuntimeError(
+                f"the rollout profiler engine-initialization window was already begun ({self._init_state})"
+            )
         self._token = self._profiler.begin_engine_initialization()
         self._init_state = _INIT_OPEN
 

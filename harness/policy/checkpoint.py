@@ -61,9 +61,13 @@ class ShardedCheckpoint:
             raise FileNotFoundError(f"{marker}: checkpoint is incomplete or missing (no completion marker)")
         meta = json.loads(marker.read_text())
         if meta.get("backend", "native") != self.backend:
-            raise ValueError(f"{marker}: saved by the {meta.get('backend', 'native')} backend, this policy is {self.backend}")
+            raise ValueError(
+                f"{marker}: saved by the {meta.get('backend', 'native')} backend, this policy is {self.backend}"
+            )
         if meta["world"] != dist.get_world_size():
-            raise ValueError(f"{marker}: saved with world {meta['world']}, this policy has {dist.get_world_size()} ranks")
+            raise ValueError(
+                f"{marker}: saved with world {meta['world']}, this policy has {dist.get_world_size()} ranks"
+            )
         path = d / f"rank{self.rank:05d}.pt"
         state = torch.load(path, weights_only=False)
         if state["coords"] != dict(self.coords):

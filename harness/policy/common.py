@@ -12,7 +12,8 @@ provides ``rank``, ``coords``, ``mbs`` (microbatch size), ``named``
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist

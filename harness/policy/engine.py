@@ -27,26 +27,22 @@ metric is already combined over microbatches and DP ranks.
 from __future__ import annotations
 
 import datetime
-
 import os
 import random
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from harness.policy.checkpoint import CHECKPOINT_MARKER, ShardedCheckpoint  # noqa: F401
-from harness.policy.common import TRAIN_KEYS, EngineCommon  # noqa: F401
-from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, SplitTrainStep  # noqa: F401
 from harness.algos.loss import (
     ClippedPGLoss,
     global_valid_counts,
 )
+from harness.devices import local_device, moved
 from harness.model.config import ModelConfig
 from harness.model.parallel_model import ParallelQwen3Moe
 from harness.model.qwen3_moe import build_reference_model
-from harness.devices import local_device, moved
-from harness.parallel.rendezvous import join_store
 from harness.parallel import data as dp_data
 from harness.parallel import settle
 from harness.parallel.groups import (
@@ -57,8 +53,10 @@ from harness.parallel.groups import (
     validate_policy_layout,
 )
 from harness.parallel.pipeline import run_pipeline, stage_info
-
-
+from harness.parallel.rendezvous import join_store
+from harness.policy.checkpoint import CHECKPOINT_MARKER, ShardedCheckpoint  # noqa: F401
+from harness.policy.common import TRAIN_KEYS, EngineCommon  # noqa: F401
+from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, SplitTrainStep  # noqa: F401
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
@@ -281,7 +279,9 @@ class PolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
             dim = dims[name]
             out[name] = parts[0] if dim is None else torch.cat([parts[r] for r in sorted(parts)], dim=dim)
             if tuple(out[name].shape) != self.full_shapes[name]:
-                raise RuntimeError(f"hf_state_dict: {name} assembled to {tuple(out[name].shape)}, expected {self.full_shapes[name]}")
+                raise RuntimeError(
+                    f"hf_state_dict: {name} assembled to {tuple(out[name].shape)}, expected {self.full_shapes[name]}"
+                )
         return out
 
     # -- checkpoints ----------------------------------------------------------------------

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ray
 import torch
@@ -23,7 +24,6 @@ from harness.parallel.groups import validate_policy_layout
 from harness.parallel.rendezvous import HeldStore
 from harness.policy.local_world import shard_for_dp
 from harness.policy.worker import PolicyWorker
-
 
 DEATH_GRACE_S = 10.0
 
@@ -74,9 +74,15 @@ class PolicyGroup:
             self.shutdown()
             raise
         last = policy["pp"] - 1
-        self.metrics_rank = next(r for r, c in enumerate(self.coords) if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == 0)
+        self.metrics_rank = next(
+            r for r, c in enumerate(self.coords) if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == 0
+        )
         self.output_ranks = [
-            next(r for r, c in enumerate(self.coords) if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == d)
+            next(
+                r
+                for r, c in enumerate(self.coords)
+                if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == d
+            )
             for d in range(self.dp)
         ]
 
@@ -190,16 +196,16 @@ class PolicyGroup:
         for w in workers:
             try:
                 refs.append(w.shutdown.remote())
-            except Exception:
+            except Exception:  # noqa: BLE001 - best-effort shutdown
                 pass
         try:  # one bound for all ranks (a dead raylet answers none of them)
             ray.wait(refs, num_returns=len(refs), timeout=30)
-        except Exception:
+        except Exception:  # noqa: BLE001 - best-effort shutdown
             pass
         for w in workers:
             try:
                 ray.kill(w)
-            except Exception:
+            except Exception:  # noqa: BLE001 - best-effort shutdown
                 pass
         store = getattr(self, "_store", None)
         if store is not None:

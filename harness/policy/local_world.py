@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 import io
 import traceback
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -35,8 +36,9 @@ def world_size(spec: Mapping[str, Any]) -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
-    from harness.policy.engine import create_engine, init_distributed
     import torch.distributed as dist
+
+    from harness.policy.engine import create_engine, init_distributed
 
     try:
         init_distributed(rank, world, "127.0.0.1", port)
@@ -50,7 +52,7 @@ def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
         buf = io.BytesIO()  # plain bytes: shared-memory tensors would die with this process
         torch.save(result, buf)
         queue.put((rank, "ok", buf.getvalue()))
-    except BaseException as exc:  # report, never hang the parent
+    except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
         queue.put((rank, "error", f"{exc!r}\n{traceback.format_exc()}"))
     finally:
         if dist.is_initialized():
@@ -134,7 +136,10 @@ def shard_for_dp(batch: Mapping[str, torch.Tensor], dp: int, dp_rank: int) -> di
 
 def checksums(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[float, float, float]]:
     """{name: (sum, sum of squares, sum of |x|)} in float64."""
-    return {k: (float(v.double().sum()), float(v.double().pow(2).sum()), float(v.double().abs().sum())) for k, v in state.items()}
+    return {
+        k: (float(v.double().sum()), float(v.double().pow(2).sum()), float(v.double().abs().sum()))
+        for k, v in state.items()
+    }
 
 
 def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: int, ckpt_dir: str) -> dict[str, Any]:

@@ -20,7 +20,8 @@ metrics), ``split_dp_group`` (the group the counts are summed over) and
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -18,7 +18,8 @@ process group (gloo on CPU, nccl on cuda) over the policy world, seeds from
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ray
 import torch
@@ -129,7 +130,10 @@ class PolicyWorkerImpl:
     def parameter_checksums(self) -> dict[str, list[float]]:
         """{HF name: [sum, sum of squares]} in float64, on rank 0 ({} elsewhere)."""
         sd = self.engine.hf_state_dict()
-        return {k: [float(v.double().sum()), float(v.double().pow(2).sum()), float(v.double().abs().sum())] for k, v in sd.items()}
+        return {
+            k: [float(v.double().sum()), float(v.double().pow(2).sum()), float(v.double().abs().sum())]
+            for k, v in sd.items()
+        }
 
     def stream_weights(self, transport: str, **kw: Any) -> Any:
         """Gather full weights (collective) and send them from policy rank 0

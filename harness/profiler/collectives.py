@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -108,7 +108,7 @@ def _group_kind(args: tuple[Any, ...], kwargs: dict[str, Any], namespace: str) -
         elif isinstance(value, torch.ScriptObject):
             try:
                 pg = c10d.ProcessGroup.unbox(value)
-            except Exception:  # some other TorchScript object (e.g. ReduceOp)
+            except Exception:  # noqa: BLE001 - some other TorchScript object (e.g. ReduceOp)
                 pg = None
         if pg is not None:
             return str(getattr(pg, "group_desc", "") or getattr(pg, "group_name", "unknown"))
@@ -118,7 +118,7 @@ def _group_kind(args: tuple[Any, ...], kwargs: dict[str, Any], namespace: str) -
             if isinstance(value, str):
                 try:
                     pg = c10d._resolve_process_group(value)
-                except Exception:
+                except Exception:  # noqa: BLE001 - not a resolvable group name
                     continue
                 return str(pg.group_desc or pg.group_name)
     return "unknown"
@@ -268,7 +268,7 @@ def install_kernels() -> int:
     with _install_lock:
         if _installed is not None:
             return _installed
-        import torch.distributed  # noqa: F401  (registers the c10d ops)
+        import torch.distributed  # registers the c10d ops
 
         wrapped = 0
         for namespace in COLLECTIVE_NAMESPACES:
@@ -330,7 +330,7 @@ class KernelCollectiveRecorder:
             )
         return self.entries
 
-    def __enter__(self) -> KernelCollectiveRecorder:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -393,7 +393,9 @@ def CollectiveRecorder(method: str | None = None) -> KernelCollectiveRecorder | 
     method = method or resolve_method()
     if method == "kernel":
         if not kernel_method_available():
-            raise RuntimeError("this torch lacks what the kernel method needs (dispatch keyset helpers, TLS object stash)")
+            raise RuntimeError(
+                "this torch lacks what the kernel method needs (dispatch keyset helpers, TLS object stash)"
+            )
         return KernelCollectiveRecorder()
     if method == "mode":
         return ModeCollectiveRecorder()

@@ -233,7 +233,7 @@ class PhaseProbe:
                 )
                 try:
                     profiler.start()
-                except Exception as exc:  # another tool's profiler session is active
+                except Exception as exc:  # noqa: BLE001 - another tool's profiler session is active
                     self._problems.append(f"torch.profiler could not start: {exc!r}")
                 else:
                     self._profiler = profiler

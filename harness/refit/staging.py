@@ -35,7 +35,7 @@ class StagingBuffer:
     tensor: torch.Tensor
 
     @classmethod
-    def create(cls, nbytes: int, directory: str | None = None) -> "StagingBuffer":
+    def create(cls, nbytes: int, directory: str | None = None) -> StagingBuffer:
         if nbytes <= 0:
             raise ValueError(f"staging buffer size must be positive, got {nbytes}")
         directory = directory or default_staging_dir()

@@ -308,7 +308,7 @@ def receive_weights_zmq(
                     load_fn(views)
                     manifest.loaded.update(names)
                     stats.loaded.extend(names)
-                except Exception as exc:  # recorded; the stream goes on
+                except Exception as exc:  # noqa: BLE001 - recorded; the stream goes on
                     manifest.errors.append(f"group starting at {names[0] if names else '?'}: {exc}")
                 finally:
                     views, buffer = [], None

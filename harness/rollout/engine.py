@@ -538,7 +538,9 @@ class Engine:
             return partials
         sizes = [p.shape[0] for p in partials]
         stacked = torch.cat(partials, dim=0).contiguous()
-        flat = torch.empty((self.plan.tp_size * stacked.shape[0], *stacked.shape[1:]), dtype=stacked.dtype, device=stacked.device)
+        flat = torch.empty(
+            (self.plan.tp_size * stacked.shape[0], *stacked.shape[1:]), dtype=stacked.dtype, device=stacked.device
+        )
         _all_gather_flat(flat, stacked, self.tp_group)
         gathered = flat.view(self.plan.tp_size, *stacked.shape)
         total = gathered[0].clone()
@@ -603,7 +605,9 @@ class Engine:
         return out
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(Fn.rms_norm(x, self.params["model.norm.weight"], self.cfg.rms_eps), self.params["lm_head.weight"])
+        return F.linear(
+            Fn.rms_norm(x, self.params["model.norm.weight"], self.cfg.rms_eps), self.params["lm_head.weight"]
+        )
 
     # -- model: many one-token rows together (batched decode) -------------------------
 
@@ -628,7 +632,7 @@ class Engine:
             probs = torch.softmax(scores, dim=-1)
         return torch.bmm(probs, v.view(n * hq, length, d)).view(n, hq * d)
 
-    def _decode_attention(self, li: int, x: torch.Tensor, dec: "_DecodeBatch") -> torch.Tensor:
+    def _decode_attention(self, li: int, x: torch.Tensor, dec: _DecodeBatch) -> torch.Tensor:
         """o_proj partial ``[B, H]`` for one-token rows ``x`` (rows ordered by cache length)."""
         plan, layer = self.plan, self._layers[li]
         b, d = x.shape[0], self.cfg.head_dim
@@ -648,7 +652,9 @@ class Engine:
         for (g0, g1, length), heads in zip(dec.groups, dec.group_heads):
             k_all, v_all = self.kv.gather(li, heads, length)
             n = g1 - g0
-            outs.append(self._grouped_attention(qk[g0:g1, :hq], k_all.view(n, hq, length, d), v_all.view(n, hq, length, d)))
+            outs.append(
+                self._grouped_attention(qk[g0:g1, :hq], k_all.view(n, hq, length, d), v_all.view(n, hq, length, d))
+            )
         (out,) = layer.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
         return out
 
@@ -672,7 +678,7 @@ class Engine:
 
     @torch.no_grad()
     def _forward(
-        self, rows: Sequence[tuple[int, int, list[int]]], decode: "_DecodeBatch | None" = None
+        self, rows: Sequence[tuple[int, int, list[int]]], decode: _DecodeBatch | None = None
     ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """One step: a batched-decode block ``decode`` (or None) and per-request ``rows``
         ``(slot, start_position, new_token_ids)``. Returns (decode logits ``[B, V]`` or
@@ -844,7 +850,7 @@ class _DecodeBatch:
     group_heads: list[torch.Tensor]  # per group: KVCachePool.head_index of (slot, kv head of each q head)
 
     @classmethod
-    def build(cls, engine: Engine, seqs: list[_Sequence]) -> "_DecodeBatch":
+    def build(cls, engine: Engine, seqs: list[_Sequence]) -> _DecodeBatch:
         seqs = sorted(seqs, key=lambda s: s.cached)
         for s in seqs:
             if len(s.tokens) - s.cached != 1:

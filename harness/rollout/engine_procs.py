@@ -37,7 +37,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def engine_process_main(conn: Any, spec: dict, tp_rank: int, tp_size: int, port: int, profiler_rank: int, env: dict) -> None:
+def engine_process_main(
+    conn: Any, spec: dict, tp_rank: int, tp_size: int, port: int, profiler_rank: int, env: dict
+) -> None:
     """Entry point of one internal engine process (picklable, module level)."""
     _die_with_parent()
     os.environ.update(env)
@@ -60,7 +62,7 @@ def engine_process_main(conn: Any, spec: dict, tp_rank: int, tp_size: int, port:
 
             worker = EngineWorker(spec, tp_rank=tp_rank, tp_size=tp_size, tp_group=group, profiler_rank=profiler_rank)
             conn.send(("ok", os.getpid()))
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - reported to the parent process
             conn.send(("err", traceback.format_exc()))
             return
         while True:
@@ -73,13 +75,13 @@ def engine_process_main(conn: Any, spec: dict, tp_rank: int, tp_size: int, port:
                 break
             try:
                 conn.send(("ok", getattr(worker, method)(*args, **kwargs)))
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - reported to the parent process
                 conn.send(("err", traceback.format_exc()))
     finally:
         if worker is not None:
             try:
                 worker.close_side_groups()
-            except Exception:
+            except Exception:  # noqa: BLE001 - best-effort cleanup
                 pass
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -97,7 +99,9 @@ class EngineProcesses:
         self.pids = [p.pid for p in processes]
 
     @classmethod
-    def start(cls, spec: Mapping[str, Any], *, tp_size: int, rank_prefix: int, label: str, env: Mapping[str, str]) -> "EngineProcesses":
+    def start(
+        cls, spec: Mapping[str, Any], *, tp_size: int, rank_prefix: int, label: str, env: Mapping[str, str]
+    ) -> EngineProcesses:
         """Spawn ``tp_size`` processes and wait until every engine is built and warmed up."""
         from harness.parallel.rendezvous import HeldStore
 

@@ -57,7 +57,7 @@ def resolve_eos_token_id(spec: Mapping[str, Any]) -> int | None:
         return None
     try:
         return int(load_tokenizer().eos_token_id)
-    except Exception:  # no fixture tokenizer in this checkout
+    except Exception:  # noqa: BLE001 - no fixture tokenizer in this checkout
         log.warning("no tokenizer available; the rollout engine stops on max tokens only")
         return None
 

@@ -80,7 +80,9 @@ def sample_rows(
         temps = torch.tensor([float(temperatures[i]) for i in plain], dtype=torch.float32, device=logits.device)
         logp = torch.log_softmax(rows / temps.view(-1, 1), dim=-1)
         cdf = torch.cumsum(logp.to(torch.float64).exp(), dim=-1)
-        u = moved(torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in plain]), cdf.device)
+        u = moved(
+            torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in plain]), cdf.device
+        )
         u = (u * cdf[:, -1]).view(-1, 1)
         picked = torch.searchsorted(cdf, u, right=True).clamp_max(vocab - 1)
         lp = logp.gather(-1, picked)

@@ -259,7 +259,7 @@ class RolloutWorker:
                 batch, self._pending = self._pending, []
             try:
                 results = await self._generate_batch([request for request, _ in batch])
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - every failure goes to the waiting requests
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
@@ -356,7 +356,7 @@ class RolloutWorker:
                     self._local.close_side_groups()
                 elif self._procs is not None:
                     self._procs.call("close_side_groups")
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - re-raised after cleanup
             error = exc
         finally:
             stop_engine = getattr(self._local, "shutdown_engine", None)  # the in-actor vLLM engine

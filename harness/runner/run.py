@@ -18,9 +18,9 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from harness.artifacts import layout
 from harness.runner.environment import collect_environment, git_commit

@@ -16,8 +16,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Self
 
 import ray
 import torch
@@ -52,7 +53,7 @@ class Session:
         self._started_ray = False
 
     # -- start-up ------------------------------------------------------------
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Self:
         try:
             self._start()
         except BaseException:
@@ -217,7 +218,6 @@ def _finite_or_text(value):
 
 def _append_jsonl(path: Path, records: list[dict]) -> None:
     with open(path, "a") as fh:
-        for rec in records:
-            fh.write(json.dumps(_finite_or_text(rec), sort_keys=True, allow_nan=False) + "\n")
+        fh.writelines(json.dumps(_finite_or_text(rec), sort_keys=True, allow_nan=False) + "\n" for rec in records)
         fh.flush()
         os.fsync(fh.fileno())

@@ -17,8 +17,9 @@ Input: a *loaded* spec (defaults filled, schema-valid). Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from harness.spec.errors import TopologyError
 
@@ -122,11 +123,13 @@ RULES: tuple[Rule, ...] = (
          lambda s: f"{_m(s)['experts']} experts cannot be split evenly over ep={_p(s)['ep']}"),
     Rule("policy.etp", "(policy.tp * policy.cp * policy.dp) % policy.etp == 0",
          lambda s: (_p(s)["tp"] * _p(s)["cp"] * _p(s)["dp"]) % _p(s)["etp"] == 0,
-         lambda s: f"etp={_p(s)['etp']} does not divide the tp*cp*dp={_p(s)['tp'] * _p(s)['cp'] * _p(s)['dp']} ranks of a pipeline stage"),
+         lambda s: (f"etp={_p(s)['etp']} does not divide the "
+                    f"tp*cp*dp={_p(s)['tp'] * _p(s)['cp'] * _p(s)['dp']} ranks of a pipeline stage")),
     Rule("policy.ep", "(policy.tp * policy.cp * policy.dp) % (policy.etp * policy.ep) == 0",
          lambda s: (_p(s)["tp"] * _p(s)["cp"] * _p(s)["dp"]) % (_p(s)["etp"] * _p(s)["ep"]) == 0,
          lambda s: (f"the expert grid etp*ep={_p(s)['etp'] * _p(s)['ep']} must divide the "
-                    f"tp*cp*dp={_p(s)['tp'] * _p(s)['cp'] * _p(s)['dp']} ranks of a pipeline stage (MoE parallel folding)")),
+                    f"tp*cp*dp={_p(s)['tp'] * _p(s)['cp'] * _p(s)['dp']} ranks of a pipeline stage "
+                    "(MoE parallel folding)")),
     Rule("policy.tp", "model.heads % policy.tp == 0",
          lambda s: _m(s)["heads"] % _p(s)["tp"] == 0,
          lambda s: f"{_m(s)['heads']} attention heads cannot be split over tp={_p(s)['tp']}"),
@@ -153,7 +156,8 @@ RULES: tuple[Rule, ...] = (
          _pp_layout_ok,
          lambda s: (f"pp_layout {_p(s)['pp_layout']} does not split {_m(s)['layers']} layers into pp={_p(s)['pp']} "
                     "stages (first, equal middles, last)")),
-    Rule("policy.seq_len", "policy.seq_len % ((2*policy.cp if policy.cp > 1 else 1) * (policy.tp if policy.sp else 1)) == 0",
+    Rule("policy.seq_len",
+         "policy.seq_len % ((2*policy.cp if policy.cp > 1 else 1) * (policy.tp if policy.sp else 1)) == 0",
          lambda s: _p(s)["seq_len"] % _seq_divisor(s) == 0,
          lambda s: (f"seq_len={_p(s)['seq_len']} must be a multiple of {_seq_divisor(s)} "
                     "(2*cp load-balanced chunks when cp > 1, each split over tp under sequence parallel)")),
@@ -208,10 +212,12 @@ RULES: tuple[Rule, ...] = (
          lambda s: f"{_m(s)['heads']} attention heads cannot be split over rollout tp={_r(s)['tp']}"),
     Rule("rollout.tp", "model.kv_heads % rollout.tp == 0 or rollout.tp % model.kv_heads == 0",
          lambda s: _m(s)["kv_heads"] % _r(s)["tp"] == 0 or _r(s)["tp"] % _m(s)["kv_heads"] == 0,
-         lambda s: f"kv_heads={_m(s)['kv_heads']} can be neither split over nor replicated across rollout tp={_r(s)['tp']}"),
+         lambda s: (f"kv_heads={_m(s)['kv_heads']} can be neither split over nor replicated across "
+                    f"rollout tp={_r(s)['tp']}")),
     Rule("rollout.tp", "model.vocab % rollout.tp == 0 and model.hidden % rollout.tp == 0",
          lambda s: _m(s)["vocab"] % _r(s)["tp"] == 0 and _m(s)["hidden"] % _r(s)["tp"] == 0,
-         lambda s: f"vocab={_m(s)['vocab']} and hidden={_m(s)['hidden']} must be divisible by rollout tp={_r(s)['tp']}"),
+         lambda s: (f"vocab={_m(s)['vocab']} and hidden={_m(s)['hidden']} must be divisible by "
+                    f"rollout tp={_r(s)['tp']}")),
     # --- placement ---------------------------------------------------------
     Rule("rollout.engines", "not rollout.colocated or rollout_world <= policy_world",
          lambda s: not _r(s)["colocated"] or rollout_world(s) <= policy_world(s),

@@ -27,7 +27,7 @@ class SpecError(ValueError):
         where = f"{self.source}: " if self.source else ""
         return f"{where}{self.field}: {self.message}"
 
-    def with_source(self, source: str) -> "SpecError":
+    def with_source(self, source: str) -> SpecError:
         """Return the same error attributed to ``source`` (keeps the subclass)."""
         self.source = source
         self.args = (self._render(),)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from harness.spec.errors import SpecError
 from harness.spec.yaml_io import parse_scalar

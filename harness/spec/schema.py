@@ -15,9 +15,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Iterator
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Iterator
+from typing import Any
 
 from harness.spec.errors import SpecError
 
@@ -89,7 +90,9 @@ def _to_spec_error(error: Any) -> SpecError:
     if kind == "uniqueItems":
         return SpecError(field, f"items must be unique, got {value!r}")
     if kind == "oneOf" and field.endswith("pp_layout"):
-        return SpecError(field, f"must be null or [first_stage_layers, last_stage_layers] (two ints >= 1), got {value!r}")
+        return SpecError(
+            field, f"must be null or [first_stage_layers, last_stage_layers] (two ints >= 1), got {value!r}"
+        )
     return SpecError(field, error.message)
 
 
@@ -167,4 +170,5 @@ def defaults_tree(node: dict[str, Any] | None = None, prefix: str = "") -> dict[
 def section_defaults(section: str) -> dict[str, Any]:
     """The defaults of one spec block as a dict, e.g. ``section_defaults("grpo.loss")``."""
     prefix = section + "."
-    return {k[len(prefix):]: v for k, v in defaults_tree().items() if k.startswith(prefix) and "." not in k[len(prefix):]}
+    return {k[len(prefix):]: v for k, v in defaults_tree().items()
+            if k.startswith(prefix) and "." not in k[len(prefix):]}

@@ -29,10 +29,11 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from harness.manifest.build import SCHEMA_VERSION
 from harness.manifest.validate import validate_manifest
@@ -135,7 +136,7 @@ def _recover_locked(workload_dir: Path, platform: str) -> list[Path]:
     return removed
 
 
-def recover(root: "str | Path", workload: str, platform: str) -> list[Path]:
+def recover(root: str | Path, workload: str, platform: str) -> list[Path]:
     """Clean up after interrupted writes of one golden; returns the leftovers handled."""
     target = layout.golden_dir(root, workload, platform)
     if not target.parent.is_dir():
@@ -179,7 +180,7 @@ def _golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[
     return files
 
 
-def write_golden(root: "str | Path", workload: str, platform: str, manifest: Mapping[str, Any],
+def write_golden(root: str | Path, workload: str, platform: str, manifest: Mapping[str, Any],
                  surfaces: Mapping[str, Mapping[str, Any]], provenance: Mapping[str, Any], *,
                  tolerances: str | None = None) -> Path:
     """Atomically create or replace ``<root>/<workload>/<platform>/``; returns its path.
@@ -219,7 +220,7 @@ def write_golden(root: "str | Path", workload: str, platform: str, manifest: Map
 
 # --- read ----------------------------------------------------------------------------
 
-def read_golden(root: "str | Path", workload: str, platform: str) -> Golden:
+def read_golden(root: str | Path, workload: str, platform: str) -> Golden:
     """Read a complete golden (after recovering from any interrupted write).
 
     Raises FileNotFoundError if there is no golden, GoldenStoreError if a file is
@@ -290,7 +291,7 @@ def load_strict_bytes(files: Mapping[str, bytes], rel: str, base: Path) -> Any:
     return loads_strict(files[rel], source=str(base / rel))
 
 
-def read_golden_dir(path: "str | Path") -> Golden:
+def read_golden_dir(path: str | Path) -> Golden:
     """Read a golden directory given by path (``.../<workload>/<platform>``)."""
     path = Path(path).resolve()
     return read_golden(path.parent.parent, path.parent.name, path.name)

@@ -38,7 +38,7 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
-def golden_dir(root: "str | Path", workload: str, platform: str) -> Path:
+def golden_dir(root: str | Path, workload: str, platform: str) -> Path:
     return Path(root) / check_name("workload", workload) / check_name("platform", platform)
 
 

@@ -89,7 +89,7 @@ def _damage(golden: Path, rel: str) -> list[LintFinding]:
     return []
 
 
-def lint(goldens_root: "str | Path") -> list[LintFinding]:
+def lint(goldens_root: str | Path) -> list[LintFinding]:
     """All lint findings under ``goldens_root`` (sorted by path, then kind)."""
     root = Path(goldens_root)
     if not root.is_dir():

@@ -21,7 +21,7 @@ PROVENANCE_FIELDS = ("commit", "date", "reason", "command", "environment", "tole
 def new_provenance(*, commit: str | None, reason: str, command: str, environment: dict,
                    tolerance_evidence: dict | None = None, date: str | None = None) -> dict:
     """A provenance dict; ``date`` defaults to now in UTC."""
-    date = date or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    date = date or _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
     return {"commit": commit, "date": date, "reason": reason, "command": command,
             "environment": dict(environment), "tolerance_evidence": tolerance_evidence}
 
@@ -40,7 +40,9 @@ def provenance_errors(doc: Any) -> list[str]:
         errors.append("command: must be a string")
     if "environment" in doc and not isinstance(doc["environment"], dict):
         errors.append("environment: must be an object")
-    if "tolerance_evidence" in doc and not (doc["tolerance_evidence"] is None or isinstance(doc["tolerance_evidence"], dict)):
+    if "tolerance_evidence" in doc and not (
+        doc["tolerance_evidence"] is None or isinstance(doc["tolerance_evidence"], dict)
+    ):
         errors.append("tolerance_evidence: must be an object or null")
     if "date" in doc:
         try:

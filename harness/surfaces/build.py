@@ -11,8 +11,9 @@ times, pids, tokens of the init window) are left out or dropped later by
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness.artifacts import layout
 from harness.artifacts.segments import merge_segments

@@ -59,12 +59,12 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def json_pointer(parts: "tuple[Any, ...] | list[Any]") -> str:
+def json_pointer(parts: tuple[Any, ...] | list[Any]) -> str:
     """RFC 6901 pointer for a path of keys/indices (``()`` is the empty pointer ``""``)."""
     return "".join("/" + _escape(str(p)) for p in parts)
 
 
-def find_non_finite(value: Any, _path: tuple = ()) -> "tuple[tuple, float] | None":
+def find_non_finite(value: Any, _path: tuple = ()) -> tuple[tuple, float] | None:
     """Path and value of the first NaN/inf float in ``value`` (depth first, keys sorted), or None."""
     stack: list[tuple[tuple, Any]] = [(_path, value)]
     while stack:
@@ -117,7 +117,7 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
-def _find_placeholder(value: Any) -> "tuple[tuple, str] | None":
+def _find_placeholder(value: Any) -> tuple[tuple, str] | None:
     stack: list[tuple[tuple, Any]] = [((), value)]
     while stack:
         path, node = stack.pop()
@@ -132,7 +132,7 @@ def _find_placeholder(value: Any) -> "tuple[tuple, str] | None":
     return None
 
 
-def loads_strict(text: "str | bytes", *, source: str = "") -> Any:
+def loads_strict(text: str | bytes, *, source: str = "") -> Any:
     """Parse strict JSON. Raises StrictJSONError with ``pointer`` set for NaN/Infinity tokens."""
     saw_constant = False
 
@@ -155,7 +155,7 @@ def loads_strict(text: "str | bytes", *, source: str = "") -> Any:
     return value
 
 
-def load_strict(path: "str | Path") -> Any:
+def load_strict(path: str | Path) -> Any:
     """``loads_strict`` of a file's bytes; the file path is named in every error."""
     path = Path(path)
     return loads_strict(path.read_bytes(), source=str(path))

@@ -14,7 +14,8 @@ Invariants
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from harness.surfaces.canonical import canonical_bytes
 

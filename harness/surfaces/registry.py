@@ -35,11 +35,12 @@ idempotent: ``normalise(normalise(d)) == normalise(d)``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from functools import lru_cache
+from functools import cache
 from importlib import resources
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 __all__ = [
     "ToleranceRule",
@@ -74,7 +75,9 @@ class ToleranceRule:
         for name in ("abs", "rel"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")):
-                raise ValueError(f"tolerance for {self.surface}:{self.key}: {name} must be a finite number >= 0, got {value!r}")
+                raise ValueError(
+                    f"tolerance for {self.surface}:{self.key}: {name} must be a finite number >= 0, got {value!r}"
+                )
         if self.when not in ("always", "nondeterministic"):
             raise ValueError(f"tolerance for {self.surface}:{self.key}: when must be 'always' or 'nondeterministic'")
 
@@ -150,7 +153,7 @@ def get_spec(name: str) -> SurfaceSpec:
         raise KeyError(f"unknown surface {name!r}; known: {', '.join(SURFACES)}") from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _schema_text(name: str) -> str:
     return resources.files("harness.surfaces").joinpath("schemas", f"{name}.schema.json").read_text()
 
@@ -161,7 +164,7 @@ def schema_for(name: str) -> dict:
     return json.loads(_schema_text(name))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(name: str):
     import jsonschema  # light, but only needed when validating
 

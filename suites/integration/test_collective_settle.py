@@ -9,6 +9,7 @@ depend on thread timing. Real 2-rank gloo jobs (torch.multiprocessing).
 
 from __future__ import annotations
 
+import ast
 import collections
 import os
 
@@ -60,7 +61,7 @@ def _counts_after_collectives(rank: int, store_file: str, out_dir: str) -> None:
 def test_collectives_release_their_tensors_before_returning(tmp_path):
     mp.spawn(_counts_after_collectives, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
     for rank in (0, 1):
-        seen = eval((tmp_path / f"rank{rank}.txt").read_text())  # our own repr
+        seen = ast.literal_eval((tmp_path / f"rank{rank}.txt").read_text())  # our own repr
         expected = {f"{op}:1": ITERATIONS for op in
                     ("all_gather_into_tensor", "all_reduce", "all_to_all_single", "exchange", "reduce_scatter_tensor")}
         assert seen == expected, f"rank {rank}: tensors still referenced after the call: {seen}"

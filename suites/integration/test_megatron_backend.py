@@ -23,16 +23,16 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 
-from harness.model.config import ModelConfig  # noqa: E402
-from harness.model.qwen3_moe import build_reference_model  # noqa: E402
-from harness.policy.local_world import (  # noqa: E402
+from harness.model.config import ModelConfig
+from harness.model.qwen3_moe import build_reference_model
+from harness.policy.local_world import (
     checksums,
     spawn_world,
     synthetic_batch,
     with_layout,
 )
-from harness.policy.megatron.local_world import curve_job  # noqa: E402
-from harness.spec import load_spec  # noqa: E402
+from harness.policy.megatron.local_world import curve_job
+from harness.spec import load_spec
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -52,7 +52,9 @@ BATCH = 8
 
 def _spec(backend: str, **layout):
     spec = load_spec("goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
-    base = with_layout(spec, **{"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 1, "pp_layout": None, "backend": backend, **layout})
+    base = with_layout(
+        spec, **{"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 1, "pp_layout": None, "backend": backend, **layout}
+    )
     base["policy"]["optimizer"] = {**base["policy"]["optimizer"], "eps": 1e-6}
     return base
 
@@ -72,7 +74,9 @@ def native(tmp_path_factory):
 @pytest.fixture(scope="module")
 def megatron_1rank(native, tmp_path_factory):
     batch, _ = native
-    (res,) = spawn_world(_spec("megatron"), curve_job, batch, STEPS, str(tmp_path_factory.mktemp("m1")), timeout_s=240.0)
+    (res,) = spawn_world(
+        _spec("megatron"), curve_job, batch, STEPS, str(tmp_path_factory.mktemp("m1")), timeout_s=240.0
+    )
     return res
 
 
@@ -91,7 +95,9 @@ def _compare(name: str, ref: dict, results: list[dict], dp: int, pp: int, what: 
         for path in ("mono", "split"):
             for step, (m, x) in enumerate(zip(r[path], ref[path])):
                 for key in ("loss", "grad_norm"):
-                    assert _rel(x[key], m[key]) <= REL, f"{name} {path} step {step} {key}: {what} {x[key]} megatron {m[key]}"
+                    assert _rel(x[key], m[key]) <= REL, (
+                        f"{name} {path} step {step} {key}: {what} {x[key]} megatron {m[key]}"
+                    )
                 assert m["global_valid_toks"] == x["global_valid_toks"]
     for k, (s, sq, ab) in ref["mono_sums"].items():
         ms, msq, mab = r0["mono_sums"][k]
@@ -156,7 +162,12 @@ def test_megatron_golden_collectives_name_their_groups():
 
     path = Path(__file__).parents[2] / "goldens/qwen3_moe_tiny_megatron_tp2pp2ep2/cpu/surfaces/collectives.json"
     doc = json.loads(path.read_text())
-    seen = {(op, kind) for sec in doc["sections"].values() for ph in sec["phases"].values() for op, kind, *_ in ph["collectives"]}
+    seen = {
+        (op, kind)
+        for sec in doc["sections"].values()
+        for ph in sec["phases"].values()
+        for op, kind, *_ in ph["collectives"]
+    }
     kinds = {k for _, k in seen}
     assert kinds <= {"tp", "pp", "dp", "ep", "edp", "tp_ep", "default_pg", "rollout_tp"}, kinds
     for pair in [("all_to_all_single", "ep"), ("reduce_scatter_tensor", "tp"), ("all_gather_into_tensor", "tp"),

@@ -30,8 +30,8 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 
-from harness import flows  # noqa: E402
-from harness.dataplane.store import DataPlaneStore  # noqa: E402
+from harness import flows
+from harness.dataplane.store import DataPlaneStore
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -66,7 +66,9 @@ def test_native_and_megatron_loss_curves_match(tmp_path):
     for n, m in zip(native, megatron):
         step, a, b = n["step"], n["metrics"], m["metrics"]
         assert m["step"] == step
-        assert abs(a["loss"] - b["loss"]) <= LOSS_ATOL + REL * abs(a["loss"]), f"step {step} loss: {a['loss']} vs {b['loss']}"
+        assert abs(a["loss"] - b["loss"]) <= LOSS_ATOL + REL * abs(a["loss"]), (
+            f"step {step} loss: {a['loss']} vs {b['loss']}"
+        )
         for key in CLOSE:
             assert abs(a[key] - b[key]) <= REL * abs(a[key]), f"step {step} {key}: {a[key]} vs {b[key]}"
         for key in EQUAL:

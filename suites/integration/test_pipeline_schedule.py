@@ -105,12 +105,13 @@ def _worker(rank, pp, n, init_file, out_dir):
             w = _weights(pp)[rank].clone().requires_grad_(True)
             live, peak, ops = set(), [0], []
 
-            def fwd(m, x):
+            # loop variables bound as defaults: the schedule calls these only within this iteration
+            def fwd(m, x, w=w):
                 y = torch.tanh((xs[m] if x is None else x) @ w)
                 return y.square().sum() / n if info.is_last else y
 
             if schedule == "1f1b":
-                def on_op(kind, m):
+                def on_op(kind, m, ops=ops, live=live, peak=peak):
                     ops.append((kind, m))
                     (live.add if kind == "F" else live.discard)(m)
                     peak[0] = max(peak[0], len(live))

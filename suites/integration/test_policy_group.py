@@ -86,7 +86,7 @@ def single(ray_session, tmp_path_factory):
 
 
 def test_single_rank_trains_and_split_matches(single):
-    batch, (mono, split, sums, logprobs, ref_logprobs) = single
+    batch, (mono, split, _sums, logprobs, ref_logprobs) = single
     assert mono[0]["loss"] != mono[-1]["loss"]
     for m, s in zip(mono, split):
         assert _close(m["loss"], s["loss"]) and _close(m["grad_norm"], s["grad_norm"])

@@ -31,10 +31,11 @@ def _rank_main(rank: int, world: int, run_dir: str, store_file: str, extra_env: 
         NRL_POLICY_PROFILER_CLASS=POLICY, NRL_ROLLOUT_PROFILER_CLASS=ROLLOUT,
         **(extra_env or {}),
     )
+    import torch.distributed._functional_collectives as funcol
+
     from harness.plugins.loader import load_policy_profiler, load_rollout_profiler
     from harness.plugins.policy_hooks import PolicyProfilerHooks
     from harness.plugins.rollout_hooks import RolloutProfilerHooks
-    import torch.distributed._functional_collectives as funcol
 
     dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
     tp = dist.new_group([0, 1], group_desc="tp")
@@ -98,7 +99,11 @@ def test_policy_collectives_name_group_kind_dtype_and_numel(gloo_run, rank):
         ["all_reduce", "tp", "float32", 5],
         ["all_reduce", "tp", "int32", 2],
     ]
-    assert (step2["phase"], step2["outcome"], step2["reason"]) == ("train/step2", "aborted", "policy_train_step_aborted")
+    assert (step2["phase"], step2["outcome"], step2["reason"]) == (
+        "train/step2",
+        "aborted",
+        "policy_train_step_aborted",
+    )
     assert step2["collectives"] == [["broadcast", "tp", "int64", 4]]
     assert "c10d::allreduce_" in step1["operators"] and "gloo:all_reduce" in step1["operators"]
 

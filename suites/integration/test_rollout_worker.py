@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 from harness.model.config import ModelConfig  # noqa: E402
 from harness.model.qwen3_moe import build_reference_model  # noqa: E402
-from harness.parallel.rendezvous import HeldStore
+from harness.parallel.rendezvous import HeldStore  # noqa: E402
 from harness.refit.broadcast import SideGroupSlot, broadcast_weights  # noqa: E402
 from harness.refit.engine_offsets import derive_engine_gpu_offsets  # noqa: E402
 from harness.refit.zmq_stream import send_weights_zmq  # noqa: E402
@@ -76,7 +76,7 @@ def cluster(tmp_path_factory):
     for w in workers.values():
         try:
             ray.get(w.shutdown.remote(), timeout=60)
-        except Exception:
+        except Exception:  # noqa: BLE001 - best-effort teardown
             pass
     ray.shutdown()
 
@@ -129,7 +129,7 @@ def test_zmq_refit_is_bit_exact(cluster, name):
     def send(address):
         try:
             send_weights_zmq(state.items(), address=address, buffer_size_bytes=8192, timeout_ms=60_000)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the test
             errors.append(exc)
 
     threads = [threading.Thread(target=send, args=(a,)) for a in addresses]

@@ -29,7 +29,9 @@ def test_rerun_is_bit_identical(first, tmp_path):
     again = flows.execute(WORKLOAD, run_dir=tmp_path / "run")
     assert again.ok, again.problems()
     for name in GATED:
-        assert canonical_bytes(again.postflight.surfaces[name]) == canonical_bytes(first.postflight.surfaces[name]), name
+        assert canonical_bytes(again.postflight.surfaces[name]) == canonical_bytes(first.postflight.surfaces[name]), (
+            name
+        )
 
 
 def test_engine_batch_size_changes_no_tokens(first, tmp_path):

@@ -8,6 +8,7 @@ an unknown config field is refused (tested in suites/unit/test_algos_loss.py).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import hypothesis.strategies as st
@@ -230,7 +231,7 @@ def test_loss2_microbatch_losses_and_metrics_sum_to_the_batch(batch, token_level
     seqs, toks = global_valid_counts(data)
     whole_loss, whole_metrics = loss_fn(curr, data, seqs, toks)
     losses, mb_metrics = [], []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         mb = {k: v[lo:hi] for k, v in data.items()}
         mb_loss, metrics = loss_fn(curr[lo:hi], mb, seqs, toks)
         losses.append(mb_loss)

@@ -9,7 +9,8 @@ reaches the profiler after ``close``, and the hooks' own view matches.
 
 from __future__ import annotations
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from harness.plugins.policy_hooks import PolicyProfilerHooks
@@ -36,7 +37,7 @@ class PolicyLifecycle(RuleBasedStateMachine):
     def _call(self, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except Exception:
+        except Exception:  # noqa: BLE001 - errors are part of the explored behaviour
             return None
 
     @rule(method=st.sampled_from(["begin", "finish", "abort", "close"]))
@@ -49,7 +50,7 @@ class PolicyLifecycle(RuleBasedStateMachine):
             if self.worker_open:
                 raise RuntimeError("worker step already open")
             if fail:
-                raise WorkerFailure()
+                raise WorkerFailure
             self.worker_open = True
 
         self._call(self.hooks.begin_step, begin, worker_step_open=self.worker_open)
@@ -58,7 +59,7 @@ class PolicyLifecycle(RuleBasedStateMachine):
     def microbatch(self, fail):
         def mb():
             if fail:
-                raise WorkerFailure()
+                raise WorkerFailure
 
         self._call(self.hooks.train_microbatch, mb)
 
@@ -68,7 +69,7 @@ class PolicyLifecycle(RuleBasedStateMachine):
             if not self.worker_open:
                 raise RuntimeError("no worker step open")
             if fail:
-                raise WorkerFailure()
+                raise WorkerFailure
             self.worker_open = False
 
         self._call(self.hooks.finish_step, fin)
@@ -88,7 +89,7 @@ class PolicyLifecycle(RuleBasedStateMachine):
     def monolithic(self, fail, eval_mode, positional):
         def train(data, loss_fn=None, eval_mode=False):
             if fail:
-                raise WorkerFailure()
+                raise WorkerFailure
 
         calls_before = len(self.profiler.calls)
         if positional:
@@ -144,10 +145,12 @@ class RolloutLifecycle(RuleBasedStateMachine):
     def _call(self, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except Exception:
+        except Exception:  # noqa: BLE001 - errors are part of the explored behaviour
             return None
 
-    @rule(method=st.sampled_from(["begin_init", "end_init", "begin_rollout", "finish_rollout", "abort_rollout", "close"]))
+    @rule(
+        method=st.sampled_from(["begin_init", "end_init", "begin_rollout", "finish_rollout", "abort_rollout", "close"])
+    )
     def arm_profiler_failure(self, method):
         _arm(self.profiler, method)
 
@@ -164,7 +167,7 @@ class RolloutLifecycle(RuleBasedStateMachine):
         def body():
             with self.hooks.engine_init():
                 if fail:
-                    raise WorkerFailure()
+                    raise WorkerFailure
 
         self._call(body)
 
@@ -191,7 +194,7 @@ class RolloutLifecycle(RuleBasedStateMachine):
         def body():
             with self.hooks.rollout(f"step{self.step}/attempt1"):
                 if fail:
-                    raise WorkerFailure()
+                    raise WorkerFailure
 
         self._call(body)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harness.plugins.loader import (
     POLICY_PROFILER_ENV,

@@ -58,7 +58,9 @@ def test_self_diff_is_empty(name, sections):
 def test_findings_are_symmetric(name, g_sections, a_sections, deterministic):
     g, a = doc(name, g_sections), doc(name, a_sections)
     forward = sorted(projection(f) for f in compare({name: g}, {name: a}, deterministic=deterministic).findings)
-    backward = sorted(projection(f, swap=True) for f in compare({name: a}, {name: g}, deterministic=deterministic).findings)
+    backward = sorted(
+        projection(f, swap=True) for f in compare({name: a}, {name: g}, deterministic=deterministic).findings
+    )
     assert forward == backward
 
 
@@ -79,7 +81,9 @@ def test_looser_tolerance_never_fails_what_tighter_passes(golden_metrics, deltas
     def failing(bound):
         table = ToleranceTable([ToleranceRule("training", "metrics.*", abs=bound[0], rel=bound[1], when=when,
                                               reason="property test")], include_defaults=False)
-        return {f.key for f in compare(g, a, tolerances=table, deterministic=deterministic).findings if f.status == "fail"}
+        return {
+            f.key for f in compare(g, a, tolerances=table, deterministic=deterministic).findings if f.status == "fail"
+        }
 
     assert failing(loose) <= failing(tight)
 

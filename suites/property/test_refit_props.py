@@ -7,6 +7,7 @@ answers every send with an ACK), as NeMo RL's own unit tests do.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 
 import torch
@@ -120,7 +121,7 @@ def test_grouping_is_greedy(pairs, buffer_size):
     half = buffer_size // 2
     sizes = {n: calculate_aligned_size(tensor_nbytes(t)) for n, t in pairs}
     payloads = _send(pairs, buffer_size).payloads
-    for (names, used, _), (next_names, _, _) in zip(payloads, payloads[1:]):
+    for (names, used, _), (next_names, _, _) in itertools.pairwise(payloads):
         nxt = sizes[next_names[0]]
         if used <= half and not (len(names) == 1 and sizes[names[0]] > half):
             assert used + nxt > half or nxt > half
@@ -137,7 +138,7 @@ def test_bucket_invariants(pairs, limit):
         assert b, "empty bucket"
         size = sum(tensor_nbytes(t) for _, t in b)
         assert size <= limit or len(b) == 1
-    for b, nxt in zip(buckets, buckets[1:]):  # greedy: the next head did not fit
+    for b, nxt in itertools.pairwise(buckets):  # greedy: the next head did not fit
         assert sum(tensor_nbytes(t) for _, t in b) + tensor_nbytes(nxt[0][1]) > limit
 
 

@@ -68,7 +68,10 @@ def test_int_and_float_spellings_of_a_number_digest_alike(n):
                                                         "policy": {"optimizer": {"max_grad_norm": n + 0.5}}}))
 
 
-@given(st.sampled_from([".inf", "-.inf", ".nan"]), st.sampled_from(["policy.optimizer.lr", "rollout.temperature", "model.rope_theta"]))
+@given(
+    st.sampled_from([".inf", "-.inf", ".nan"]),
+    st.sampled_from(["policy.optimizer.lr", "rollout.temperature", "model.rope_theta"]),
+)
 def test_non_finite_numbers_are_rejected_by_field(text, field):
     doc = apply_overrides({"name": "p", "model": dict(MODEL)}, [f"{field}={text}"])
     try:

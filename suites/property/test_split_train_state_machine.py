@@ -29,10 +29,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from harness.parallel.rendezvous import HeldStore
 from harness.plugins.policy_hooks import ABORT_REASONS, PolicyProfilerHooks
 from harness.plugins.recording import InjectedFailure, RecordingPolicyProfiler
 from harness.policy.engine import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, PolicyEngine, init_distributed
-from harness.parallel.rendezvous import HeldStore
 from harness.policy.local_world import synthetic_batch, with_layout
 from harness.spec import load_spec
 
@@ -118,7 +118,11 @@ class SplitTrain(RuleBasedStateMachine):
 
     @rule(kind=st.sampled_from(["empty", "missing_key"]))
     def bad_microbatch(self, kind):
-        batch = _rows(self.batch, 0) if kind == "empty" else {k: v for k, v in _rows(self.batch, 1).items() if k != "advantages"}
+        batch = (
+            _rows(self.batch, 0)
+            if kind == "empty"
+            else {k: v for k, v in _rows(self.batch, 1).items() if k != "advantages"}
+        )
         with pytest.raises(RuntimeError if not self.open else ValueError) as info:
             self.hooks.train_microbatch(self.engine.train_microbatch, batch)
         if not self.open:

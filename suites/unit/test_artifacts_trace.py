@@ -153,6 +153,7 @@ os._exit(9)
 
 
 def test_gate_module_does_not_import_torch():
-    code = "import sys, harness.artifacts.trace, harness.artifacts.layout; print('torch' in sys.modules, 'ray' in sys.modules)"
+    code = ("import sys, harness.artifacts.trace, harness.artifacts.layout; "
+            "print('torch' in sys.modules, 'ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"

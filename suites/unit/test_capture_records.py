@@ -80,7 +80,9 @@ def test_staged_call_mask_logprob_and_digest_rules():
         StagedCall.from_row({**s.to_row(), "token_ids_delta": [5, 6, 8]})
     with pytest.raises(CaptureValidationError, match=r"token_mask_delta: position 0 holds 2"):
         StagedCall("r/c", 0, (1,), (2,), (0.0,), H)
-    with pytest.raises(CaptureValidationError, match=r"generation_log_probs_delta: position 0 is -1.0 where the mask is 0"):
+    with pytest.raises(
+        CaptureValidationError, match=r"generation_log_probs_delta: position 0 is -1.0 where the mask is 0"
+    ):
         StagedCall("r/c", 0, (1,), (0,), (-1.0,), H)
     with pytest.raises(CaptureValidationError, match=r"token_mask_delta: length 1 != 2"):
         StagedCall("r/c", 0, (1, 2), (0,), (0.0, 0.0), H)

@@ -84,7 +84,7 @@ def test_diff_parity_exits_0(setup, capsys):
 
 
 def test_diff_findings_exit_1_in_every_format(setup, tmp_path):
-    root, run, golden, docs = setup
+    _, _, golden, docs = setup
     changed = copy.deepcopy(docs)
     changed["operators"]["sections"]["policy/rank00001"]["phases"]["train/step1"]["operators"]["aten::op_004"] += 1
     run2 = make_run(tmp_path / "run2", changed)
@@ -106,7 +106,9 @@ def test_diff_by_workload_name_and_platform(setup, capsys):
 def test_diff_unusable_inputs_exit_2(setup, tmp_path):
     _, run, golden, _ = setup
     assert main(["diff", str(tmp_path / "missing"), str(golden)]) == 2
-    (run / "surfaces/training.json").write_text('{"surface": "training", "sections": {"step0001": {"metrics": {"loss": NaN}}}}')
+    (run / "surfaces/training.json").write_text(
+        '{"surface": "training", "sections": {"step0001": {"metrics": {"loss": NaN}}}}'
+    )
     assert main(["diff", str(run), str(golden)]) == 2
 
 
@@ -152,7 +154,7 @@ def test_gate_commands_in_a_subprocess_import_neither_torch_nor_ray(setup):
         "plan": _probe("plan", "nemo_rl_qwen3_235b"),
     }
     assert {k: v["code"] for k, v in probes.items()} == {"validate": 0, "diff": 0, "plan": 0}
-    assert {k: (v["torch"], v["ray"]) for k, v in probes.items()} == {k: (False, False) for k in probes}
+    assert {k: (v["torch"], v["ray"]) for k, v in probes.items()} == dict.fromkeys(probes, (False, False))
 
 
 def test_diff_by_workload_name_takes_the_golden_platform_from_the_runs_spec(tmp_path, monkeypatch):

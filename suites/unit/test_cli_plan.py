@@ -82,10 +82,11 @@ def test_list_shows_platforms_and_stored_goldens(tmp_path):
 
 
 def test_list_names_a_damaged_golden_and_fails(tmp_path):
-    (tmp_path / "qwen3_moe_tiny_smoke").mkdir()
-    shutil.copy(REPO / "goldens" / "qwen3_moe_tiny_smoke" / "workload.yaml", tmp_path / "qwen3_moe_tiny_smoke" / "workload.yaml")
-    shutil.copytree(REPO / "goldens" / "qwen3_moe_tiny_smoke" / "cpu", tmp_path / "qwen3_moe_tiny_smoke" / "cpu")
-    surface = tmp_path / "qwen3_moe_tiny_smoke" / "cpu" / "surfaces" / "training.json"
+    src, dst = REPO / "goldens" / "qwen3_moe_tiny_smoke", tmp_path / "qwen3_moe_tiny_smoke"
+    dst.mkdir()
+    shutil.copy(src / "workload.yaml", dst / "workload.yaml")
+    shutil.copytree(src / "cpu", dst / "cpu")
+    surface = dst / "cpu" / "surfaces" / "training.json"
     surface.write_text(surface.read_text().replace("0", "1", 1))  # a hand edit
     proc = golden("list", "--json", root=tmp_path)
     assert proc.returncode == 2

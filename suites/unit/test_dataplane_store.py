@@ -113,7 +113,9 @@ def test_tensors_roundtrip_bit_exact(store):
     assert set(got) == set(tensors)
     for name, t in tensors.items():
         assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
-        assert got[name].reshape(-1).view(torch.uint8).tolist() == t.reshape(-1).contiguous().view(torch.uint8).tolist(), name
+        assert (
+            got[name].reshape(-1).view(torch.uint8).tolist() == t.reshape(-1).contiguous().view(torch.uint8).tolist()
+        ), name
     assert store.tensor_keys("step1/") == ["step1/train"]
     with pytest.raises(TypeError, match="'x'"):
         store.put_tensors("k", {"x": [1, 2]})
@@ -135,7 +137,9 @@ def test_stage_many_isolates_bad_rows_and_commits_the_rest(store):
     out = store.stage_many(items)
     assert len(out) == len(items)
     assert out[0] == store.digest("r1/c0") and store.fetch("r1/c0") == ROW
-    assert isinstance(out[1], ValueError) and "'r1/c1'" in str(out[1]) and "generation_log_probs_delta[1]" in str(out[1])
+    assert (
+        isinstance(out[1], ValueError) and "'r1/c1'" in str(out[1]) and "generation_log_probs_delta[1]" in str(out[1])
+    )
     assert isinstance(out[2], ValueError) and "non-empty" in str(out[2])
     assert isinstance(out[3], StagingConflict) and "'r0/old'" in str(out[3])
     assert isinstance(out[4], TypeError) and "'r1/c2'" in str(out[4])

@@ -117,7 +117,10 @@ def test_tool_turn_render_keeps_the_eos_boundary_replace_prefix_tokens_uses():
     eos_positions = [i for i, t in enumerate(full) if t == TOK.eos_token_id]
     cut = eos_positions[k - 1]
     assert TOK.decode(full[:cut]).endswith("<|im_start|>assistant\n" + call)
-    assert TOK.decode(full[cut:]) == "<|im_end|>\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        TOK.decode(full[cut:])
+        == "<|im_end|>\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     # As with Qwen3, the prefix render differs (the last assistant turn gets an
     # empty think block), so splicing must go by EOS count, not by position.
     assert full[: len(prefix)] != prefix

@@ -165,13 +165,15 @@ def test_terminal_colour_follows_tty_and_no_color(monkeypatch):
     ({"deterministic": "yes"}, "deterministic"),
 ])
 def test_tolerance_file_errors_name_the_field(doc, field):
-    with pytest.raises(ToleranceFileError, match=rf"golden/tolerances.yaml: {field.replace('[', '.').replace(']', '.')}"):
+    with pytest.raises(
+        ToleranceFileError, match=rf"golden/tolerances.yaml: {field.replace('[', '.').replace(']', '.')}"
+    ):
         parse_tolerances(doc, source="golden/tolerances.yaml")
 
 
 def test_tolerance_file_parses():
     parsed = parse_tolerances({"version": 1, "deterministic": False, "rules": [
-        {"surface": "training", "key": "metrics.loss", "section": "step*", "rel": 1e-5, "reason": "observed 3e-6 over 20 runs",
-         "evidence": {"runs": 20}}]})
+        {"surface": "training", "key": "metrics.loss", "section": "step*", "rel": 1e-5,
+         "reason": "observed 3e-6 over 20 runs", "evidence": {"runs": 20}}]})
     assert parsed.deterministic is False
     assert parsed.rules[0].matches("training", "step0002", "metrics.loss")

@@ -60,7 +60,9 @@ PLUGIN_SOURCE = textwrap.dedent(
 
 KINDS = [
     pytest.param(POLICY_PROFILER_ENV, load_policy_profiler, "GoodPolicy", "policy-worker environment", id="policy"),
-    pytest.param(ROLLOUT_PROFILER_ENV, load_rollout_profiler, "GoodRollout", "generation-worker environment", id="rollout"),
+    pytest.param(
+        ROLLOUT_PROFILER_ENV, load_rollout_profiler, "GoodRollout", "generation-worker environment", id="rollout"
+    ),
 ]
 
 
@@ -115,7 +117,9 @@ def test_unset_imports_nothing_in_a_fresh_interpreter(env_var, value, tmp_path):
     assert not [m for m in result["new"] if m.startswith(("fplugins_canary", "harness.profiler", "torch", "ray"))]
     # Control: the same interpreter does import the canary when it is configured.
     env2 = {**env, env_var: "fplugins_canary.mod.Cls"}
-    code2 = "from harness.plugins import loader; loader.load_policy_profiler(rank=0); loader.load_rollout_profiler(rank=0)"
+    code2 = (
+        "from harness.plugins import loader; loader.load_policy_profiler(rank=0); loader.load_rollout_profiler(rank=0)"
+    )
     proc = subprocess.run([sys.executable, "-c", code2], env=env2, capture_output=True, text=True, check=False)
     assert "canary package was imported" in proc.stderr
 
@@ -135,7 +139,9 @@ def test_environ_argument_overrides_process_environment(env_var, load, good, ins
 
 
 @pytest.mark.parametrize("env_var,load,good,install_env", KINDS)
-@pytest.mark.parametrize("bad", ["Profiler", "module.", ".Profiler", "mod:Class", "pkg..Cls", "pkg.mod.Cls ", "pkg.mod:Cls"])
+@pytest.mark.parametrize(
+    "bad", ["Profiler", "module.", ".Profiler", "mod:Class", "pkg..Cls", "pkg.mod.Cls ", "pkg.mod:Cls"]
+)
 def test_profiler_rejects_malformed_class_path(env_var, load, good, install_env, bad, monkeypatch):
     monkeypatch.setenv(env_var, bad)
     with pytest.raises(ValueError, match="fully qualified class path") as info:
@@ -160,7 +166,9 @@ def test_profiler_fails_loudly_when_module_is_missing(env_var, load, good, insta
 
 @pytest.mark.parametrize("env_var,load,good,install_env", KINDS)
 @pytest.mark.parametrize("attr", ["NOT_A_CLASS", "DoesNotExist"])
-def test_profiler_rejects_attribute_that_is_not_a_class(env_var, load, good, install_env, attr, plugin_pkg, monkeypatch):
+def test_profiler_rejects_attribute_that_is_not_a_class(
+    env_var, load, good, install_env, attr, plugin_pkg, monkeypatch
+):
     monkeypatch.setenv(env_var, f"{plugin_pkg}.{attr}")
     with pytest.raises(RuntimeError, match="does not resolve to a class") as info:
         load(rank=1)

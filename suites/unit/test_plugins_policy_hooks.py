@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.plugins.policy_hooks import STEP_ALREADY_OPEN, PolicyProfilerHooks
-from harness.plugins.recording import InjectedFailure as Boom, RecordingPolicyProfiler
+from harness.plugins.recording import InjectedFailure as Boom
+from harness.plugins.recording import RecordingPolicyProfiler
 
 
 class SplitWorker:
@@ -153,7 +154,11 @@ def test_split_nested_begin_keeps_worker_error_and_leaves_profiler_alone():
 
 @pytest.mark.parametrize(
     "failure,reason",
-    [("begin", "policy_train_begin_error"), ("microbatch", "policy_train_microbatch_error"), ("finish", "policy_train_finish_error")],
+    [
+        ("begin", "policy_train_begin_error"),
+        ("microbatch", "policy_train_microbatch_error"),
+        ("finish", "policy_train_finish_error"),
+    ],
 )
 def test_split_failures_abort_with_their_reason(failure, reason):
     prof = RecordingPolicyProfiler()

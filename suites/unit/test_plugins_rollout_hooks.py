@@ -25,7 +25,7 @@ def _ready(prof=None):
 
 
 def test_engine_init_passes_back_the_exact_token():
-    prof, hooks = _ready()
+    prof, _hooks = _ready()
     assert prof.names() == ["begin_init", "end_init"]
     assert prof.calls[1][1] is prof.token
 
@@ -33,17 +33,15 @@ def test_engine_init_passes_back_the_exact_token():
 def test_engine_init_failure_still_ends_window_then_reraises():
     prof = RecordingRolloutProfiler()
     hooks = RolloutProfilerHooks(prof)
-    with pytest.raises(ValueError, match="engine exploded"):
-        with hooks.engine_init():
-            raise ValueError("engine exploded")
+    with pytest.raises(ValueError, match="engine exploded"), hooks.engine_init():
+        raise ValueError("engine exploded")
     assert prof.names() == ["begin_init", "end_init"] and prof.calls[1][1] is prof.token
 
 
 def test_engine_init_end_failure_is_a_note_on_the_engine_error():
     hooks = RolloutProfilerHooks(RecordingRolloutProfiler(fail={"end_init": 0}))
-    with pytest.raises(ValueError, match="engine exploded") as info:
-        with hooks.engine_init():
-            raise ValueError("engine exploded")
+    with pytest.raises(ValueError, match="engine exploded") as info, hooks.engine_init():
+        raise ValueError("engine exploded")
     assert any("end_engine_initialization also failed" in n for n in info.value.__notes__)
 
 
@@ -60,14 +58,12 @@ def test_engine_init_or_close_keeps_the_window_open_on_success():
 def test_engine_init_or_close_closes_on_failure_and_notes_a_close_failure():
     prof = RecordingRolloutProfiler()
     hooks = RolloutProfilerHooks(prof)
-    with pytest.raises(ValueError, match="engine exploded"):
-        with hooks.engine_init_or_close("engine"):
-            raise ValueError("engine exploded")
+    with pytest.raises(ValueError, match="engine exploded"), hooks.engine_init_or_close("engine"):
+        raise ValueError("engine exploded")
     assert prof.names() == ["begin_init", "end_init", "close"]
     hooks = RolloutProfilerHooks(RecordingRolloutProfiler(fail={"close": 0}))
-    with pytest.raises(ValueError, match="engine exploded") as info:
-        with hooks.engine_init_or_close("vLLM worker"):
-            raise ValueError("engine exploded")
+    with pytest.raises(ValueError, match="engine exploded") as info, hooks.engine_init_or_close("vLLM worker"):
+        raise ValueError("engine exploded")
     assert any("after failed vLLM worker init also failed" in n for n in info.value.__notes__)
 
 
@@ -99,9 +95,8 @@ def test_rollout_window_success_and_error():
     prof, hooks = _ready()
     with hooks.rollout("step1/attempt1"):
         pass
-    with pytest.raises(KeyError):
-        with hooks.rollout("step1/attempt2"):
-            raise KeyError("generation failed")
+    with pytest.raises(KeyError), hooks.rollout("step1/attempt2"):
+        raise KeyError("generation failed")
     assert prof.calls[2:] == [
         ("begin_rollout", "step1/attempt1"),
         ("finish_rollout",),
@@ -111,18 +106,16 @@ def test_rollout_window_success_and_error():
 
 
 def test_rollout_abort_failure_does_not_mask_error():
-    prof, hooks = _ready(RecordingRolloutProfiler(fail={"abort_rollout": 0}))
-    with pytest.raises(KeyError) as info:
-        with hooks.rollout("step1/attempt1"):
-            raise KeyError("generation failed")
+    _prof, hooks = _ready(RecordingRolloutProfiler(fail={"abort_rollout": 0}))
+    with pytest.raises(KeyError) as info, hooks.rollout("step1/attempt1"):
+        raise KeyError("generation failed")
     assert any("abort_rollout" in n for n in info.value.__notes__)
 
 
 def test_rollout_begin_failure_aborts():
     prof, hooks = _ready(RecordingRolloutProfiler(fail={"begin_rollout": 1}))
-    with pytest.raises(InjectedFailure):
-        with hooks.rollout("step1/attempt1"):
-            pytest.fail("body must not run")
+    with pytest.raises(InjectedFailure), hooks.rollout("step1/attempt1"):
+        pytest.fail("body must not run")
     assert prof.calls[-1] == ("abort_rollout", "grpo_rollout_error")
     with hooks.rollout("step1/attempt2"):
         pass
@@ -154,7 +147,7 @@ def test_close_ends_open_init_window_first_and_cleans_up():
 
 
 def test_close_failure_still_cleans_up():
-    prof, hooks = _ready(RecordingRolloutProfiler(fail={"close": 0}))
+    _prof, hooks = _ready(RecordingRolloutProfiler(fail={"close": 0}))
     cleaned = []
     with pytest.raises(InjectedFailure):
         hooks.close(cleanup=lambda: cleaned.append(True))

@@ -20,7 +20,7 @@ from harness.spec.topology import plan
 
 
 def _write_run(run_dir: Path, *, steps: int = 2, break_rank: int | None = None, status: str = "completed") -> dict:
-    spec = load_spec("qwen3_moe_tiny_smoke", ("grpo.iterations=%d" % steps,))
+    spec = load_spec("qwen3_moe_tiny_smoke", (f"grpo.iterations={steps}",))
     topo = plan(spec)
     expected = [layout.policy_trace_path(0), layout.rollout_trace_path(0), layout.METRICS, layout.ROLLOUTS]
     run = {
@@ -52,7 +52,9 @@ def _write_run(run_dir: Path, *, steps: int = 2, break_rank: int | None = None, 
         w.close()
     with open(run_dir / layout.METRICS, "w") as fh:
         for step in range(1, steps + 1):
-            fh.write(json.dumps({"step": step, "metrics": {"loss": 0.5 / step}, "timings": {"total_step_time": 1.0}}) + "\n")
+            fh.write(
+                json.dumps({"step": step, "metrics": {"loss": 0.5 / step}, "timings": {"total_step_time": 1.0}}) + "\n"
+            )
     with open(run_dir / layout.ROLLOUTS, "w") as fh:
         fh.write(json.dumps({"rollout_id": "step0001-attempt1-row0000", "calls": [], "decision": "trained"}) + "\n")
     return run

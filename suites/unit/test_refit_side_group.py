@@ -107,7 +107,9 @@ def test_a_store_nobody_serves_is_a_clear_error_naming_rank_and_address():
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         port = held.getsockname()[1]
-        with pytest.raises(RuntimeError, match=rf"side-group rank 0 of 2: cannot join the refit store at 127.0.0.1:{port}"):
+        with pytest.raises(
+            RuntimeError, match=rf"side-group rank 0 of 2: cannot join the refit store at 127.0.0.1:{port}"
+        ):
             create_side_group(host="127.0.0.1", port=port, rank=0, world_size=2, timeout_s=1.0)
 
 

@@ -30,8 +30,10 @@ def _stream(tmp_path, sent, expected_info, buffer_size=4096, timeout_ms=10_000):
 
     def sender():
         try:
-            outcome["stats"] = send_weights_zmq(sent.items(), address=address, buffer_size_bytes=buffer_size, timeout_ms=timeout_ms)
-        except BaseException as exc:  # surfaced by the test
+            outcome["stats"] = send_weights_zmq(
+                sent.items(), address=address, buffer_size_bytes=buffer_size, timeout_ms=timeout_ms
+            )
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the test
             outcome["error"] = exc
 
     thread = threading.Thread(target=sender)
@@ -74,7 +76,7 @@ def test_zmq_receiver_rejects_unexpected_and_missing_but_acks(tmp_path):
     sent["surprise"] = torch.zeros(2)
     expected.pop("layer0.w")
     with pytest.raises(WeightManifestError) as info:
-        _, _, outcome = _stream(tmp_path, sent, expected)
+        _stream(tmp_path, sent, expected)
     message = str(info.value)
     assert "'surprise'" in message and "never.sent" in message
     assert "layer0.w" in message  # sent but not expected: unexpected
@@ -86,7 +88,9 @@ def test_zmq_receiver_rejects_duplicates(tmp_path):
     pairs = list(sd.items()) + [("layer1.w", sd["layer1.w"])]
     errors: dict = {}
     thread = threading.Thread(
-        target=lambda: errors.setdefault("s", send_weights_zmq(pairs, address=address, buffer_size_bytes=4096, timeout_ms=10_000))
+        target=lambda: errors.setdefault(
+            "s", send_weights_zmq(pairs, address=address, buffer_size_bytes=4096, timeout_ms=10_000)
+        )
     )
     thread.start()
     with pytest.raises(WeightManifestError, match="duplicate tensor 'layer1.w'"):

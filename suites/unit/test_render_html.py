@@ -101,7 +101,9 @@ def test_structure_balances_and_has_header_summary_and_findings(failing):
     assert badge["data-status"] == "fail"
     summary_rows = [a for t, a in tree.tags if t == "tr" and "surface" in a.get("class", "").split()]
     assert len(summary_rows) == len(verdict.surfaces)
-    finding_rows = [a["class"].split()[1] for t, a in tree.tags if t == "tr" and a.get("class", "").startswith("finding")]
+    finding_rows = [
+        a["class"].split()[1] for t, a in tree.tags if t == "tr" and a.get("class", "").startswith("finding")
+    ]
     assert sorted(finding_rows) == sorted(f.status for f in verdict.findings)
     # one findings table per surface with findings, anchored from the summary
     anchors = {a["href"] for t, a in tree.tags if t == "a"}
@@ -252,12 +254,21 @@ def test_golden_diff_format_html_plots_both_sides(tmp_path, golden):
         (run / "manifest.json").write_text(json.dumps(manifest))
         return run
 
-    stored = write_golden(tmp_path / "goldens", "w", "cpu", json.loads((make_run(tmp_path / "g", golden) / "manifest.json")
-                          .read_text()), golden, new_provenance(commit=None, reason="t", command="pytest", environment={}))
+    stored = write_golden(
+        tmp_path / "goldens",
+        "w",
+        "cpu",
+        json.loads((make_run(tmp_path / "g", golden) / "manifest.json").read_text()),
+        golden,
+        new_provenance(commit=None, reason="t", command="pytest", environment={}),
+    )
     actual = copy.deepcopy(golden)
     actual["training"]["sections"]["step0003"]["metrics"]["grad_norm"] += 1.0
     out = tmp_path / "report.html"
-    assert main(["diff", str(make_run(tmp_path / "run", actual)), str(stored), "--format", "html", "--output", str(out)]) == 1
+    assert (
+        main(["diff", str(make_run(tmp_path / "run", actual)), str(stored), "--format", "html", "--output", str(out)])
+        == 1
+    )
     tree = parse(out.read_text())
     assert [a["class"] for t, a in tree.tags if t == "polyline"] == ["actual", "golden"] * 3
     assert "/metrics/grad_norm" in "".join(tree.text)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.spec import SpecError, TopologyError, apply_overrides, list_workloads, load_spec, spec_digest
-from harness.spec import schema
+from harness.spec import SpecError, TopologyError, apply_overrides, list_workloads, load_spec, schema, spec_digest
 from harness.spec.load import default_goldens_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +123,8 @@ def test_overrides_are_yaml_typed_and_do_not_mutate():
     assert out["policy"]["tp"] == 4 and out["policy"]["sp"] is True
     assert out["plugins"]["policy_profiler"] is None
     assert out["policy"]["pp_layout"] == [1, 3]
-    assert out["policy"]["optimizer"]["lr"] == pytest.approx(1e-3) and isinstance(out["policy"]["optimizer"]["lr"], float)
+    lr = out["policy"]["optimizer"]["lr"]
+    assert lr == pytest.approx(1e-3) and isinstance(lr, float)
     assert out["description"] == "hello world"
     assert out["seed"] == 8  # later wins
 

@@ -28,7 +28,8 @@ def test_model_prefix_with_trailing_eos_is_not_duplicated():
     model = [10, 11, 50, 51, EOS]  # prompt 10 11, generated 50 51 EOS
     template_prefix = [10, 11, 52, EOS]  # template re-tokenised the answer differently
     template = [10, 11, 52, EOS, 198, 12, 13, EOS, 198, 14]
-    assert replace_prefix_tokens(Tok(), model, template_prefix, template) == [10, 11, 50, 51, EOS, 198, 12, 13, EOS, 198, 14]
+    assert replace_prefix_tokens(Tok(), model, template_prefix, template) == [10, 11, 50, 51, EOS, 198,
+                                                                              12, 13, EOS, 198, 14]
 
 
 def test_model_prefix_cut_by_max_tokens_gets_the_template_eos():

@@ -11,16 +11,21 @@ import yaml
 from harness.parity.synthetic import synthetic_manifest, synthetic_surfaces
 from harness.store import (
     GoldenStoreError,
+    atomic,
     lint,
     new_provenance,
     read_golden,
     recover,
     write_golden,
 )
-from harness.store import atomic
 
-PROV = new_provenance(commit="d892304", reason="initial capture", command="golden capture w", environment={"device": "cpu"},
-                      date="2026-11-29T08:00:00+00:00")
+PROV = new_provenance(
+    commit="d892304",
+    reason="initial capture",
+    command="golden capture w",
+    environment={"device": "cpu"},
+    date="2026-11-29T08:00:00+00:00",
+)
 
 
 def _write(root, version=0, **kw):

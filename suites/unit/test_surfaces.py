@@ -68,9 +68,10 @@ def test_synthetic_surfaces_satisfy_their_schemas():
 
 
 @pytest.mark.parametrize("mutate,pointer", [
-    (lambda d: d["training"]["sections"]["step0001"]["metrics"].__setitem__("loss", "high"), "/sections/step0001/metrics/loss"),
+    (lambda d: d["training"]["sections"]["step0001"]["metrics"].__setitem__("loss", "high"),
+     "/sections/step0001/metrics/loss"),
     (lambda d: d["training"].__setitem__("version", 2), "/version"),
-    (lambda d: d["collectives"]["sections"]["policy/rank00000"]["phases"]["train/step1"]["collectives"][0].pop(), 
+    (lambda d: d["collectives"]["sections"]["policy/rank00000"]["phases"]["train/step1"]["collectives"][0].pop(),
      "/sections/policy~1rank00000/phases/train~1step1/collectives/0"),
     (lambda d: d["operators"]["sections"].__setitem__("rank0", {"phases": {}}), "/sections"),
 ])
@@ -82,16 +83,17 @@ def test_schema_errors_carry_pointers(mutate, pointer):
 
 
 def test_unknown_surface_is_an_error():
-    assert validate_surface({"surface": "losses"}) == [("/surface", "unknown surface 'losses'; known: "
-                                                        "topology, lifecycle, operators, collectives, rollouts, "
-                                                        "training, memory, timings")]
+    assert validate_surface({"surface": "losses"}) == [("/surface", ("unknown surface 'losses'; known: "
+                                                         "topology, lifecycle, operators, collectives, rollouts, "
+                                                         "training, memory, timings"))]
 
 
 def test_normalise_drops_volatile_keys_but_not_data_names():
     doc = {"surface": "lifecycle", "version": 1, "workload": "w", "sections": {"policy/rank00000": {
         "coords": {"tp": 0}, "pid": 4242, "events": [{"event": "begin", "phase": "train/step1", "ts": 1.5,
                                                        "token": "abc", "host": "node7"}]}}}
-    assert normalise(doc)["sections"]["policy/rank00000"] == {"coords": {"tp": 0}, "events": [{"event": "begin", "phase": "train/step1"}]}
+    assert normalise(doc)["sections"]["policy/rank00000"] == {"coords": {"tp": 0},
+                                                              "events": [{"event": "begin", "phase": "train/step1"}]}
     training = {"surface": "training", "version": 1, "workload": "w", "sections": {"step0001": {
         "step": 1, "wall_s": 3.0, "metrics": {"loss": 1.0, "time": 2.0, "timing/train/total_step_time": 9.0}}}}
     # "time" inside the metrics map is a metric name (kept); timing metrics are dropped by glob.

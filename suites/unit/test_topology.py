@@ -175,7 +175,9 @@ def test_params_match_reference_counts():
 
 def test_megatron_backend_on_cpu_and_context_parallel_needs_cuda():
     plan(make_spec({"backend": "megatron", "tp": 2}, platform={"device": "cpu"}))  # cpu is allowed (compat layer)
-    with pytest.raises(TopologyError, match=r"policy\.cp=2 with policy\.backend: megatron needs Transformer Engine") as info:
+    with pytest.raises(
+        TopologyError, match=r"policy\.cp=2 with policy\.backend: megatron needs Transformer Engine"
+    ) as info:
         plan(make_spec({"backend": "megatron", "tp": 2, "cp": 2}, platform={"device": "cpu"}))
     assert info.value.field == "policy.cp"
     plan(make_spec({"backend": "native", "tp": 2, "cp": 2}))

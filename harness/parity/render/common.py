@@ -36,5 +36,10 @@ HEADER = ["status", "section", "coords", "phase/step", "key", "kind", "lane", "g
 
 def summary_line(verdict) -> str:
     c = verdict.counts()
-    lanes = "deterministic platform (exact lane gates)" if verdict.deterministic else "nondeterministic platform (tolerance lane gates)"
-    return f"{VERDICT_WORD[verdict.status]}: {c['fail']} failing, {c['stale']} stale-golden, {c['info']} informational finding(s); {lanes}"
+    lanes = (
+        "deterministic platform (exact lane gates)"
+        if verdict.deterministic
+        else "nondeterministic platform (tolerance lane gates)"
+    )
+    return (f"{VERDICT_WORD[verdict.status]}: {c['fail']} failing, {c['stale']} stale-golden, "
+            f"{c['info']} informational finding(s); {lanes}")

@@ -20,7 +20,8 @@ import html
 import json
 import math
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from harness.parity.findings import Finding, Verdict
 from harness.parity.render.common import STATUS_WORD, VERDICT_WORD, coords_cell, number_cell, summary_line
@@ -258,8 +259,8 @@ def _plot(metric: str, series: list[tuple[str, list[tuple[int, float]]]], differ
     def sy(value: float) -> float:
         return top + (y1 - value) / (y1 - y0) * ph
 
-    out = [f'<svg class="plot" data-metric="{_e(metric)}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
-           f'role="img" aria-label="{_e(metric)} per step">']
+    out = [(f'<svg class="plot" data-metric="{_e(metric)}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+            f'role="img" aria-label="{_e(metric)} per step">')]
     for yv in yticks:
         y = sy(yv)
         out.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}"/>')
@@ -284,8 +285,10 @@ def _plot(metric: str, series: list[tuple[str, list[tuple[int, float]]]], differ
     actual = dict(series).get("actual", [])
     for s, v in actual:
         if s in differing:
-            out.append(f'<circle class="differs {_e(differing[s])}" cx="{sx(s):.1f}" cy="{sy(v):.1f}" r="6">'
-                       f"<title>{_e(STATUS_WORD.get(differing[s], differing[s]))} finding at step {_e(s)}</title></circle>")
+            out.append(
+                f'<circle class="differs {_e(differing[s])}" cx="{sx(s):.1f}" cy="{sy(v):.1f}" r="6">'
+                f"<title>{_e(STATUS_WORD.get(differing[s], differing[s]))} finding at step {_e(s)}</title></circle>"
+            )
     # legend
     lx = left
     for cls, _ in series:
@@ -317,8 +320,9 @@ def _curves(verdict: Verdict, surfaces_actual: Any, surfaces_golden: Any, metric
     sides = "golden (dashed) vs actual (solid)" if golden_doc is not None and actual_doc is not None else (
         "golden only" if actual_doc is None else "actual only")
     out = ['<section id="curves"><h2>Training curves</h2>',
-           f'<p class="note">Per-step metrics from the training surface: {_e(sides)}. '
-           "Rings mark steps with a finding on that metric (red: fail, amber: probable stale golden).</p>", '<div class="curves">']
+           (f'<p class="note">Per-step metrics from the training surface: {_e(sides)}. '
+            "Rings mark steps with a finding on that metric (red: fail, amber: probable stale golden).</p>"),
+           '<div class="curves">']
     for wanted in metrics:
         name = _metric_name([golden_doc, actual_doc], wanted)
         series = []
@@ -356,8 +360,8 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
         f"<title>{_e(title)}: {_e(VERDICT_WORD.get(status, status))}</title>",
         f"<style>{_CSS}</style></head><body>",
         f'<header class="verdict status-{_e(status)}"><h1>{_e(title)}</h1>',
-        f'<div><span class="badge {_e(status)}" id="verdict-status" data-status="{_e(status)}">'
-        f"{_e(VERDICT_WORD.get(status, status))}</span></div>",
+        (f'<div><span class="badge {_e(status)}" id="verdict-status" data-status="{_e(status)}">'
+         f"{_e(VERDICT_WORD.get(status, status))}</span></div>"),
         '<ul class="counts">',
         f'<li class="count-fail">failing <b>{counts["fail"]}</b></li>',
         f'<li class="count-stale">stale-golden <b>{counts["stale"]}</b></li>',
@@ -367,9 +371,9 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
         "</ul>",
         f'<p class="summary">{_e(summary_line(verdict))}</p>',
         "</header><main>",
-        '<section id="summary"><h2>Surfaces</h2><table class="summary-table"><thead><tr>'
-        "<th>surface</th><th>gated</th><th>status</th><th>sections</th><th>differing</th><th>findings</th>"
-        "</tr></thead><tbody>",
+        ('<section id="summary"><h2>Surfaces</h2><table class="summary-table"><thead><tr>'
+         "<th>surface</th><th>gated</th><th>status</th><th>sections</th><th>differing</th><th>findings</th>"
+         "</tr></thead><tbody>"),
     ]
     for name in names:
         s = verdict.surfaces[name]

@@ -49,8 +49,8 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
         if not findings:
             continue
         if not show_info and all(f.status == "info" for f in findings):
-            lines += ["", f"{name}: {len(findings)} informational finding(s), not gated "
-                          "(--show-info or --format json lists them)"]
+            lines += ["", (f"{name}: {len(findings)} informational finding(s), not gated "
+                           "(--show-info or --format json lists them)")]
             continue
         lines += ["", f"{name}: {len(findings)} finding(s)"]
         shown = findings[:limit]
@@ -59,8 +59,11 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
         lines.extend("  " + paint(row, f.status) for row, f in zip(table[1:], shown))
         for f in shown:
             if f.status == "stale":
-                lines.append(f"  note: {f.section} {f.key}: exact lane fails, inside tolerance "
-                             f"(abs {f.tolerance['abs']}, rel {f.tolerance['rel']}: {f.tolerance['reason']}): probable stale golden")
+                lines.append(
+                    f"  note: {f.section} {f.key}: exact lane fails, inside tolerance "
+                    f"(abs {f.tolerance['abs']}, rel {f.tolerance['rel']}: {f.tolerance['reason']}): "
+                    "probable stale golden"
+                )
                 break
         if len(findings) > limit:
             lines.append(f"  ... and {len(findings) - limit} more (--format json lists all)")

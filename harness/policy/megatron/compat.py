@@ -189,7 +189,9 @@ def _padded_all_gather(orig):
             return orig(tensor_list, tensor, group=group, async_op=async_op)
         # every rank must pad to the same size: agree on the max first dim
         n = max(s for s in sizes)
-        pad = lambda t: torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))]) if t.shape[0] < n else t
+        def pad(t):
+            return torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))]) if t.shape[0] < n else t
+
         bufs = [t.new_zeros((n, *t.shape[1:])) for t in tensor_list]
         orig(bufs, pad(tensor), group=group)
         for out, buf in zip(tensor_list, bufs):
@@ -211,7 +213,9 @@ def _padded_reduce_scatter(orig):
         if async_op or len(set(sizes)) == 1:
             return orig(output, input_list, op=op, group=group, async_op=async_op)
         n = max(sizes)
-        pad = lambda t: torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))]) if t.shape[0] < n else t
+        def pad(t):
+            return torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))]) if t.shape[0] < n else t
+
         out = output.new_zeros((n, *output.shape[1:]))
         orig(out, [pad(t) for t in input_list], op=op, group=group)
         output.copy_(out[: output.shape[0]])

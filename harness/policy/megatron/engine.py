@@ -72,7 +72,9 @@ def check_layout(spec: Mapping[str, Any]) -> None:
     if int(p["etp"]) != 1:
         raise MegatronLayoutError(f"policy.etp={p['etp']}: the megatron backend supports etp == 1 only")
     if int(p["tp"]) > 1 and not p["sp"]:
-        raise MegatronLayoutError("policy.sp must be true with policy.tp > 1 (megatron MoE + TP needs sequence parallel)")
+        raise MegatronLayoutError(
+            "policy.sp must be true with policy.tp > 1 (megatron MoE + TP needs sequence parallel)"
+        )
 
 
 class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
@@ -120,7 +122,9 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         self.mbs = int(policy["micro_batch_size"])
         pp, stage = int(policy["pp"]), self.coords["pp"]
         self.stage_layers = stage_layers(self.cfg.layers, pp, policy.get("pp_layout"))[stage]
-        self.model = build_gpt_model(self.cfg, policy, self.device, pre_process=stage == 0, post_process=stage == pp - 1)
+        self.model = build_gpt_model(
+            self.cfg, policy, self.device, pre_process=stage == 0, post_process=stage == pp - 1
+        )
         built = len(self.model.decoder.layers)
         first = self.model.decoder.layers[0].layer_number - 1 if built else self.stage_layers.start
         if built != len(self.stage_layers) or first != self.stage_layers.start:
@@ -129,7 +133,9 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
                 f"the planner's split is {self.stage_layers.start}..{self.stage_layers.stop - 1}"
             )
         self.layer_offset = self.stage_layers.start
-        self.names = NameMap(self.cfg, self.tp, self.coords["tp"], int(policy["ep"]), self.coords["ep"], self.layer_offset)
+        self.names = NameMap(
+            self.cfg, self.tp, self.coords["tp"], int(policy["ep"]), self.coords["ep"], self.layer_offset
+        )
         full = build_reference_model(self.cfg, spec["seed"]).state_dict()
         self.full_names = list(full)  # every HF name; each stage loads only its own
         self.full_shapes = {k: tuple(v.shape) for k, v in full.items()}
@@ -154,7 +160,11 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         self.steps_done = 0
         self._split: dict[str, Any] | None = None
         with_cp = int(policy["cp"]) > 1  # dense gradients over dp x cp ("dp" when cp == 1)
-        self._dp_group = ps.get_data_parallel_group(with_context_parallel=with_cp) if ps.get_data_parallel_world_size(with_context_parallel=with_cp) > 1 else None
+        self._dp_group = (
+            ps.get_data_parallel_group(with_context_parallel=with_cp)
+            if ps.get_data_parallel_world_size(with_context_parallel=with_cp) > 1
+            else None
+        )
         self._tp_group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
         self._edp_group = ps.get_expert_data_parallel_group() if ps.get_expert_data_parallel_world_size() > 1 else None
 
@@ -211,7 +221,12 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
             if is_expert(n):
                 expert.append(p.grad)
                 continue
-            if getattr(p, "sequence_parallel", False) or "q_layernorm" in n or "k_layernorm" in n or n.endswith("router.weight"):
+            if (
+                getattr(p, "sequence_parallel", False)
+                or "q_layernorm" in n
+                or "k_layernorm" in n
+                or n.endswith("router.weight")
+            ):
                 tp_sum.append(p.grad)
             dense.append(p.grad)
         dp_data._all_reduce_flat(tp_sum, self._tp_group)
@@ -260,7 +275,8 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
                 lp = self.get_logprobs(batch)
                 if not self.is_last:
                     return {}
-                per_mb = [self.loss_fn(lp[i : i + self.mbs], {k: v[i : i + self.mbs] for k, v in batch.items()}, seqs, toks)[1]
+                per_mb = [self.loss_fn(lp[i : i + self.mbs], {k: v[i : i + self.mbs] for k, v in batch.items()},
+                                       seqs, toks)[1]
                           for i in range(0, lp.shape[0], self.mbs)]
             return self._combine_over_dp(per_mb)
         per_mb = self._forward_backward(batch, seqs, toks)
@@ -319,7 +335,9 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
             raise RuntimeError(f"hf_state_dict: no rank owns {missing[:3]}{'...' if len(missing) > 3 else ''}")
         for k in self.full_names:
             if tuple(out[k].shape) != self.full_shapes[k]:
-                raise RuntimeError(f"hf_state_dict: {k} assembled to {tuple(out[k].shape)}, expected {self.full_shapes[k]}")
+                raise RuntimeError(
+                    f"hf_state_dict: {k} assembled to {tuple(out[k].shape)}, expected {self.full_shapes[k]}"
+                )
         return {k: out[k] for k in self.full_names}
 
     # -- checkpoints ------------------------------------------------------------------------------

@@ -164,7 +164,9 @@ class NameMap:
     def _qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         d, g = self.cfg.head_dim, self.cfg.kv_heads
         per = self.cfg.kv_groups * d
-        groups = [torch.cat([q[i * per : (i + 1) * per], k[i * d : (i + 1) * d], v[i * d : (i + 1) * d]]) for i in range(g)]
+        groups = [
+            torch.cat([q[i * per : (i + 1) * per], k[i * d : (i + 1) * d], v[i * d : (i + 1) * d]]) for i in range(g)
+        ]
         n = g // self.tp
         return torch.cat(groups[self.tp_rank * n : (self.tp_rank + 1) * n])
 

@@ -82,7 +82,7 @@ def engine_env(spec: Mapping[str, Any], *, in_process: bool) -> dict[str, str]:
     except the multiprocessing switch, which the placement decides)."""
     tp = int(spec["rollout"]["tp"])
     ncpu = os.cpu_count() or 1
-    env = {
+    return {
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
             "VLLM_CPU_OMP_THREADS_BIND", "nobind" if tp == 1 else "|".join(str(r % ncpu) for r in range(tp))
@@ -91,7 +91,6 @@ def engine_env(spec: Mapping[str, Any], *, in_process: bool) -> dict[str, str]:
         "VLLM_WORKER_MULTIPROC_METHOD": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "spawn"),
         "TOKENIZERS_PARALLELISM": "false",
     }
-    return env
 
 
 def engine_kwargs(spec: Mapping[str, Any], model_dir: str, *, worker_cls: str | None,
@@ -340,7 +339,12 @@ _WEIGHTS = {
     "side_groups": "harness_side_groups",
     "pid": "harness_pid",
 }
-_ARG_NAMES = {"generate": ("requests",), "begin_rollout": ("step_id",), "abort_rollout": ("reason",), "set_weight_version": ("version",)}
+_ARG_NAMES = {
+    "generate": ("requests",),
+    "begin_rollout": ("step_id",),
+    "abort_rollout": ("reason",),
+    "set_weight_version": ("version",),
+}
 
 
 class VllmEngineProcesses:
