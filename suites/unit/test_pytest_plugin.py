@@ -133,3 +133,16 @@ def test_a_broken_spec_fails_its_own_tests_not_the_collection(inner):
     result.assert_outcomes(failed=12)
     out = result.stdout.str()
     assert out.count("policy.tpp: unknown key") >= 6 and "no golden for workload 'fine'" in out
+
+
+@pytest.mark.parametrize(("pytest_version", "xdist_version", "broken"), [
+    ("9.0.3", "3.8.0", False), ("9.1.1", "3.8.0", False), ("9.2.0", "3.8.0", True), ("9.2.0.dev340", "3.5.0", True),
+    ("9.2.0", "3.9.0", False), ("10.0.0", "unknown", False),
+])
+def test_loadgroup_breakage_is_recognised(monkeypatch, pytest_version, xdist_version, broken):
+    """pytest 9.2 with pytest-xdist <= 3.8 does not group (pytest-dev/pytest-xdist#1386): the plugin warns."""
+    import harness.pytest_plugin as plugin
+
+    monkeypatch.setattr(plugin.pytest, "__version__", pytest_version)
+    monkeypatch.setattr(plugin, "_xdist_version", lambda: xdist_version)
+    assert plugin._loadgroup_broken() is broken
