@@ -90,7 +90,7 @@ def causal_attention(
     iff `k_positions[j] <= q_positions[i]`, so chunked (context-parallel) and
     incremental (KV-cache) callers get exactly the full-sequence result.
     Every query must see at least one key. Returns `[B, Sq, Hq, D]`.
-    Computed eagerly (explicit softmax in the input dtype) with scale `D**-0.5`."""
+    Computed eagerly (explicit softmax in fp32, cast back to the input dtype) with scale `D**-0.5`."""
     _b, _sq, hq, d = q.shape
     hkv = k.shape[2]
     if hq % hkv:
