@@ -1,9 +1,11 @@
 """``golden doctor WORKLOAD``: do the configured plugins import in every worker environment?
 
 Run before a workload: a plugin class that is missing from a worker's
-environment would otherwise fail that worker at start-up. Exit 0 when every
-configured plugin imports, 1 when one does not (with the install hint), 2 for
-an unusable spec.
+environment would otherwise fail that worker at start-up. For the built-in
+trace profilers it also parses their settings in ``plugins.env``
+(``HARNESS_TRACE_OPERATORS`` / ``_OPERATOR_STEPS`` / ``_COLLECTIVES``). Exit 0
+when every configured plugin imports and its settings parse, 1 when one does
+not (with the install hint or the bad value), 2 for an unusable spec.
 """
 
 from __future__ import annotations
@@ -48,4 +50,21 @@ def run(args: argparse.Namespace) -> int:
             failures += 1
             print(f"{check.environment.plugin_key}: {check.class_path} FAILS in the {where}: {check.error}")
             print(f"  hint: {check.hint}")
+    failures += _check_trace_settings(plugins)
     return 1 if failures else 0
+
+
+def _check_trace_settings(plugins: dict) -> int:
+    """The built-in trace profilers read HARNESS_TRACE_* from ``plugins.env``: would they start?"""
+    trace = [plugins.get(k) for k in ("policy_profiler", "rollout_profiler")
+             if str(plugins.get(k) or "").startswith("harness.profiler.trace.")]
+    if not trace:
+        return 0
+    from harness.profiler.phase import settings_problems
+
+    problems = settings_problems(dict(plugins.get("env") or {}))
+    for problem in problems:
+        print(f"plugins.env: {problem} (the trace profilers would fail every worker at start)")
+    if not problems:
+        print("plugins.env: the trace profilers' settings parse: ok")
+    return len(problems)

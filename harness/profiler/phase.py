@@ -134,6 +134,23 @@ class ProbeConfig:
         return fields
 
 
+def settings_problems(environ: dict[str, str]) -> list[str]:
+    """What would fail a trace profiler at start in ``environ`` (its HARNESS_TRACE_* values), without
+    building the operator counter or installing the collective kernels; ``[]`` when all parse."""
+    problems = []
+    source = environ.get(OPERATORS_ENV, "").strip().lower()
+    if source and source not in OPERATOR_SOURCES:
+        problems.append(f"{OPERATORS_ENV}={source!r}: expected one of {', '.join(OPERATOR_SOURCES)}")
+    try:
+        parse_step_schedule(environ.get(OPERATOR_STEPS_ENV, ""))
+    except ValueError as exc:
+        problems.append(str(exc))
+    method = environ.get(_collectives.METHOD_ENV, "").strip().lower()
+    if method and method not in _collectives.METHODS:
+        problems.append(f"{_collectives.METHOD_ENV}={method!r}: expected one of {', '.join(_collectives.METHODS)}")
+    return problems
+
+
 def resolve_probe_config(environ: dict[str, str] | None = None) -> ProbeConfig:
     """Read ``HARNESS_TRACE_OPERATORS`` / ``_OPERATOR_STEPS`` / ``_COLLECTIVES``; builds the C++ counter if needed.
 

@@ -49,3 +49,16 @@ def test_doctor_cli_exit_codes_and_hint(capsys):
     assert "fdoctor_absent.mod.Prof FAILS in the generation-worker environment" in out
     assert "hint: install the package providing 'fdoctor_absent.mod.Prof' in the generation-worker environment" in out
     assert main(["doctor", "no_such_workload_xyz"]) == 2
+
+
+def test_doctor_parses_the_trace_profilers_settings_in_plugins_env(capsys):
+    good = "plugins.env={HARNESS_TRACE_OPERATOR_STEPS: 'every:10', HARNESS_TRACE_OPERATORS: recordfn}"
+    assert main(["doctor", "qwen3_moe_tiny_smoke", good]) == 0
+    assert "plugins.env: the trace profilers' settings parse: ok" in capsys.readouterr().out
+    bad = "plugins.env={HARNESS_TRACE_OPERATOR_STEPS: 'every:0', HARNESS_TRACE_COLLECTIVES: hooks}"
+    assert main(["doctor", "qwen3_moe_tiny_smoke", bad]) == 1
+    out = capsys.readouterr().out
+    assert "HARNESS_TRACE_OPERATOR_STEPS='every:0'" in out and "HARNESS_TRACE_COLLECTIVES='hooks'" in out
+    # a third-party profiler's env is not the trace profilers' business
+    other = ["plugins.policy_profiler=null", "plugins.rollout_profiler=null", bad]
+    assert main(["doctor", "qwen3_moe_tiny_smoke", *other]) == 0
