@@ -47,23 +47,38 @@ def check_storable(prepared, *, allow_replace: bool) -> None:
                           f"fix {tolerances} first") from None
 
 
+def run_to_store(args: argparse.Namespace, command: str, *, allow_replace: bool):
+    """What capture and refresh share before storing: a reason, every refusal that can come
+    before the run (exit 2), then the run. ``(prepared, execution, None)``, or
+    ``(None, None, exit code)`` when there is nothing to store."""
+    import sys
+
+    from harness.cli import EXIT_USAGE
+    from harness.cli._workload_args import Refused, execute_or_explain, prepare
+
+    if not (args.reason or "").strip():
+        print(f"golden {command}: --reason TEXT must not be empty (it is recorded in PROVENANCE.json)",
+              file=sys.stderr)
+        return None, None, EXIT_USAGE
+    try:
+        prepared = prepare(args)
+        check_storable(prepared, allow_replace=allow_replace)
+    except Refused as exc:
+        print(f"golden {command}: {exc}", file=sys.stderr)
+        return None, None, exc.code
+    execution, code = execute_or_explain(args, prepared)
+    if execution is None:
+        return None, None, code
+    return prepared, execution, None
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
     from harness import flows
     from harness.cli import EXIT_NO_VERDICT, EXIT_USAGE
-    from harness.cli._workload_args import Refused, execute_or_explain, prepare
 
-    if not (args.reason or "").strip():
-        print("golden capture: --reason must not be empty (it is recorded in PROVENANCE.json)", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        prepared = prepare(args)
-        check_storable(prepared, allow_replace=False)
-    except Refused as exc:
-        print(f"golden capture: {exc}", file=sys.stderr)
-        return exc.code
-    execution, code = execute_or_explain(args, prepared)
+    prepared, execution, code = run_to_store(args, "capture", allow_replace=False)
     if execution is None:
         return code
     try:

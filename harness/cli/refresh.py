@@ -22,23 +22,13 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from harness import flows
-    from harness.cli import EXIT_NO_VERDICT, EXIT_USAGE
-    from harness.cli._workload_args import Refused, execute_or_explain, prepare
-    from harness.cli.capture import check_storable
+    from harness.cli import EXIT_NO_VERDICT
+    from harness.cli.capture import run_to_store
     from harness.parity.render import render
     from harness.parity.tolerances import ToleranceFileError
     from harness.store.atomic import GoldenStoreError
 
-    if not (args.reason or "").strip():
-        print("golden refresh: --reason TEXT is required (it is recorded in PROVENANCE.json)", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        prepared = prepare(args)
-        check_storable(prepared, allow_replace=True)
-    except Refused as exc:
-        print(f"golden refresh: {exc}", file=sys.stderr)
-        return exc.code
-    execution, code = execute_or_explain(args, prepared)
+    prepared, execution, code = run_to_store(args, "refresh", allow_replace=True)
     if execution is None:
         return code
     platform = prepared.platform

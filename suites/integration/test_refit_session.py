@@ -17,7 +17,6 @@ import contextlib
 import errno
 import os
 import socket
-import time
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ import torch
 from harness.policy.local_world import synthetic_batch
 from harness.spec import load_spec
 from harness.spec.topology import plan
+from suites.tcp_connections import settles_to
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -39,25 +39,6 @@ def _spec() -> dict:
     spec["plugins"] = {**spec["plugins"], "policy_profiler": None, "rollout_profiler": None}
     spec["capture"] = {**spec["capture"], "enabled": False}
     return spec
-
-
-def _established(port: int) -> int:
-    """Established TCP connections accepted by the server on ``port`` (the side-group store)."""
-    n = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.read().splitlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                    n += 1
-    return n
-
-
-def _settles_to(port: int, want: int, within_s: float = 30.0) -> int:
-    deadline = time.monotonic() + within_s
-    while (got := _established(port)) != want and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return got
 
 
 class SquattingPolicy:
@@ -122,7 +103,7 @@ def session(tmp_path_factory):
             out["held"].append({
                 "engines": ray.get([w.side_groups.remote() for w in workers]),
                 "policy": ray.get([w.side_groups.remote() for w in policy.workers]),
-                "connections": _settles_to(refitter.side_group()["port"], 1 + 3),
+                "connections": settles_to(refitter.side_group()["port"], 1 + 3),
             })
         yield out
     finally:
@@ -173,13 +154,13 @@ def test_shutdown_closes_every_side_group_and_the_dataplane_clients(session):
 
     ray.get(workers[0].shutdown.remote(), timeout=60)  # in-actor engine: the actor lives on
     assert ray.get(workers[0].side_groups.remote()) == [[]]
-    assert _settles_to(port, 1 + 2) == 1 + 2
+    assert settles_to(port, 1 + 2) == 1 + 2
     ray.get(workers[1].shutdown.remote(), timeout=60)  # internal process: closed, then stopped
-    assert _settles_to(port, 1 + 1) == 1 + 1
+    assert settles_to(port, 1 + 1) == 1 + 1
     ray.get(rank0.shutdown.remote(), timeout=60)  # policy rank 0: the actor lives until PolicyGroup kills it
     assert ray.get(rank0.side_groups.remote()) == []
     assert ray.get(rank0.dataplane_clients.remote()) == 0
-    assert _settles_to(port, 1) == 1  # only the serving store's own connection is left
+    assert settles_to(port, 1) == 1  # only the serving store's own connection is left
 
     refitter.close()  # last: stop serving
     refitter.close()  # idempotent

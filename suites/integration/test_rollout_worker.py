@@ -20,6 +20,7 @@ from harness.refit.broadcast import SideGroupSlot, broadcast_weights  # noqa: E4
 from harness.refit.engine_offsets import derive_engine_gpu_offsets  # noqa: E402
 from harness.refit.zmq_stream import send_weights_zmq  # noqa: E402
 from harness.rollout.worker import rollout_worker_actor  # noqa: E402
+from suites.tcp_connections import established, settles_to  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -145,30 +146,11 @@ def test_zmq_refit_is_bit_exact(cluster, name):
     assert result["weight_version"] == version
 
 
-def _established(port: int) -> int:
-    """Established TCP connections accepted by the server on ``port`` (side-group store clients)."""
-    n = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.read().splitlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                    n += 1
-    return n
-
-
-def _settles_to(port: int, want: int, within_s: float = 30.0) -> int:
-    deadline = time.monotonic() + within_s
-    while (got := _established(port)) != want and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return got
-
-
 @pytest.fixture(scope="module")
 def side_store(cluster):
     """The refit driver's role: a store served (bound) here before any member hears of the port."""
     store = HeldStore()
-    yield {"store": store, "base": _established(store.port), "prefix": "test-rollout-worker"}
+    yield {"store": store, "base": established(store.port), "prefix": "test-rollout-worker"}
     store.close()
 
 
@@ -210,11 +192,11 @@ def test_broadcast_refits_reuse_one_side_group_per_rank_and_are_bit_exact(cluste
                 (store.port, side_store["prefix"])}
             assert sender.created == 1
             # one store connection per member (sender + 3 engine ranks), not one per refit
-            assert _settles_to(store.port, side_store["base"] + world) == side_store["base"] + world
+            assert settles_to(store.port, side_store["base"] + world) == side_store["base"] + world
         assert ray.get(w["tp1_async"].side_groups.remote()) == [[]]  # not a member
     finally:
         sender.close()
-    assert _settles_to(store.port, side_store["base"] + world - 1) == side_store["base"] + world - 1
+    assert settles_to(store.port, side_store["base"] + world - 1) == side_store["base"] + world - 1
 
 
 def _events(path) -> list[str]:
@@ -244,10 +226,10 @@ def test_shutdown_closes_profilers_side_groups_and_leaves_no_children(cluster, s
     ray.get(w["tp1_sync"].shutdown.remote(), timeout=60)
     # the in-actor engine's actor is still alive: its side group was closed, not just dropped with a process
     assert ray.get(w["tp1_sync"].side_groups.remote()) == [[]]
-    assert _settles_to(store.port, side_store["base"] + 2) == side_store["base"] + 2  # tp2_async's 2 ranks
+    assert settles_to(store.port, side_store["base"] + 2) == side_store["base"] + 2  # tp2_async's 2 ranks
     for name in ("tp2_async", "tp1_async"):
         ray.get(w[name].shutdown.remote(), timeout=60)
-    assert _settles_to(store.port, side_store["base"]) == side_store["base"]  # no member connection left
+    assert settles_to(store.port, side_store["base"]) == side_store["base"]  # no member connection left
     deadline = time.monotonic() + 10
     pids = [p for i in info.values() for p in i["engine_pids"]]
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -23,6 +22,7 @@ from harness.refit.broadcast import (
     receive_broadcast,
 )
 from harness.refit.packing import TensorInfo
+from suites.tcp_connections import established, settles_to
 
 WORLD = 3
 TIMEOUT_S = 60.0
@@ -48,26 +48,6 @@ def _in_threads(fns: list[Callable[[], object]]) -> list[object]:
         raise errors[0]
     assert not any(t.is_alive() for t in threads), "a side-group member hung"
     return results
-
-
-def _established(port: int) -> int:
-    """Established TCP connections accepted by the server listening on ``port`` (this host)."""
-    n = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.read().splitlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                    n += 1
-    return n
-
-
-def _settles_to(port: int, want: int, within_s: float = 20.0) -> int:
-    """Connection counts change when the peer's close reaches the server: poll until ``want``."""
-    deadline = time.monotonic() + within_s
-    while (got := _established(port)) != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return got
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:
@@ -145,7 +125,7 @@ def test_every_member_rank0_included_joins_the_held_store_as_a_client():
 def test_slot_keeps_one_group_per_session_and_close_releases_its_connection():
     store = HeldStore()
     port = store.port
-    base = _established(port)  # the serving store's own client connection
+    base = established(port)  # the serving store's own client connection
     slots = [SideGroupSlot() for _ in range(WORLD)]
     session = {"host": store.host, "port": port, "world_size": WORLD, "timeout_s": TIMEOUT_S, "prefix": "t-session-1"}
     try:
@@ -172,7 +152,7 @@ def test_slot_keeps_one_group_per_session_and_close_releases_its_connection():
             assert [s.created for s in slots] == [1] * WORLD
             assert [len(s.describe()) for s in slots] == [1] * WORLD
             # one store connection per member however many refits ran
-            assert _settles_to(port, base + WORLD) == base + WORLD
+            assert settles_to(port, base + WORLD) == base + WORLD
 
         # a new session (different prefix) replaces the group: still one per member
         renewed = dict(session, prefix="t-session-2")
@@ -180,13 +160,13 @@ def test_slot_keeps_one_group_per_session_and_close_releases_its_connection():
         assert all(g.closed for g in first)
         assert [s.created for s in slots] == [2] * WORLD
         assert [s.describe()[0]["prefix"] for s in slots] == ["t-session-2"] * WORLD
-        assert _settles_to(port, base + WORLD) == base + WORLD
+        assert settles_to(port, base + WORLD) == base + WORLD
 
         for s in slots:
             s.close()
             s.close()  # idempotent
         assert [s.describe() for s in slots] == [[]] * WORLD
-        assert _settles_to(port, base) == base  # nothing leaked: every member connection closed
+        assert settles_to(port, base) == base  # nothing leaked: every member connection closed
     finally:
         for s in slots:
             s.close()

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -31,6 +30,7 @@ from harness.rollout.engine_worker import (
     initial_weights,
     resolve_eos_token_id,
 )
+from suites.tcp_connections import established, settles_to
 from suites.vllm_backend.conftest import vllm_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -144,30 +144,11 @@ def _broadcast(worker, weights, store, sender, buffer_size_bytes=65536):
     return sent, out["version"]
 
 
-def _established(port: int) -> int:
-    """Established TCP connections accepted by the server on ``port`` (side-group store clients)."""
-    n = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.read().splitlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                    n += 1
-    return n
-
-
-def _settles_to(port: int, want: int, within_s: float = 30.0) -> int:
-    deadline = time.monotonic() + within_s
-    while (got := _established(port)) != want and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return got
-
-
 def test_broadcast_refits_reuse_one_side_group_and_load_the_policy_weights(spec, vllm_worker):
     version0 = vllm_worker.weight_version()
     before = vllm_worker.generate(_requests())
     store, sender = HeldStore(), SideGroupSlot()
-    base = _established(store.port)
+    base = established(store.port)
     try:
         for refit in range(3):
             policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 7 + refit))
@@ -178,7 +159,7 @@ def test_broadcast_refits_reuse_one_side_group_and_load_the_policy_weights(spec,
             assert set(held) == set(policy) and all(torch.equal(held[n], policy[n]) for n in policy), refit
             groups = vllm_worker.side_groups()  # one group, built by the first refit, reused since
             assert [(g["port"], g["rank"], g["created"]) for g in groups] == [(store.port, 1, 1)], refit
-            assert _settles_to(store.port, base + 2) == base + 2  # sender + worker, not one per refit
+            assert settles_to(store.port, base + 2) == base + 2  # sender + worker, not one per refit
         assert torch.distributed.get_world_size() == 1  # vLLM's own default world, left alone by the side group
         after = vllm_worker.generate(_requests())
         native = _native(spec, policy).generate(_requests())
@@ -188,7 +169,7 @@ def test_broadcast_refits_reuse_one_side_group_and_load_the_policy_weights(spec,
         vllm_worker.close_side_groups()
         assert vllm_worker.side_groups() == []
         sender.close()
-        assert _settles_to(store.port, base) == base  # the worker's group released its store connection
+        assert settles_to(store.port, base) == base  # the worker's group released its store connection
     finally:
         sender.close()
         store.close()
