@@ -7,6 +7,7 @@ suites/golden and by ``test_failure_says_how_to_refresh`` (slow, one real run).
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -73,7 +74,10 @@ def test_a_damaged_golden_fails_every_surface_without_running(inner):
                                            "--golden-root", str(root))
     result.assert_outcomes(failed=6)
     out = result.stdout.str()
-    assert out.count(f"golden {SMOKE}/cpu is unusable") == 6 and "rollouts.json: sha256" in out
+    # One failure body per surface. Lines of pytest's short summary start with
+    # "FAILED" and repeat the message in full where pytest sees CI=1 (no truncation).
+    bodies = re.findall(rf"^golden {SMOKE}/cpu is unusable: .*rollouts\.json: sha256", out, re.M)
+    assert len(bodies) == 6
     assert "golden-runs" not in out  # no run directory: the workload never started
     assert f"{SMOKE:<36} cpu      error" in out
 
