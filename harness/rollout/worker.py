@@ -259,7 +259,14 @@ class RolloutWorker:
                 batch, self._pending = self._pending, []
             try:
                 results = await self._generate_batch([request for request, _ in batch])
-            except BaseException as exc:  # noqa: BLE001 - every failure goes to the waiting requests
+            except asyncio.CancelledError:
+                # The dispatcher itself is being cancelled (actor shutdown): every
+                # waiting request is cancelled with it, and the cancellation goes on.
+                for _, future in batch + self._pending + [m for b in self._wave_batches for m in b]:
+                    if not future.done():
+                        future.cancel()
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure goes to the waiting requests
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)

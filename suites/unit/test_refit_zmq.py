@@ -24,9 +24,11 @@ def _info(sd):
     return {n: (tuple(t.shape), t.dtype) for n, t in sd.items()}
 
 
-def _stream(tmp_path, sent, expected_info, buffer_size=4096, timeout_ms=10_000):
+def _stream(tmp_path, sent, expected_info, buffer_size=4096, timeout_ms=10_000, outcome=None):
+    """Send ``sent`` from a thread and receive it here. ``outcome`` (filled in even
+    when the receiver raises) gets the sender's ``stats`` or its ``error``."""
     address = ipc_address(str(tmp_path), "t")
-    outcome: dict = {}
+    outcome = {} if outcome is None else outcome
 
     def sender():
         try:
@@ -75,11 +77,16 @@ def test_zmq_receiver_rejects_unexpected_and_missing_but_acks(tmp_path):
     sent = dict(sd)
     sent["surprise"] = torch.zeros(2)
     expected.pop("layer0.w")
+    outcome: dict = {}
     with pytest.raises(WeightManifestError) as info:
-        _stream(tmp_path, sent, expected)
+        _stream(tmp_path, sent, expected, outcome=outcome)
     message = str(info.value)
     assert "'surprise'" in message and "never.sent" in message
     assert "layer0.w" in message  # sent but not expected: unexpected
+    # The receiver drained and acknowledged every group before raising, so the
+    # sender finished cleanly instead of timing out on a missing ack.
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["stats"].groups >= 1 and outcome["stats"].tensors == len(sent)
 
 
 def test_zmq_receiver_rejects_duplicates(tmp_path):
