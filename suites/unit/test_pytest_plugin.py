@@ -76,7 +76,7 @@ def test_a_damaged_golden_fails_every_surface_without_running(inner):
     out = result.stdout.str()
     # One failure body per surface. Lines of pytest's short summary start with
     # "FAILED" and repeat the message in full where pytest sees CI=1 (no truncation).
-    bodies = re.findall(rf"^golden {SMOKE}/cpu is unusable: .*rollouts\.json: sha256", out, re.M)
+    bodies = re.findall(rf"^golden {SMOKE}/cpu is unusable: .*rollouts\.json: sha256", out, re.MULTILINE)
     assert len(bodies) == 6
     assert "golden-runs" not in out  # no run directory: the workload never started
     assert f"{SMOKE:<36} cpu      error" in out
