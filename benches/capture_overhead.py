@@ -177,6 +177,24 @@ def synthetic(args: argparse.Namespace) -> None:
           f"  paired median {_paired(offs, ons):.3f}  (goal >= 0.95)")
 
 
+def _capture_parts(spec: dict, run_dir: Path, actor_name: str):
+    """The driver side of a captured rollout, as the runner builds it: the named
+    data-plane actor and its client, the ledger, tokenizer, admitter, prompt
+    loader and episode environment (Ray must be up)."""
+    from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+    from harness.envs.tasks import PromptLoader, make_task
+    from harness.envs.tokenizer import load_tokenizer
+    from harness.grpo.episodes import make_episode_env
+
+    client = DataPlaneClient(start_dataplane_actor(actor_name, str(run_dir / "dataplane.sqlite")))
+    ledger = CaptureLedger(run_dir / "ledger.sqlite")
+    tokenizer = load_tokenizer()
+    admitter = CaptureAdmitter(ledger, client, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
+    task = make_task(spec["env"]["task"], int(spec["seed"]))
+    loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
+    return client, ledger, tokenizer, admitter, loader, make_episode_env(spec, task, tokenizer)
+
+
 def smoke(args: argparse.Namespace) -> None:
     """The real engine path of a golden workload, capture on vs off (see module docstring)."""
     import os
@@ -184,10 +202,6 @@ def smoke(args: argparse.Namespace) -> None:
     import ray
 
     from harness.capture.sink import capture_config_from_spec
-    from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
-    from harness.envs.tasks import PromptLoader, make_task
-    from harness.envs.tokenizer import load_tokenizer
-    from harness.grpo.episodes import make_episode_env
     from harness.grpo.rollouts import RolloutDriver
     from harness.rollout.worker import rollout_worker_actor
     from harness.spec.load import load_spec
@@ -205,14 +219,7 @@ def smoke(args: argparse.Namespace) -> None:
              runtime_env={"env_vars": env_vars})
     try:
         name = f"dataplane-bench-{os.getpid()}"
-        handle = start_dataplane_actor(name, str(run_dir / "dataplane.sqlite"))
-        client = DataPlaneClient(handle)
-        ledger = CaptureLedger(run_dir / "ledger.sqlite")
-        tokenizer = load_tokenizer()
-        admitter = CaptureAdmitter(ledger, client, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
-        task = make_task(spec["env"]["task"], int(spec["seed"]))
-        loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
-        env = make_episode_env(spec, task, tokenizer)
+        client, ledger, tokenizer, admitter, loader, env = _capture_parts(spec, run_dir, name)
         cfg = capture_config_from_spec(spec, run_dir, dataplane_actor=name)
         if args.sink_dataplane == "path":  # the sink opens the actor's SQLite file itself, no client
             cfg = {**{k: v for k, v in cfg.items() if k != "dataplane_actor"},
@@ -294,11 +301,7 @@ def phases(args: argparse.Namespace) -> None:
     from harness.capture import receipt as receipt_mod
     from harness.capture import sink as sink_mod
     from harness.capture.sink import capture_config_from_spec
-    from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
-    from harness.envs.tasks import PromptLoader, make_task
-    from harness.envs.tokenizer import load_tokenizer
     from harness.grpo import rollouts
-    from harness.grpo.episodes import make_episode_env
     from harness.rollout.worker import RolloutWorker
     from harness.spec.load import load_spec
 
@@ -336,13 +339,7 @@ def phases(args: argparse.Namespace) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         name = f"dataplane-phases-{os.getpid()}"
-        client = DataPlaneClient(start_dataplane_actor(name, str(run_dir / "dataplane.sqlite")))
-        ledger = CaptureLedger(run_dir / "ledger.sqlite")
-        tokenizer = load_tokenizer()
-        admitter = CaptureAdmitter(ledger, client, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
-        task = make_task(spec["env"]["task"], int(spec["seed"]))
-        loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
-        env = make_episode_env(spec, task, tokenizer)
+        client, ledger, tokenizer, admitter, loader, env = _capture_parts(spec, run_dir, name)
         worker = RolloutWorker(spec, 0, 0, str(run_dir),
                                capture_config=capture_config_from_spec(spec, run_dir, dataplane_actor=name))
         engine = _InProcess(worker)

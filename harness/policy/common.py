@@ -1,13 +1,13 @@
 """What every policy backend's engine does the same way, around its own forward.
 
-:class:`EngineCommon` holds the backend-independent parts: checking a train
-batch, cutting it into microbatches, combining metrics over DP, the step
-metrics, and reference logprobs by swapping the initial weights in. A backend
-provides ``rank``, ``coords``, ``mbs`` (microbatch size), ``named``
-(``[(name, parameter)]``), ``reference_state`` (initial weights by name),
-``is_last`` (this rank computes metrics), ``lr``, ``wd``, ``split_dp_group``
-(the DP group metrics and counts are combined over; ``None`` at dp 1) and
-``get_logprobs``.
+:class:`EngineCommon` holds the backend-independent parts: the training state
+(reference weights, AdamW, loss), checking a train batch, cutting it into
+microbatches, combining metrics over DP, the step metrics, and reference
+logprobs by swapping the initial weights in. A backend provides ``rank``,
+``coords``, ``mbs`` (microbatch size), ``named`` (``[(name, parameter)]``, set
+before ``_init_training_state``), ``is_last`` (this rank computes metrics),
+``split_dp_group`` (the DP group metrics and counts are combined over; ``None``
+at dp 1) and ``get_logprobs``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.algos.loss import aggregate_microbatch_metrics
+from harness.algos.loss import ClippedPGLoss, aggregate_microbatch_metrics
 
 TRAIN_KEYS = (
     "input_ids", "input_lengths", "token_mask", "sample_mask", "advantages",
@@ -27,6 +27,22 @@ TRAIN_KEYS = (
 
 
 class EngineCommon:
+    def _init_training_state(self, spec: Mapping[str, Any]) -> None:
+        """Reference weights (the initial ``named`` parameters, on the CPU), AdamW
+        over ``named`` in that order, the loss and the step counters. Call once
+        ``named`` holds the rank's loaded parameters."""
+        self.reference_state = {n: p.detach().clone().cpu() for n, p in self.named}
+        opt = spec["policy"]["optimizer"]
+        self.lr, self.wd = float(opt["lr"]), float(opt["weight_decay"])
+        self.max_grad_norm = opt.get("max_grad_norm")
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.named], lr=self.lr, weight_decay=self.wd,
+            betas=(float(opt["beta1"]), float(opt["beta2"])), eps=float(opt["eps"]), foreach=False,
+        )
+        self.loss_fn = ClippedPGLoss(spec["grpo"]["loss"])
+        self.steps_done = 0
+        self._split: dict[str, Any] | None = None
+
     def _check_train_batch(self, batch: Mapping[str, torch.Tensor]) -> None:
         for key in TRAIN_KEYS:
             if key not in batch:

@@ -36,7 +36,6 @@ import torch
 import torch.distributed as dist
 
 from harness.algos.loss import (
-    ClippedPGLoss,
     global_valid_counts,
 )
 from harness.devices import local_device, moved
@@ -130,19 +129,8 @@ class PolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         del full
         self.named = self.model.hf_named_parameters()
         self.kinds = self.model.param_kinds()
-        # reference policy = initial weights, kept on CPU
-        self.reference_state = {n: p.detach().clone().cpu() for n, p in self.named}
-        opt = policy["optimizer"]
-        self.lr, self.wd = float(opt["lr"]), float(opt["weight_decay"])
-        self.max_grad_norm = opt.get("max_grad_norm")
-        self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.named], lr=self.lr, weight_decay=self.wd,
-            betas=(float(opt["beta1"]), float(opt["beta2"])), eps=float(opt["eps"]), foreach=False,
-        )
-        self.loss_fn = ClippedPGLoss(spec["grpo"]["loss"])
+        self._init_training_state(spec)
         self.is_last = self.model.is_last
-        self.steps_done = 0
-        self._split: dict[str, Any] | None = None
 
     # -- pipeline driver ---------------------------------------------------------
 

@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 
 from harness.algos.loss import (
-    ClippedPGLoss,
     global_valid_counts,
 )
 from harness.model import functional as Fn
@@ -147,18 +146,8 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
                     raise RuntimeError(f"{n}: HF value {tuple(value.shape)} != megatron shape {tuple(p.shape)}")
                 p.copy_(value.to(p.dtype))
         del full
-        self.reference_state = {n: p.detach().clone().cpu() for n, p in self.named}
-        opt = policy["optimizer"]
-        self.lr, self.wd = float(opt["lr"]), float(opt["weight_decay"])
-        self.max_grad_norm = opt.get("max_grad_norm")
-        self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.named], lr=self.lr, weight_decay=self.wd,
-            betas=(float(opt["beta1"]), float(opt["beta2"])), eps=float(opt["eps"]), foreach=False,
-        )
-        self.loss_fn = ClippedPGLoss(spec["grpo"]["loss"])
+        self._init_training_state(spec)
         self.is_last = stage == pp - 1
-        self.steps_done = 0
-        self._split: dict[str, Any] | None = None
         with_cp = int(policy["cp"]) > 1  # dense gradients over dp x cp ("dp" when cp == 1)
         self._dp_group = (
             ps.get_data_parallel_group(with_context_parallel=with_cp)
