@@ -41,6 +41,7 @@ from harness.store import layout
 from harness.store.provenance import provenance_errors
 from harness.surfaces.canonical import loads_strict, surface_file_bytes
 from harness.surfaces.digest import sha256_hex
+from harness.surfaces.portability import absolute_paths, describe
 from harness.surfaces.registry import validate_surface
 
 __all__ = ["Golden", "GoldenStoreError", "write_golden", "read_golden", "read_golden_dir", "recover", "workload_lock"]
@@ -160,6 +161,9 @@ def _golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[
             raise GoldenStoreError(f"surface {name}: {pointer or '/'}: {message} ({len(errors)} error(s))")
         if doc.get("workload") != workload:
             raise GoldenStoreError(f"surface {name}: /workload is {doc.get('workload')!r}, expected {workload!r}")
+        paths = absolute_paths(doc)
+        if paths:
+            raise GoldenStoreError(describe(name, paths))
         rel = f"{layout.SURFACES_DIR}/{name}.json"
         files[rel] = surface_file_bytes(doc)
         entries.append({"name": name, "path": rel, "sha256": sha256_hex(files[rel])})

@@ -10,7 +10,10 @@ Findings (kind):
 * ``missing_manifest``: a golden dir without manifest.json;
 * ``damaged_golden``: the manifest is not schema v2, or a surface file is missing,
   unlisted or differs from the sha256 the manifest records (edited by hand,
-  truncated): ``read_golden`` refuses such a golden, so every check of it would fail.
+  truncated): ``read_golden`` refuses such a golden, so every check of it would fail;
+* ``machine_specific``: a stored surface holds an absolute path after normalisation
+  (``harness.surfaces.portability``), so the golden passes only where it was captured
+  (the store refuses to write such a surface; this catches goldens written before).
 Lint only reads; it never repairs.
 """
 
@@ -62,7 +65,7 @@ def _check_golden(golden: Path, root: Path) -> list[LintFinding]:
     if not (golden / layout.MANIFEST).is_file():
         out.append(LintFinding("missing_manifest", rel, f"no {layout.MANIFEST}"))
     else:
-        out.extend(_damage(golden, rel))
+        out.extend(_damage(golden, rel) or _machine_specific(golden, rel))
     prov = golden / layout.PROVENANCE
     if not prov.is_file():
         out.append(LintFinding("bad_provenance", rel, f"no {layout.PROVENANCE}"))
@@ -87,6 +90,20 @@ def _damage(golden: Path, rel: str) -> list[LintFinding]:
     except (StrictJSONError, UnicodeDecodeError, GoldenStoreError) as exc:
         return [LintFinding("damaged_golden", rel, str(exc))]
     return []
+
+
+def _machine_specific(golden: Path, rel: str) -> list[LintFinding]:
+    """One finding per stored surface that holds an absolute path (run on undamaged goldens)."""
+    from harness.surfaces.portability import absolute_paths, describe
+
+    out = []
+    for path in sorted((golden / layout.SURFACES_DIR).glob("*.json")):
+        doc = load_strict(path)
+        found = absolute_paths(doc) if isinstance(doc, dict) and "surface" in doc else []
+        if found:
+            out.append(LintFinding("machine_specific", f"{rel}/{layout.SURFACES_DIR}/{path.name}",
+                                   describe(path.stem, found)))
+    return out
 
 
 def lint(goldens_root: str | Path) -> list[LintFinding]:
