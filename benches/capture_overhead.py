@@ -215,7 +215,7 @@ def smoke(args: argparse.Namespace) -> None:
     env_vars = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     run_dir = Path(tempfile.mkdtemp(prefix="capture_bench_smoke_", dir=args.dir))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": env_vars})
     try:
         name = f"dataplane-bench-{os.getpid()}"
@@ -336,7 +336,7 @@ def phases(args: argparse.Namespace) -> None:
     spec["capture"]["enabled"] = True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     run_dir = Path(tempfile.mkdtemp(prefix="capture_bench_phases_", dir=args.dir))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         name = f"dataplane-phases-{os.getpid()}"
         client, ledger, tokenizer, admitter, loader, env = _capture_parts(spec, run_dir, name)

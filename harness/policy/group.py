@@ -58,7 +58,8 @@ class PolicyGroup:
             if address:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False)
             else:
-                ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+                ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
+                         log_to_driver=False)  # "local": RAY_ADDRESS is not followed (see runner/session.py)
             self._started_ray = True
         env = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", **(env_vars or {})}
         self._store = HeldStore()  # served here for the group's lifetime (ranks may create groups later)

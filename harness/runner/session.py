@@ -77,7 +77,12 @@ class Session:
                 runtime_env["worker_process_setup_hook"] = hook
             on_main_thread = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if on_main_thread else None
-            ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
+            if os.environ.get("RAY_ADDRESS"):
+                self.say(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is ignored: a golden run starts its own "
+                         "local Ray instance (no shared cluster, no other jobs' actors)")
+            # address="local": always a fresh local instance. Without it ray.init follows
+            # RAY_ADDRESS to an existing cluster and then refuses num_cpus.
+            ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
                      log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")),
                      runtime_env=runtime_env)
             if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins

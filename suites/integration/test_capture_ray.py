@@ -18,7 +18,7 @@ EOS = 2
 @pytest.fixture(scope="module")
 def ray_session():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace="capture_test")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, namespace="capture_test")
     yield
     ray.shutdown()
 

@@ -35,7 +35,7 @@ def _spec(**layout):
 @pytest.fixture(scope="module")
 def ray_session():
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -185,7 +185,7 @@ def test_trace_profiler_inside_ray_actor(tmp_path):
             self.hooks.close()
 
     env = {"NRL_POLICY_PROFILER_CLASS": POLICY, "HARNESS_TRACE_DIR": str(tmp_path), "HARNESS_RUN_ID": "ray"}
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     try:
         worker = Worker.remote(2)
         # begin, microbatch and finish are separate actor calls (the split API's shape)

@@ -75,7 +75,7 @@ def session(tmp_path_factory):
     from harness.rollout.worker import rollout_worker_actor
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     run_dir = tmp_path_factory.mktemp("run")
     spec = _spec()
     policy = PolicyGroup(spec, plan(spec), str(run_dir))

@@ -63,7 +63,7 @@ def _children(pid: int) -> set[int]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     run_dir = tmp_path_factory.mktemp("run")
     env = {"NRL_ROLLOUT_PROFILER_CLASS": PROFILER, "HARNESS_TRACE_DIR": str(run_dir), "HARNESS_RUN_ID": "t"}
     actor = rollout_worker_actor()
