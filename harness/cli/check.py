@@ -16,7 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_workload_arguments(parser)
     parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit", "html"), default="terminal")
-    parser.add_argument("--output", default=None, help="also write the report here")
+    parser.add_argument("--output", default=None,
+                        help="write the report here instead of stdout (stdout then gets one summary line)")
     parser.add_argument(
         "--show-info", action="store_true", help="terminal: list informational (not gated) findings too"
     )
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from harness.parity.engine import compare
     from harness.parity.render import render
+    from harness.parity.render.common import summary_line
 
     try:
         check_output_path(args.output)
@@ -75,12 +77,14 @@ def run(args: argparse.Namespace) -> int:
     curves = {}
     if args.format == "html":  # the HTML report plots golden vs actual training curves
         curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces}
-    report = render(
-        verdict, args.format, title=f"{execution.spec['name']} [{platform}]", show_info=args.show_info, **curves
-    )
-    print(report)
-    if args.output:
+    title = f"{execution.spec['name']} [{platform}]"
+    report = render(verdict, args.format, title=title, color=False if args.output else None,
+                    show_info=args.show_info, **curves)
+    if args.output:  # as golden diff: the report to the file, one line to the log
         Path(args.output).write_text(report + "\n")
+        print(f"{title}: {summary_line(verdict)} (report: {args.output})")
+    else:
+        print(report)
     print(f"check {execution.spec['name']} [{platform}]: {verdict.status} "
           f"(wall {execution.wall_s:.1f}s; run dir {execution.run_dir})", file=sys.stderr)
     if not verdict.ok:
