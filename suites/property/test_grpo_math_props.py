@@ -74,7 +74,7 @@ def test_kl3_output_clamp_bounds_and_no_clamp_when_disabled(xs, kl_type, out_cla
 
 @given(st.text(min_size=1, max_size=4).filter(lambda s: s not in ("k1", "k2", "k3")))
 def test_kl4_unknown_type_raises(kl_type):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="kl_type"):
         calculate_kl(vec([0.0]), vec([-1.0]), kl_type=kl_type)
 
 

@@ -79,5 +79,5 @@ def test_parse_splits_at_the_last_dot(parts):
     path = ".".join(parts)
     assert parse_class_path(path) == (".".join(parts[:-1]), parts[-1])
     for bad in (path + ".", "." + path, path.replace(".", ":", 1), parts[0]):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="fully qualified class path"):
             parse_class_path(bad)

@@ -98,7 +98,7 @@ def test_rollout_trace_phases_tokens_and_aborts(tmp_path, monkeypatch):
         torch.zeros(16).add_(1)
     with hooks.rollout("step1/attempt1"):
         torch.ones(3).softmax(0)
-    with pytest.raises(KeyError), hooks.rollout("step1/attempt2"):
+    with pytest.raises(KeyError, match="boom"), hooks.rollout("step1/attempt2"):
         raise KeyError("boom")
     hooks.close()
     trace = read_trace(tmp_path / rollout_trace_path(1))
