@@ -22,6 +22,8 @@ it used to take an optimizer step); see the separate test.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -36,7 +38,7 @@ from harness.policy.engine import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, P
 from harness.policy.local_world import synthetic_batch, with_layout
 from harness.spec import load_spec
 
-SPEC_PATH = "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml"
+SPEC_PATH = str(Path(__file__).resolve().parents[2] / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
 _STATE: dict = {}
 
 
