@@ -232,6 +232,7 @@ def test_shutdown_closes_profilers_side_groups_and_leaves_no_children(cluster, s
     assert settles_to(store.port, side_store["base"]) == side_store["base"]  # no member connection left
     deadline = time.monotonic() + 10
     pids = [p for i in info.values() for p in i["engine_pids"]]
+    assert pids, info  # the async workers' engine processes: with none, "none alive" proves nothing
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(p) for p in pids)

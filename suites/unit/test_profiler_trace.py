@@ -258,6 +258,13 @@ def test_recordfn_build_is_cached_and_reused(tmp_path, monkeypatch):
     target = opcount.library_path(cxx)
     assert target.is_file() and target.parent == opcount.build_dir()
     assert not list(target.parent.glob(f"{target.stem}.*.tmp"))  # published by rename, no leftovers
+    # reused: a fresh load (as in a new process) takes the published library; a rebuild would
+    # publish a new file (os.replace: a new inode)
+    built = target.stat()
+    monkeypatch.setattr(opcount, "_lib", None)
+    monkeypatch.setattr(opcount, "_lib_error", None)
+    assert opcount.load().harness_opcount_abi_version() == opcount.ABI_VERSION
+    assert (target.stat().st_ino, target.stat().st_mtime_ns) == (built.st_ino, built.st_mtime_ns)
 
 
 def test_recordfn_stop_on_another_thread_is_reported(tmp_path, monkeypatch):
