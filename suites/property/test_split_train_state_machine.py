@@ -52,11 +52,12 @@ def _spec():
 
 @pytest.fixture(scope="module", autouse=True)
 def one_rank_world():
-    torch.set_num_threads(1)
     was_init = dist.is_initialized()
     was_det = torch.are_deterministic_algorithms_enabled()
     if was_init and dist.get_world_size() != 1:
         pytest.skip("a default process group of another size is already initialised")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     held = HeldStore()  # this process serves the store its one rank joins
     _STATE["store"] = held
     init_distributed(0, 1, held.host, held.port)
@@ -66,6 +67,7 @@ def one_rank_world():
     yield
     _STATE.clear()
     torch.use_deterministic_algorithms(was_det)
+    torch.set_num_threads(threads)
     if not was_init and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -10,6 +10,7 @@ from harness.artifacts.trace import read_trace
 from harness.plugins.loader import load_policy_profiler, load_rollout_profiler
 from harness.plugins.policy_hooks import PolicyProfilerHooks
 from harness.plugins.rollout_hooks import RolloutProfilerHooks
+from suites.torch_state import torch_settings
 
 POLICY = "harness.profiler.trace.TracePolicyProfiler"
 ROLLOUT = "harness.profiler.trace.TraceRolloutProfiler"
@@ -17,8 +18,8 @@ ROLLOUT = "harness.profiler.trace.TraceRolloutProfiler"
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    with torch_settings(threads=1, deterministic=True):
+        yield
 
 
 def _train(data, loss_fn=None, eval_mode=False):
