@@ -131,6 +131,9 @@ class SplitTrain(RuleBasedStateMachine):
             self.hooks.train_microbatch(self.engine.train_microbatch, batch)
         if not self.open:
             assert str(info.value) == NO_STEP_OPEN
+        else:  # the chunk's own fault, named (not some other ValueError)
+            want = "batch of 0 samples" if kind == "empty" else "missing field 'advantages'"
+            assert want in str(info.value), info.value
         # a rejected chunk leaves the worker step open (its profiler step is aborted)
         assert self.engine.step_open == self.open
         assert not self.hooks.step_open or self.open
