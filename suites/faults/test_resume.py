@@ -9,6 +9,7 @@ then finishes the run, and postflight merges the trace segments.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,10 +43,14 @@ def test_killed_and_resumed_run_matches_uninterrupted(tmp_path):
         assert time.monotonic() < deadline, "no checkpoint of step 2 appeared"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    # killed mid-run, not finished before the signal landed (or the resume below proves nothing)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
 
     resumed = flows.resume(run_dir)
     assert resumed.ok, resumed.problems()
+    (resume_point,) = json.loads((run_dir / "run.json").read_text())["resumed"]
+    assert 2 <= resume_point["after_step"] < 4, resume_point  # from a checkpoint, not rerun from scratch
     for name in GATED:
         assert canonical_bytes(resumed.postflight.surfaces[name]) == canonical_bytes(
             reference.postflight.surfaces[name]), name

@@ -73,4 +73,6 @@ def test_wrappers_keep_the_torch_signature():
     settle.install()
     assert dist.all_reduce.__name__ == "all_reduce" and dist.all_reduce.__harness_settled__
     assert "async_op" in str(__import__("inspect").signature(dist.all_reduce))
-    assert settle.cpu_tensors([torch.ones(1), [torch.ones(2), 3], "x"]) != []
+    a, b = torch.ones(1), torch.ones(2)
+    found = settle.cpu_tensors([a, [b, 3], "x"])
+    assert len(found) == 2 and found[0] is a and found[1] is b  # top level and inside lists, nothing else

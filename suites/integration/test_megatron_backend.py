@@ -19,6 +19,8 @@ Adam eps is 1e-6 as in test_parallel_parity.py (router scale-invariance noise).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
@@ -36,6 +38,8 @@ from harness.spec import load_spec
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
+REPO = Path(__file__).resolve().parents[2]
+
 STEPS = 3
 LP_ATOL = 1e-5
 REL = 1e-4
@@ -51,7 +55,7 @@ BATCH = 8
 
 
 def _spec(backend: str, **layout):
-    spec = load_spec("goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
+    spec = load_spec(str(REPO / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml"))
     base = with_layout(
         spec, **{"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 1, "pp_layout": None, "backend": backend, **layout}
     )

@@ -15,6 +15,8 @@ legitimately differ by ~1e-3 in router weights.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -22,6 +24,8 @@ from harness.policy.local_world import parity_job, spawn_world, synthetic_batch,
 from harness.spec import load_spec
 
 pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
 
 STEPS = 3
 REL = 1e-5
@@ -36,7 +40,7 @@ LAYOUTS = {
 
 
 def _spec():
-    spec = load_spec("goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
+    spec = load_spec(str(REPO / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml"))
     base = with_layout(spec, tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, pp_layout=None)
     base["policy"]["optimizer"] = {**base["policy"]["optimizer"], "eps": 1e-6}
     return base

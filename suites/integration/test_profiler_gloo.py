@@ -124,6 +124,7 @@ def test_ranks_agree_on_collective_sequence(gloo_run):
         [p["collectives"] for p in read_trace(gloo_run / policy_trace_path(r)).of_type("phase")]
         for r in (0, 1)
     ]
+    assert any(seqs[0]), "no collectives recorded: equal empty sequences would prove nothing"
     assert seqs[0] == seqs[1]
 
 
@@ -146,6 +147,8 @@ def test_sources_and_methods_agree(gloo_run, tmp_path_factory):
     profiler = _phases(_spawn(tmp_path_factory, {"HARNESS_TRACE_OPERATORS": "profiler"}))
     mode = _phases(_spawn(tmp_path_factory, {"HARNESS_TRACE_COLLECTIVES": "mode", "HARNESS_TRACE_OPERATORS": "off"}))
     assert base.keys() == profiler.keys() == mode.keys()
+    # something to agree on: inventories and collectives were recorded at all
+    assert any(p["operators"] for p in base.values()) and any(p["collectives"] for p in base.values())
     for key, phase in base.items():
         assert phase["operators"] == profiler[key]["operators"], key
         assert phase["collectives"] == profiler[key]["collectives"] == mode[key]["collectives"], key

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,11 +30,13 @@ from suites.tcp_connections import settles_to
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[2]
+
 REFITS = 3
 
 
 def _spec() -> dict:
-    spec = load_spec("goldens/qwen3_moe_tiny_smoke/workload.yaml")
+    spec = load_spec(str(REPO / "goldens/qwen3_moe_tiny_smoke/workload.yaml"))
     spec["rollout"] = {**spec["rollout"], "engines": 2, "tp": 1, "colocated": False,
                        "refit": {"transport": "auto", "buffer_size_bytes": 16384}}
     spec["plugins"] = {**spec["plugins"], "policy_profiler": None, "rollout_profiler": None}

@@ -27,8 +27,14 @@ from harness.algos import (
     masked_mean,
 )
 from harness.spec.schema import section_defaults
+from suites.torch_state import torch_settings
 
-torch.set_num_threads(1)
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with torch_settings(threads=1):  # was set at import: for every test collected with this module
+        yield
+
 
 logprob = st.floats(min_value=-40.0, max_value=0.0, allow_nan=False, width=32)
 reward = st.sampled_from([0.0, 0.25, 0.5, 1.0]) | st.floats(min_value=-5, max_value=5, allow_nan=False, width=32)
@@ -74,7 +80,7 @@ def test_kl3_output_clamp_bounds_and_no_clamp_when_disabled(xs, kl_type, out_cla
 
 @given(st.text(min_size=1, max_size=4).filter(lambda s: s not in ("k1", "k2", "k3")))
 def test_kl4_unknown_type_raises(kl_type):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="kl_type"):
         calculate_kl(vec([0.0]), vec([-1.0]), kl_type=kl_type)
 
 

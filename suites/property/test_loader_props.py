@@ -21,6 +21,10 @@ LOADERS = {POLICY_PROFILER_ENV: load_policy_profiler, ROLLOUT_PROFILER_ENV: load
 identifier = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
 # module names that certainly do not exist: imported nothing, so RuntimeError
 missing_module_path = st.lists(identifier, min_size=1, max_size=3).map(lambda parts: "zz_absent_" + ".".join(parts))
+# well-formed class paths of modules that cannot exist (unicode letters allowed): plain st.text
+# almost never yields a dotted identifier, so without these the RuntimeError branch went untested
+unicode_part = st.text(st.characters(categories=("L",)), min_size=1, max_size=6).filter(str.isidentifier)
+absent_class_path = st.lists(unicode_part, min_size=2, max_size=3).map(lambda parts: "zz_absent_" + ".".join(parts))
 junk_env = st.dictionaries(st.sampled_from(["PATH", "HOME", "X", "NRL_OTHER", "RANK"]), st.text(max_size=10))
 
 
@@ -29,7 +33,8 @@ def _well_formed(path: str) -> bool:
     return bool(module and cls and all(p.isidentifier() for p in path.split(".")))
 
 
-@given(value=st.text(max_size=40), env_var=st.sampled_from(sorted(LOADERS)), rank=st.integers(0, 4096))
+@given(value=st.text(max_size=40) | absent_class_path, env_var=st.sampled_from(sorted(LOADERS)),
+       rank=st.integers(0, 4096))
 def test_any_string_is_refused_with_the_documented_error_type(value, env_var, rank):
     """Every configured value yields None (empty), ValueError (malformed) or RuntimeError (unloadable)."""
     assert "zz_absent" not in sys.modules
@@ -74,5 +79,5 @@ def test_parse_splits_at_the_last_dot(parts):
     path = ".".join(parts)
     assert parse_class_path(path) == (".".join(parts[:-1]), parts[-1])
     for bad in (path + ".", "." + path, path.replace(".", ":", 1), parts[0]):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="fully qualified class path"):
             parse_class_path(bad)

@@ -54,7 +54,7 @@ def test_2_3_7_structure_eos_count_and_length(model: list[int], template_prefix:
     k = template_prefix.count(EOS)
     pos = kth_eos(template, k) if k else None
     if pos is None:
-        with pytest.raises(AssertionError):  # invariant 5
+        with pytest.raises(AssertionError, match=f"could not find EOS number {k} "):  # invariant 5
             replace_prefix_tokens(TOK, model, template_prefix, template)
         return
     out = replace_prefix_tokens(TOK, model, template_prefix, template)
@@ -95,10 +95,12 @@ def test_6_template_prefix_matters_only_through_eos_count(model: list[int], temp
     other = [(t + 1) % 7 if (t + 1) % 7 != EOS else 0 for t in other]
     for _ in range(template_prefix.count(EOS)):
         other.insert(rnd.randint(0, len(other)), EOS)
+    refusal = f"could not find EOS number {template_prefix.count(EOS)} "  # invariant 5, not any assert
     try:
         a = replace_prefix_tokens(TOK, model, template_prefix, template)
-    except AssertionError:
-        with pytest.raises(AssertionError):
+    except AssertionError as exc:
+        assert refusal in str(exc), exc
+        with pytest.raises(AssertionError, match=refusal):
             replace_prefix_tokens(TOK, model, other, template)
         return
     assert replace_prefix_tokens(TOK, model, other, template) == a
@@ -106,10 +108,12 @@ def test_6_template_prefix_matters_only_through_eos_count(model: list[int], temp
 
 @given(st.lists(st.integers(0, 6), min_size=1), ids, ids)
 def test_explicit_eos_overrides_tokenizer(model: list[int], template_prefix: list[int], template: list[int]) -> None:
+    refusal = f"could not find EOS number {template_prefix.count(EOS)} "  # invariant 5, not any assert
     try:
         expected = replace_prefix_tokens(TOK, model, template_prefix, template)
-    except AssertionError:
-        with pytest.raises(AssertionError):
+    except AssertionError as exc:
+        assert refusal in str(exc), exc
+        with pytest.raises(AssertionError, match=refusal):
             replace_prefix_tokens(None, model, template_prefix, template, eos_token_id=EOS)
         return
     assert replace_prefix_tokens(None, model, template_prefix, template, eos_token_id=EOS) == expected

@@ -22,6 +22,8 @@ it used to take an optimizer step); see the separate test.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -36,7 +38,7 @@ from harness.policy.engine import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, P
 from harness.policy.local_world import synthetic_batch, with_layout
 from harness.spec import load_spec
 
-SPEC_PATH = "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml"
+SPEC_PATH = str(Path(__file__).resolve().parents[2] / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
 _STATE: dict = {}
 
 
@@ -50,11 +52,12 @@ def _spec():
 
 @pytest.fixture(scope="module", autouse=True)
 def one_rank_world():
-    torch.set_num_threads(1)
     was_init = dist.is_initialized()
     was_det = torch.are_deterministic_algorithms_enabled()
     if was_init and dist.get_world_size() != 1:
         pytest.skip("a default process group of another size is already initialised")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     held = HeldStore()  # this process serves the store its one rank joins
     _STATE["store"] = held
     init_distributed(0, 1, held.host, held.port)
@@ -64,6 +67,7 @@ def one_rank_world():
     yield
     _STATE.clear()
     torch.use_deterministic_algorithms(was_det)
+    torch.set_num_threads(threads)
     if not was_init and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -127,6 +131,9 @@ class SplitTrain(RuleBasedStateMachine):
             self.hooks.train_microbatch(self.engine.train_microbatch, batch)
         if not self.open:
             assert str(info.value) == NO_STEP_OPEN
+        else:  # the chunk's own fault, named (not some other ValueError)
+            want = "batch of 0 samples" if kind == "empty" else "missing field 'advantages'"
+            assert want in str(info.value), info.value
         # a rejected chunk leaves the worker step open (its profiler step is aborted)
         assert self.engine.step_open == self.open
         assert not self.hooks.step_open or self.open

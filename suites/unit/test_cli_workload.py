@@ -92,6 +92,7 @@ def test_unscheduled_platform_is_refused_before_running(root, tmp_path, no_run, 
 
 def test_capture_with_an_empty_reason_is_refused(root, no_run, capsys):
     assert main(["capture", SMOKE, "--goldens-root", str(root), "--platform", "cuda", "--reason", " "]) == EXIT_USAGE
+    assert "--reason TEXT must not be empty" in capsys.readouterr().err  # refused for the reason, nothing else
 
 
 def test_run_dir_that_is_not_empty_or_not_a_directory_is_refused(root, tmp_path, no_run, capsys):

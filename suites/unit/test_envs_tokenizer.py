@@ -116,6 +116,15 @@ def test_load_errors_name_file_and_field(tmp_path):
         load_tokenizer(tmp_path)
 
 
-def test_digest_is_stable_and_content_addressed():
+def test_digest_is_stable_and_content_addressed(tmp_path):
     assert load_tokenizer().digest == TOK.digest
     assert len(TOK.digest) == 64
+    # content, not location: a copy elsewhere digests alike, one changed byte does not
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("vocab.json", "chat_template.jinja"):
+        (copy / name).write_bytes((DEFAULT_TOKENIZER_DIR / name).read_bytes())
+    assert load_tokenizer(copy).digest == TOK.digest
+    template = copy / "chat_template.jinja"
+    template.write_text(template.read_text() + "\n")
+    assert load_tokenizer(copy).digest != TOK.digest

@@ -11,6 +11,7 @@ import torch
 from harness.model import functional as Fn
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model, hf_fused_state_dict
+from suites.torch_state import torch_settings
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,9 +33,9 @@ def _hf_model(ours):
 @pytest.fixture(scope="module")
 def models():
     torch.manual_seed(0)
-    torch.use_deterministic_algorithms(True)
-    ours = build_reference_model(CFG, seed=7)
-    return ours, _hf_model(ours)
+    with torch_settings(threads=None, deterministic=True):
+        ours = build_reference_model(CFG, seed=7)
+        yield ours, _hf_model(ours)
 
 
 def test_parameter_names_and_count_match_hf(models):

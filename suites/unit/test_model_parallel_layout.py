@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from harness.parallel.context import gathered_positions, zigzag_positions
 from harness.parallel.groups import layout_from_spec, stage_layers, validate_policy_layout
 
+REPO = Path(__file__).resolve().parents[2]
 MODEL = {"experts": 8, "heads": 8, "kv_heads": 2, "vocab": 256, "layers": 4}
 
 
@@ -36,7 +39,7 @@ def test_planner_and_local_rule_agree():
     from harness.parallel.groups import layout_from_topology
     from harness.spec import load_spec, plan
 
-    spec = load_spec("goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
+    spec = load_spec(str(REPO / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml"))
     local = layout_from_topology(plan(spec), spec["policy"])  # raises on disagreement
     assert local.world == 8
 

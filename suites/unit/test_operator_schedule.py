@@ -17,6 +17,7 @@ from harness.plugins.policy_hooks import PolicyProfilerHooks
 from harness.plugins.rollout_hooks import RolloutProfilerHooks
 from harness.profiler.phase import OPERATOR_STEPS_ENV, parse_step_schedule
 from harness.profiler.trace import rollout_step_number
+from suites.torch_state import torch_settings
 
 POLICY = "harness.profiler.trace.TracePolicyProfiler"
 ROLLOUT = "harness.profiler.trace.TraceRolloutProfiler"
@@ -68,7 +69,11 @@ def _train(data, loss_fn=None, eval_mode=False):
 
 
 def test_policy_phases_outside_the_schedule_have_no_inventory(tmp_path, monkeypatch):
-    torch.set_num_threads(1)
+    with torch_settings(threads=1):
+        _policy_phases_outside_the_schedule(tmp_path, monkeypatch)
+
+
+def _policy_phases_outside_the_schedule(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_TRACE_DIR", str(tmp_path))
     monkeypatch.setenv(OPERATOR_STEPS_ENV, "every:2")
     hooks = PolicyProfilerHooks(load_policy_profiler(rank=0, environ={"NRL_POLICY_PROFILER_CLASS": POLICY}))

@@ -149,8 +149,13 @@ def test_terminal_colour_follows_tty_and_no_color(monkeypatch):
         def isatty(self):
             return True
 
+    class Pipe:
+        def isatty(self):
+            return False
+
     monkeypatch.delenv("NO_COLOR", raising=False)
     assert use_color(Tty())
+    assert not use_color(Pipe())  # a pipe or file gets no escape codes
     monkeypatch.setenv("NO_COLOR", "1")
     assert not use_color(Tty())
 

@@ -95,7 +95,7 @@ def test_rollout_window_success_and_error():
     prof, hooks = _ready()
     with hooks.rollout("step1/attempt1"):
         pass
-    with pytest.raises(KeyError), hooks.rollout("step1/attempt2"):
+    with pytest.raises(KeyError, match="generation failed"), hooks.rollout("step1/attempt2"):
         raise KeyError("generation failed")
     assert prof.calls[2:] == [
         ("begin_rollout", "step1/attempt1"),
@@ -107,14 +107,14 @@ def test_rollout_window_success_and_error():
 
 def test_rollout_abort_failure_does_not_mask_error():
     _prof, hooks = _ready(RecordingRolloutProfiler(fail={"abort_rollout": 0}))
-    with pytest.raises(KeyError) as info, hooks.rollout("step1/attempt1"):
+    with pytest.raises(KeyError, match="generation failed") as info, hooks.rollout("step1/attempt1"):
         raise KeyError("generation failed")
     assert any("abort_rollout" in n for n in info.value.__notes__)
 
 
 def test_rollout_begin_failure_aborts():
     prof, hooks = _ready(RecordingRolloutProfiler(fail={"begin_rollout": 1}))
-    with pytest.raises(InjectedFailure), hooks.rollout("step1/attempt1"):
+    with pytest.raises(InjectedFailure, match="begin_rollout failed"), hooks.rollout("step1/attempt1"):
         pytest.fail("body must not run")
     assert prof.calls[-1] == ("abort_rollout", "grpo_rollout_error")
     with hooks.rollout("step1/attempt2"):
@@ -149,7 +149,7 @@ def test_close_ends_open_init_window_first_and_cleans_up():
 def test_close_failure_still_cleans_up():
     _prof, hooks = _ready(RecordingRolloutProfiler(fail={"close": 0}))
     cleaned = []
-    with pytest.raises(InjectedFailure):
+    with pytest.raises(InjectedFailure, match="close failed"):
         hooks.close(cleanup=lambda: cleaned.append(True))
     assert cleaned == [True]
 

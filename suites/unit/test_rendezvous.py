@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 
 import pytest
@@ -11,8 +12,9 @@ from harness.parallel.rendezvous import HeldStore, join_store
 
 def test_held_store_port_is_taken_while_held_and_ranks_can_join():
     held = HeldStore()
-    with socket.socket() as other, pytest.raises(OSError):
+    with socket.socket() as other, pytest.raises(OSError) as info:
         other.bind((held.host, held.port))  # nobody else can take it between hand-out and join
+    assert info.value.errno == errno.EADDRINUSE  # taken, not some other bind failure
     client = join_store(held.host, held.port, timeout_s=10)
     client.set("rank0", "ready")
     assert join_store(held.host, held.port, timeout_s=10).get("rank0") == b"ready"

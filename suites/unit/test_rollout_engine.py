@@ -10,15 +10,20 @@ from harness.model.qwen3_moe import build_reference_model
 from harness.rollout.engine import Engine
 from harness.rollout.sampling import sample_token
 from harness.rollout.sharding import ShardPlan, hf_weight_shapes
+from suites.torch_state import torch_settings
 
 CFG = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, experts=4, top_k=2,
                   moe_intermediate=16, vocab=64, max_position=96)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with torch_settings(threads=1, deterministic=True):
+        yield
+
+
 @pytest.fixture(scope="module")
 def reference():
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
     return build_reference_model(CFG, seed=11)
 
 
@@ -191,7 +196,6 @@ def _pool(cfg, n=10):
 
 @pytest.fixture(scope="module")
 def odd_weights():
-    torch.set_num_threads(1)
     return {n: t.detach() for n, t in build_reference_model(ODD, seed=5).state_dict().items()}
 
 

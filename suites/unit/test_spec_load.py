@@ -171,6 +171,8 @@ def test_yaml_exponent_floats_and_duplicate_keys(tmp_path):
                                       " experts: 8, top_k: 2, moe_intermediate: 32, vocab: 256, rope_theta: 1e6}\n"
                                       "policy: {optimizer: {lr: 3e-4}}\n"))
     assert spec["model"]["rope_theta"] == 1e6 and spec["policy"]["optimizer"]["lr"] == 3e-4
+    with pytest.raises(SpecError, match="duplicate key 'seed'"):
+        load_spec(_write(tmp_path, "name: f\nseed: 1\nseed: 2\nmodel: {layers: 4}\n", "dup.yaml"))
 
 
 def test_name_resolution(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -84,8 +85,12 @@ def test_invalid_inputs_are_refused_before_touching_disk(tmp_path):
 
 
 def test_read_missing_golden_names_the_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="w"):
+    # match="w" alone matched almost any message; name the workload, platform and path
+    with pytest.raises(FileNotFoundError, match=re.escape(f"no golden for workload 'w': {tmp_path / 'w'} does not")):
         read_golden(tmp_path, "w", "cpu")
+    _write(tmp_path)  # the workload now has a cpu golden, but none for cuda
+    with pytest.raises(FileNotFoundError, match=re.escape(f"platform 'cuda': {tmp_path / 'w' / 'cuda'} does not")):
+        read_golden(tmp_path, "w", "cuda")
 
 
 REPO = Path(__file__).resolve().parents[2]

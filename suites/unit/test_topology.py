@@ -131,8 +131,9 @@ def test_rank_groups_and_coords_helpers():
     with pytest.raises(TopologyError) as info:
         rank_groups(t, 8)
     assert info.value.field == "policy.rank"
-    with pytest.raises(TopologyError):
+    with pytest.raises(TopologyError, match="unknown role 'trainer'") as info:
         coords_of(t, "trainer", 0)
+    assert info.value.field == "role"
 
 
 def test_uneven_pipeline_layout():
