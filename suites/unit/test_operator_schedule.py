@@ -17,6 +17,7 @@ from harness.plugins.policy_hooks import PolicyProfilerHooks
 from harness.plugins.rollout_hooks import RolloutProfilerHooks
 from harness.profiler.phase import OPERATOR_STEPS_ENV, parse_step_schedule
 from harness.profiler.trace import rollout_step_number
+from suites.tiny_train import tiny_train
 from suites.torch_state import torch_settings
 
 POLICY = "harness.profiler.trace.TracePolicyProfiler"
@@ -60,14 +61,6 @@ def test_rollout_step_number(step_id, step):
     assert rollout_step_number(step_id) == step
 
 
-def _train(data, loss_fn=None, eval_mode=False):
-    torch.manual_seed(0)
-    w = torch.randn(8, 8, requires_grad=True)
-    loss = (data @ w).relu().sum()
-    loss.backward()
-    return float(loss.detach())
-
-
 def test_policy_phases_outside_the_schedule_have_no_inventory(tmp_path, monkeypatch):
     with torch_settings(threads=1):
         _policy_phases_outside_the_schedule(tmp_path, monkeypatch)
@@ -78,7 +71,7 @@ def _policy_phases_outside_the_schedule(tmp_path, monkeypatch):
     monkeypatch.setenv(OPERATOR_STEPS_ENV, "every:2")
     hooks = PolicyProfilerHooks(load_policy_profiler(rank=0, environ={"NRL_POLICY_PROFILER_CLASS": POLICY}))
     for _ in range(3):
-        hooks.run_train(_train, torch.ones(4, 8))
+        hooks.run_train(tiny_train, torch.ones(4, 8))
     hooks.close()
     trace = read_trace(tmp_path / policy_trace_path(0))
     assert trace.complete, trace.problems

@@ -10,6 +10,7 @@ from harness.artifacts.trace import read_trace
 from harness.plugins.loader import load_policy_profiler, load_rollout_profiler
 from harness.plugins.policy_hooks import PolicyProfilerHooks
 from harness.plugins.rollout_hooks import RolloutProfilerHooks
+from suites.tiny_train import tiny_train
 from suites.torch_state import torch_settings
 
 POLICY = "harness.profiler.trace.TracePolicyProfiler"
@@ -22,22 +23,14 @@ def _one_thread():
         yield
 
 
-def _train(data, loss_fn=None, eval_mode=False):
-    torch.manual_seed(0)
-    w = torch.randn(8, 8, requires_grad=True)
-    loss = (data @ w).relu().sum()
-    loss.backward()
-    return float(loss.detach())
-
-
 def _run_policy(monkeypatch, run_dir, steps=2, rank=0, trace_dir=None):
     env = {"NRL_POLICY_PROFILER_CLASS": POLICY}
     monkeypatch.setenv("HARNESS_TRACE_DIR", str(trace_dir or run_dir))
     monkeypatch.setenv("HARNESS_RUN_ID", "unit")
     hooks = PolicyProfilerHooks(load_policy_profiler(rank=rank, environ=env))
     for _ in range(steps):
-        hooks.run_train(_train, torch.ones(4, 8))
-    hooks.run_train(_train, torch.ones(4, 8), None, True)  # eval: not profiled
+        hooks.run_train(tiny_train, torch.ones(4, 8))
+    hooks.run_train(tiny_train, torch.ones(4, 8), None, True)  # eval: not profiled
     hooks.close()
     return read_trace(run_dir / policy_trace_path(rank))
 
