@@ -27,8 +27,9 @@ Consequence rules, tried against each earlier cause in execution order:
    rank section missing on one side): every later finding follows from it;
 2. ``same change``: the same difference as the cause (same surface and kind, the same
    element(s) for an ordered list, else the same key) on another rank, phase or step;
-3. ``same rank and phase``: same section and phase as the cause, any surface (the
-   operator count of an inserted collective; the other keys of a changed rollout);
+3. ``same rank and phase``: same section and phase as the cause or one of its
+   consequences, any surface (the operator count of an inserted collective; the
+   other keys of a changed rollout);
 4. ``follows the data``: a data-dependent finding at a later point (step, stage) than
    the cause: training metrics, rollouts, a collective whose only changed field is
    ``numel`` (EP all-to-all split sizes follow the routed tokens) and operator counts.
@@ -140,6 +141,8 @@ def divergences(findings: Iterable[Finding]) -> list[Divergence]:
                 at, rule = found[0]
         if at is not None and rule is not None:
             out[at].consequences.append((rule, f))
+            if f.section is not None:   # a repeat's own rank and phase belong to the same cause
+                by_point.setdefault((f.section, f.phase), at)
             continue
         out.append(Divergence(cause=f, point=point[:3]))
         by_signature.setdefault(_signature(f), len(out) - 1)
