@@ -87,8 +87,8 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
     causes = verdict.divergences
     if causes:
         gated = sum(1 + len(d.consequences) for d in causes)
-        lines += ["", f"first divergence: {len(causes)} cause(s) of {gated} gated finding(s), in execution order "
-                      "(step, phase, rank)"]
+        lines += ["", (f"first divergence: {len(causes)} cause(s) of {gated} gated finding(s), in execution order "
+                       "(step, phase, rank)")]
         for n, d in enumerate(causes[:limit], 1):
             f = d.cause
             lines.append(paint(f" {n}. {STATUS_WORD[f.status]} {location(f)}", f.status))
