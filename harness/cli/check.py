@@ -42,6 +42,17 @@ def _golden(prepared):
         raise Refused(f"golden {prepared.spec['name']} [{prepared.platform}] is unusable: {exc}") from None
 
 
+def _run_fields(run_dir) -> dict:
+    """The run's id for the report's provenance block (``run.json``; empty when unreadable)."""
+    import json
+
+    try:
+        doc = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"run_id": doc["run_id"]} if isinstance(doc, dict) and "run_id" in doc else {}
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
@@ -76,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     verdict = compare(golden.surfaces, execution.postflight.surfaces, tolerances=table, deterministic=deterministic)
     curves = {}
     if args.format == "html":  # the HTML report plots golden vs actual training curves
-        curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces}
+        curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces,
+                  "provenance": golden.provenance, "run": _run_fields(execution.run_dir)}
     title = f"{execution.spec['name']} [{platform}]"
     report = render(verdict, args.format, title=title, color=False if args.output else None,
                     show_info=args.show_info, **curves)

@@ -162,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"golden diff: unusable input: {exc}", file=sys.stderr)
         return 2
     title = f"golden diff {golden.workload}/{golden.platform}"
+    run_fields = {"run_id": manifest["run_id"]} if isinstance(manifest, dict) and "run_id" in manifest else None
     report = render(verdict, args.format, title=title, color=False if args.output else None, show_info=args.show_info,
-                    surfaces_actual=actual, surfaces_golden=golden.surfaces)
+                    surfaces_actual=actual, surfaces_golden=golden.surfaces, provenance=golden.provenance,
+                    run=run_fields)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(report)

@@ -4,7 +4,10 @@ Every renderer is a pure function ``render_<format>(verdict, *, title=...) -> st
 ``render(verdict, fmt)`` dispatches by name. Human formats cap the findings shown
 per surface (``limit``) and say how many were left out; JSON is always complete.
 HTML also plots the training curves when given the surface documents
-(``surfaces_actual`` / ``surfaces_golden``, {name: document}); the other formats ignore them.
+(``surfaces_actual`` / ``surfaces_golden``, {name: document}) and shows a provenance
+block when given the golden's ``provenance`` and the ``run``'s fields (``run_id``); the
+other formats ignore them. Every format lists the causes first, in execution order
+(``harness.parity.divergence``), with full values.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ __all__ = ["FORMATS", "render", "render_html", "render_json", "render_junit", "r
 
 
 def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: bool | None = None,
-           surfaces_actual: dict | None = None, surfaces_golden: dict | None = None, show_info: bool = False) -> str:
+           surfaces_actual: dict | None = None, surfaces_golden: dict | None = None, show_info: bool = False,
+           provenance: dict | None = None, run: dict | None = None) -> str:
     if fmt == "terminal":
         return render_terminal(verdict, title=title, color=color, show_info=show_info)
     if fmt == "markdown":
@@ -32,5 +36,6 @@ def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: b
     if fmt == "junit":
         return render_junit(verdict, title=title)
     if fmt == "html":
-        return render_html(verdict, title=title, surfaces_actual=surfaces_actual, surfaces_golden=surfaces_golden)
+        return render_html(verdict, title=title, surfaces_actual=surfaces_actual, surfaces_golden=surfaces_golden,
+                           provenance=provenance, run=run)
     raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
