@@ -18,8 +18,10 @@ Execution point (docs/gate.md, "First divergence first")
   (training surface) 2;
 * rank: the section id with its numbers compared as numbers;
 * surface: topology, lifecycle, collectives, operators, rollouts, training;
-* position: the element's index in an ordered list, then the key (numbers as numbers;
-  on topology ``/layout`` before ``/world_size``, ``/ranks`` and ``/groups``).
+* position: the key (numbers as numbers), an ordered list's element by its index
+  (golden's, else the run's); on topology ``/layout`` first (its sizes in the order
+  tp, pp, cp, ep, etp, dp, then the derived edp), then ``/world_size``, ``/ranks``,
+  ``/groups``.
 
 Consequence rules, tried against each earlier cause in execution order:
 
@@ -50,6 +52,8 @@ RULES = ("after topology", "same change", "same rank and phase", "follows the da
 _SURFACE_ORDER = {name: i for i, name in enumerate(
     ("topology", "lifecycle", "collectives", "operators", "rollouts", "training", "memory", "timings"))}
 _TOPOLOGY_KEYS = {"layout": 0, "world_size": 1, "ranks": 2, "groups": 3}
+# parallel sizes as a spec sets them, then the derived ones (edp follows from the others)
+_LAYOUT_ORDER = ("tp", "pp", "cp", "ep", "etp", "dp", "edp")
 _STEP = re.compile(r"step0*(\d+)")
 
 
@@ -80,11 +84,19 @@ def _position(f: Finding) -> int:
     return -1
 
 
+def _topology_rank(f: Finding) -> tuple[int, int]:
+    if f.surface != "topology" or not f.path:
+        return (9, 0)
+    top = _TOPOLOGY_KEYS.get(str(f.path[0]), 9)
+    inner = str(f.path[1]) if len(f.path) > 1 else ""
+    return (top, _LAYOUT_ORDER.index(inner) if top == 0 and inner in _LAYOUT_ORDER else len(_LAYOUT_ORDER))
+
+
 def execution_point(f: Finding) -> tuple:
     """Sort key of a finding in execution order (see the module docstring)."""
-    top = _TOPOLOGY_KEYS.get(str(f.path[0]), 9) if f.surface == "topology" and f.path else 9
-    return (_step(f), _stage(f), natural_key(f.section or ""), _SURFACE_ORDER.get(f.surface, 99), top,
-            _position(f), path_key(f.path))
+    path = f.path[:-1] + (_position(f),) if f.position else f.path   # a sequence element by its index
+    return (_step(f), _stage(f), natural_key(f.section or ""), _SURFACE_ORDER.get(f.surface, 99), _topology_rank(f),
+            path_key(path))
 
 
 def _is_topology(f: Finding) -> bool:

@@ -75,7 +75,7 @@ th,td{border:1px solid var(--line);padding:4px 8px;text-align:left;vertical-alig
 th{background:var(--bg-alt);position:sticky;top:0}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.val,td.key,td.sec{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-td.val{max-width:360px;word-break:break-all}
+td.val{min-width:9em;max-width:420px}
 td.key{overflow-wrap:anywhere;min-width:12em}
 td.sec{white-space:nowrap}
 tr.fail td:first-child{border-left:4px solid var(--fail)}
@@ -86,7 +86,7 @@ td.st{font-weight:700;white-space:nowrap}
 tr.fail td.st{color:var(--fail)}tr.stale td.st{color:var(--stale)}tr.info td.st{color:var(--info)}
 tr.parity td.st{color:var(--parity)}
 table.summary-table{width:auto;min-width:640px}
-div.v{white-space:pre-wrap;word-break:break-all;max-height:320px;overflow:auto}
+div.v{white-space:pre-wrap;overflow-wrap:anywhere;max-height:320px;overflow:auto}
 mark{background:#ffe08a;color:inherit;font-weight:700;padding:0 1px}
 .coords-golden{color:var(--muted)}
 section.causes ol{padding-left:24px}
