@@ -115,7 +115,8 @@ def test_failed_run_detail_in_the_manifest_has_no_colour_codes_or_machine_paths(
     run = _write_run(tmp_path, status="failed")
     run["error"] = ("RuntimeError: policy worker 1 (rank 1) died during train: "
                     "\x1b[31mworker process exited\x1b[0m; "
-                    f"its log: see /tmp/ray/session_2026/logs/worker-ab-01-4242.err; trace {tmp_path}/artifacts/x.jsonl;"
+                    "its log: see /tmp/ray/session_2026/logs/worker-ab-01-4242.err; "
+                    f"trace {tmp_path}/artifacts/x.jsonl;"
                     " gloo [../third_party/gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:5555")
     (tmp_path / layout.RUN_JSON).write_text(json.dumps(run))
     postflight(tmp_path)
