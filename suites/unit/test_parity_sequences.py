@@ -142,7 +142,7 @@ def test_full_values_in_every_format_with_a_window_around_the_differing_element(
     long_g = list(range(100))
     long_a = [*range(57), 9999, *range(58, 100)]
     # a long list-valued element of an ordered list is one changed finding holding both lists
-    rollout = sorted(docs["rollouts"]["sections"])[0]
+    rollout = min(docs["rollouts"]["sections"])
     docs["rollouts"]["sections"][rollout]["calls"].append(long_g)
     actual["rollouts"]["sections"][rollout]["calls"].append(long_a)
     _coll(actual, 0)[4] = ["all_gather_into_tensor", "tp", "float32", 8192]
@@ -183,7 +183,7 @@ def test_first_divergence_a_barrier_on_every_rank_and_step_is_one_cause(docs):
 
 def test_first_divergence_data_changes_follow_the_rollout_that_caused_them(docs):
     actual = copy.deepcopy(docs)
-    rollout = sorted(s for s in actual["rollouts"]["sections"] if s.startswith("s02"))[0]
+    rollout = min(s for s in actual["rollouts"]["sections"] if s.startswith("s02"))
     actual["rollouts"]["sections"][rollout]["calls"][0]["chain_digest"] = "changed"
     for rank in range(4):
         for step in (2, 3):

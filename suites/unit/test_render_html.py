@@ -276,7 +276,7 @@ def test_golden_diff_format_html_plots_both_sides(tmp_path, golden):
 
 
 def test_gated_findings_first_informational_collapsed_causes_and_maps(failing):
-    golden, actual, verdict = failing
+    _, _, verdict = failing
     text = render_html(verdict, title="t")
     tree = parse(text)
     # causes before maps before findings; the informational memory table sits in a closed <details> after them
