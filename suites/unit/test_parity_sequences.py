@@ -182,8 +182,11 @@ def test_first_divergence_a_barrier_on_every_rank_and_step_is_one_cause(docs):
 
 
 def test_first_divergence_data_changes_follow_the_rollout_that_caused_them(docs):
+    sections = docs["rollouts"]["sections"]   # real section ids: stepNNNN-attemptM-rowNNNN
+    for row, sid in enumerate(sorted(sections)):
+        sections[f"step{int(sid[1:3]):04d}-attempt1-row{row:04d}"] = sections.pop(sid)
     actual = copy.deepcopy(docs)
-    rollout = min(s for s in actual["rollouts"]["sections"] if s.startswith("s02"))
+    rollout = min(s for s in actual["rollouts"]["sections"] if s.startswith("step0002"))
     actual["rollouts"]["sections"][rollout]["calls"][0]["chain_digest"] = "changed"
     for rank in range(4):
         for step in (2, 3):
@@ -196,6 +199,14 @@ def test_first_divergence_data_changes_follow_the_rollout_that_caused_them(docs)
     (cause,) = verdict.divergences
     assert cause.cause.surface == "rollouts" and cause.cause.section == rollout
     assert cause.counts() == {"collectives": 8, "training": 2}
+    assert cause.point[:2] == (2, 0)   # step 2, rollout stage
+    # a rollout change in step 3 does not explain step 2's split sizes
+    late = copy.deepcopy(actual)
+    late["rollouts"]["sections"][rollout]["calls"][0]["chain_digest"] = docs["rollouts"]["sections"][rollout][
+        "calls"][0]["chain_digest"]
+    late_id = min(s for s in late["rollouts"]["sections"] if s.startswith("step0003"))
+    late["rollouts"]["sections"][late_id]["decision"] = "changed"
+    assert [d.cause.surface for d in compare(docs, late).divergences][:1] == ["collectives"]
     # the same collective change alone (no rollout change) is its own cause
     del actual["rollouts"]
     del docs["rollouts"]
