@@ -1,16 +1,23 @@
 """Planted capture regressions for the durability and fail-closed tests (issue 23).
 
-Each function patches the process that calls it: the tests call them in
-process, in a forked writer child, or in every Ray worker as the runner's
-worker setup hook (``GOLDEN_WORKER_SETUP_HOOK=suites.faults.planted.<name>``
-with the repository on ``PYTHONPATH``). The tests that use them assert that
-the check under test fails with the mutation in place.
+Each function patches the process that calls it, through ``set_attr``
+(``setattr`` by default; a test passes ``monkeypatch.setattr`` so the patch
+is undone after it): the tests call them in process, in a forked writer
+child, or in every Ray worker as the runner's worker setup hook
+(``GOLDEN_WORKER_SETUP_HOOK=suites.faults.planted.<name>`` with the repository
+on ``PYTHONPATH``). The tests that use them assert that the check under test
+fails with the mutation in place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
 
-def sync_off_around_stage_commit() -> None:
+SetAttr = Callable[[Any, str, Any], None]
+
+
+def sync_off_around_stage_commit(set_attr: SetAttr = setattr) -> None:
     """The stage commit runs at ``synchronous=OFF`` (no fsync); FULL is restored after it,
     so a pragma read at open or between batches still says FULL."""
     from harness.dataplane.store import DataPlaneStore
@@ -24,10 +31,10 @@ def sync_off_around_stage_commit() -> None:
         finally:
             self._db.execute("PRAGMA synchronous=FULL")
 
-    DataPlaneStore.stage_many = stage_many
+    set_attr(DataPlaneStore, "stage_many", stage_many)
 
 
-def ledger_before_stage() -> None:
+def ledger_before_stage(set_attr: SetAttr = setattr) -> None:
     """A finish batch writes its ledger outcomes before it stages the rows they point at."""
     from harness.capture.sink import CaptureSink
 
@@ -38,10 +45,10 @@ def ledger_before_stage() -> None:
             self._stage(calls)
             return [c.coords() for c in calls]
 
-    CaptureSink.finish_requests = finish_requests
+    set_attr(CaptureSink, "finish_requests", finish_requests)
 
 
-def stage_returns_before_commit() -> None:
+def stage_returns_before_commit(set_attr: SetAttr = setattr) -> None:
     """``stage_many`` acknowledges every row (its digest) and returns before any commit:
     nothing reaches the data plane, while the ledger records the calls as committed."""
     import hashlib
@@ -51,4 +58,4 @@ def stage_returns_before_commit() -> None:
     def stage_many(self, items):
         return [hashlib.sha256(canonical_row_bytes(key, row)).hexdigest() for key, row in items]
 
-    DataPlaneStore.stage_many = stage_many
+    set_attr(DataPlaneStore, "stage_many", stage_many)
