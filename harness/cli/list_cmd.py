@@ -22,11 +22,9 @@ MANIFEST = "manifest.json"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the listing as JSON")
-    parser.add_argument(
-        "--goldens-root",
-        default=None,
-        help="folder holding the workloads (default: $GOLDEN_ROOT or the repo's goldens/)",
-    )
+    from harness.cli._options import add_goldens_root
+
+    add_goldens_root(parser)
 
 
 def collect(root) -> list[dict]:
