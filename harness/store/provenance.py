@@ -152,7 +152,7 @@ def repository_text(described: dict) -> str:
     if repo == "none":
         return "none (the goldens root is in no git repository)"
     if repo == "not recorded":
-        return "not recorded (golden captured before provenance recorded it)"
+        return "not recorded (an older golden)"
     commit = repo.get("commit") or "no commit yet"
     dirty = repo.get("dirty")
     state = "dirty" if dirty else ("clean" if dirty is False else "dirty flag unknown")
