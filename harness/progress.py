@@ -233,12 +233,18 @@ class RichProgress(Progress):
         super().phase(text)
         self._line(_escape(text), "cyan")
         self.bar.reset(self.task, description=_escape(text), total=None, detail="")
+        self.bar.refresh()
 
     def step(self, index: int, total: int) -> None:
+        first = self.tracker.total is None
         super().step(index, total)
         eta = self.tracker.eta()
-        detail = f"step {index}/{total}  ETA {_secs(eta) if eta is not None else '?'}"
-        self.bar.update(self.task, description="training", total=total, completed=index - 1, detail=detail)
+        description, detail = f"step {index}/{total}", f"ETA {_secs(eta) if eta is not None else '?'}"
+        if first:  # the elapsed column then counts from the first step
+            self.bar.reset(self.task, description=description, total=total, completed=index - 1, detail=detail)
+        else:
+            self.bar.update(self.task, description=description, total=total, completed=index - 1, detail=detail)
+        self.bar.refresh()
 
     def note(self, text: str) -> None:
         self._line(_escape(text))
@@ -263,16 +269,18 @@ def _is_terminal(stream: IO[str]) -> bool:
 
 
 def make_progress(*, quiet: bool = False, stream: IO[str] | None = None, mode: str | None = None,
-                  label: str = "golden") -> Progress:
+                  label: str = "golden", clock: Clock = time.monotonic, heartbeat: bool = True) -> Progress:
     """The reporter for a command: ``off``/``quiet`` -> silent, a terminal -> rich, else plain lines
-    with a running heartbeat. ``mode`` (else ``$GOLDEN_PROGRESS``, else ``auto``) forces one."""
+    with a running heartbeat thread (``heartbeat=False``: the caller calls ``tick()``).
+    ``mode`` (else ``$GOLDEN_PROGRESS``, else ``auto``) forces one."""
     stream = stream if stream is not None else sys.stderr
     mode = (mode or os.environ.get(MODE_ENV) or "auto").strip().lower()
     if quiet or mode == "off":
-        return Progress()
+        return Progress(clock)
     if mode == "rich" or (mode == "auto" and _is_terminal(stream)):
         try:
-            return RichProgress(stream)
+            return RichProgress(stream, clock=clock)
         except ImportError:  # rich is a core dependency; a broken install still gets plain lines
             pass
-    return PlainProgress(stream, label=label).start_heartbeat()
+    plain = PlainProgress(stream, label=label, clock=clock)
+    return plain.start_heartbeat() if heartbeat else plain
