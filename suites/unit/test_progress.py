@@ -218,3 +218,21 @@ def test_under_pytest_progress_reaches_the_terminal_while_output_is_captured(pyt
     err = result.stderr.str()
     assert re.search(r"\[golden w \d\d:\d\d:\d\d \+\d+\.\ds\] spawning 8 policy workers", err), err
     assert "captured stdout of a passing test" not in result.stdout.str()   # capture itself still on
+
+
+@pytest.mark.slow
+def test_a_real_check_in_a_terminal_shows_its_phases_on_stderr_and_only_the_report_on_stdout(tmp_path):
+    """One real `golden check` of the smoke workload, stderr on a pty: the live display names
+    every phase; stdout (a pipe) holds the report and nothing of the progress."""
+    env = {**_env(), "RAY_AUTH_MODE": "disabled"}
+    env.pop("GOLDEN_PLATFORM", None)
+    argv = [sys.executable, "-m", "harness.cli", "check", "qwen3_moe_tiny_smoke", "--run-dir", str(tmp_path / "run")]
+    out, terminal, rc = _run_in_pty(argv, env, timeout=300)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal)
+    assert rc == 0, text
+    for name in ("loading torch and ray", "starting Ray", "spawning 1 policy workers", "spawning 1 rollout engine",
+                 "initial refit", "step 1/3", "step 3/3", "postflight", "compare"):
+        assert name in text, (name, text)
+    assert out.startswith("qwen3_moe_tiny_smoke [cpu]: PARITY")
+    assert "golden provenance: captured" in out
+    assert "loading torch" not in out and "step 1/3" not in out
