@@ -217,7 +217,9 @@ class RichProgress(Progress):
         self.bar = RichBar(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
                            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
                            console=self.console, transient=True, refresh_per_second=4,
-                           redirect_stdout=False, redirect_stderr=False)
+                           # Python-level stderr writes (Ray's log lines) go above the display;
+                           # stdout is the report and is never redirected into it.
+                           redirect_stdout=False, redirect_stderr=True)
         self.task = self.bar.add_task("starting", total=None, detail="")
         self.bar.start()
         self._closed = False

@@ -24,7 +24,7 @@ def provenance_lines(provenance: dict | None) -> list[str]:
     if provenance is None:
         return []
     d = describe(provenance)
-    return ["", f"golden provenance: captured {d['date']} from repository {repository_text(d)}",
+    return ["", f"golden provenance: captured {d['date']}; repository {repository_text(d)}",
             f"  produced with {versions_text(d)}"]
 
 
