@@ -142,6 +142,7 @@ class Session:
         from harness.capture.sink import capture_config_from_spec
         from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
 
+        phase(self.say, "starting the data plane")
         name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
         self.dataplane_handle = start_dataplane_actor(name, str(self.run_dir / layout.DATAPLANE))
         self.dataplane = DataPlaneClient(self.dataplane_handle)
