@@ -41,7 +41,7 @@ from harness.parity.render.common import (
     summary_line,
 )
 from harness.parity.render.html_map import MAP_CSS, rank_step_maps
-from harness.parity.render.html_provenance import provenance_html
+from harness.parity.render.html_provenance import provenance_block
 
 __all__ = ["render_html", "CURVE_METRICS"]
 
@@ -444,8 +444,8 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
                 metrics: Sequence[str] = CURVE_METRICS, provenance: Mapping | None = None,
                 run: Mapping | None = None) -> str:
     """The report as one HTML document (a string). Surfaces are {name: document} mappings;
-    ``provenance`` is the golden's provenance and ``run`` the run's fields (``run_id``), both
-    shown as given (``html_provenance``)."""
+    ``provenance`` is the golden's PROVENANCE.json and ``run`` the run's fields (``run_id``),
+    shown near the top (``html_provenance.provenance_block``)."""
     status = verdict.status
     counts = verdict.counts()
     names = sorted(verdict.surfaces)
@@ -470,7 +470,7 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
         "</ul>",
         f'<p class="summary">{_e(summary_line(verdict))}</p>',
         "</header><main>",
-        provenance_html(provenance, run),
+        provenance_block(provenance, run),
         ('<section id="summary"><h2>Surfaces</h2><table class="summary-table"><thead><tr>'
          "<th>surface</th><th>gated</th><th>status</th><th>sections</th><th>differing</th><th>findings</th>"
          "</tr></thead><tbody>"),

@@ -1,9 +1,11 @@
-"""The provenance block of the HTML report: whatever the golden's provenance holds, plus the run's id.
+"""The provenance block of the HTML report: the golden's provenance, its other recorded fields, the run.
 
-``provenance_html(provenance, run)`` renders every field it is given (known ones first:
-commit, date, reason, command; then the rest in key order; nested values as compact
-JSON), so fields added to the store's provenance show up without a change here.
-Everything is escaped; no field is required.
+``provenance_block(provenance, run)`` puts, near the top of the page: the golden's
+provenance as ``harness.parity.render.provenance.provenance_html`` describes it (repository,
+date, reason, versions), then every other top-level field the golden's PROVENANCE.json
+holds (the harness commit, the command, fields added later) and the run's fields
+(``run_id``), in key order, nested values as compact JSON. Fields added to the store's
+provenance therefore show up without a change here. Everything is escaped.
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["provenance_html"]
+from harness.parity.render.provenance import provenance_html
 
-_FIRST = ("commit", "date", "reason", "command")
+__all__ = ["provenance_block"]
+
+# shown by provenance_html (describe) already; "environment" is what older goldens' versions came from
+_DESCRIBED = frozenset({"repository", "date", "reason", "versions", "environment"})
+_FIRST = ("commit", "command")
 
 
 def _e(value: Any) -> str:
@@ -28,21 +34,20 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
 
-def _rows(fields: Mapping[str, Any]) -> list[str]:
+def _rows(fields: Mapping[str, Any]) -> str:
     keys = [k for k in _FIRST if k in fields] + sorted(str(k) for k in fields if k not in _FIRST)
-    return [f'<dt>{_e(k)}</dt><dd data-field="{_e(k)}">{_e(_text(fields[k]))}</dd>' for k in keys]
+    return "".join(f'<dt>{_e(k)}</dt><dd data-field="{_e(k)}">{_e(_text(fields[k]))}</dd>' for k in keys)
 
 
-def provenance_html(provenance: Mapping[str, Any] | None, run: Mapping[str, Any] | None = None) -> str:
-    """A ``<section id="provenance">`` with the golden's provenance and the run's fields
-    (e.g. ``run_id``); empty string when neither is given."""
-    if not provenance and not run:
-        return ""
-    out = ['<section id="provenance" class="provenance"><h2>Provenance</h2><div class="prov-cols">']
-    if provenance:
-        out.append('<div><h3>golden</h3><dl class="prov" id="provenance-golden">' + "".join(_rows(provenance))
-                   + "</dl></div>")
-    if run:
-        out.append('<div><h3>run</h3><dl class="prov" id="provenance-run">' + "".join(_rows(run)) + "</dl></div>")
-    out.append("</div></section>")
+def provenance_block(provenance: Mapping[str, Any] | None, run: Mapping[str, Any] | None = None) -> str:
+    """HTML of the golden's provenance and the run's fields; empty string when neither is given."""
+    out = provenance_html(dict(provenance)) if provenance is not None else []
+    other = {k: v for k, v in (provenance or {}).items() if k not in _DESCRIBED}
+    if other or run:
+        out.append('<section id="run-provenance"><div class="prov-cols">')
+        if other:
+            out.append(f'<div><h3>golden, as recorded</h3><dl class="prov">{_rows(other)}</dl></div>')
+        if run:
+            out.append(f'<div><h3>run</h3><dl class="prov">{_rows(run)}</dl></div>')
+        out.append("</div></section>")
     return "".join(out)

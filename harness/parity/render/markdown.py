@@ -18,6 +18,7 @@ from harness.parity.render.common import (
     summary_line,
     value_text,
 )
+from harness.parity.render.provenance import provenance_markdown
 
 _MARK = ("**", "**")
 
@@ -34,7 +35,8 @@ def _code(text: str) -> str:
     return "`` " + text.replace("`", "'") + " ``"
 
 
-def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: int = 50) -> str:
+def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: int = 50,
+                    provenance: dict | None = None) -> str:
     lines = [f"### {title}", "", f"**{summary_line(verdict)}**", "",
              _row(["surface", "gated", "status", "sections", "differing", "findings"]),
              _row(["---"] * 6)]
@@ -65,4 +67,5 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
         if len(findings) > limit:
             lines += ["", f"... and {len(findings) - limit} more (see the JSON verdict)"]
         lines += ["", "</details>"]
+    lines += provenance_markdown(provenance)
     return "\n".join(lines) + "\n"

@@ -22,6 +22,7 @@ from harness.parity.render.common import (
     summary_line,
     value_text,
 )
+from harness.parity.render.provenance import provenance_lines
 
 _COLORS = {"fail": "\x1b[31m", "stale": "\x1b[33m", "info": "\x1b[36m", "parity": "\x1b[32m"}
 _RESET = "\x1b[0m"
@@ -64,7 +65,7 @@ def finding_block(f: Finding, indent: str = "    ") -> list[str]:
 
 
 def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bool | None = None,
-                    limit: int = 25, show_info: bool = False) -> str:
+                    limit: int = 25, show_info: bool = False, provenance: dict | None = None) -> str:
     """The verdict as a terminal report. Causes first (up to ``limit``), then findings per
     surface; a surface whose findings are all informational (not gated: memory, timings)
     is summarised in one line unless ``show_info``."""
@@ -119,4 +120,5 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
                 break
         if len(findings) > limit:
             lines.append(f"  ... and {len(findings) - limit} more (--format json lists all)")
+    lines += provenance_lines(provenance)
     return "\n".join(lines) + "\n"
