@@ -25,8 +25,9 @@ Execution point (docs/gate.md, "First divergence first")
 
 Consequence rules, tried against each earlier cause in execution order:
 
-1. ``after topology``: the first cause is a topology finding (or a policy/rollout
-   rank section missing on one side): every later finding follows from it;
+1. ``after topology``: the first cause is a topology finding: every later finding
+   follows from it (a rank section missing from one other surface alone is an
+   ordinary cause);
 2. ``same change``: the same difference as the cause (same surface and kind, the same
    element(s) for an ordered list, else the same key) on another rank, phase or step;
 3. ``same rank and phase``: same section and phase as the cause or one of its
@@ -100,9 +101,9 @@ def execution_point(f: Finding) -> tuple:
 
 
 def _is_topology(f: Finding) -> bool:
-    whole_rank = f.kind in ("added", "removed") and not f.path and (f.section or "").startswith(("policy/",
-                                                                                                 "rollout/"))
-    return f.surface == "topology" or whole_rank
+    # a rank section missing from one surface only is not a changed world: the topology
+    # surface says when the ranks changed
+    return f.surface == "topology"
 
 
 def _signature(f: Finding) -> tuple:

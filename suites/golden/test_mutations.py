@@ -120,9 +120,6 @@ def test_changed_loss_coefficient(baseline, tmp_path_factory):
     assert any(f.section == "step0002" and f.key.endswith("loss") for f in found)
 
 
-def test_changed_group_layout(baseline, tmp_path_factory):
-    found = _findings(baseline, _run(tmp_path_factory, "topology", ["policy.ep=1"]), "topology")
-    assert any(f.section == "policy" for f in found)
 
 
 def test_debug_barrier_in_dp_path_is_one_inserted_collective(baseline, barrier_run):
@@ -164,7 +161,8 @@ def test_changed_sampled_token_in_step2_is_one_cause(baseline, tmp_path_factory,
 
 
 def test_changed_ep_layout_is_one_topology_cause(baseline, tmp_path_factory):
-    verdict = _verdict(baseline, _run(tmp_path_factory, "ep_layout", ["policy.ep=1"]))
+    verdict = _verdict(baseline, _run(tmp_path_factory, "topology", ["policy.ep=1"]))
+    assert any(f.section == "policy" for f in verdict.findings if f.surface == "topology")
     cause = _one_cause(verdict)
     f = cause.cause
     assert (f.surface, f.section, f.key) == ("topology", "policy", "/layout/ep")
