@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.parity.findings import _MISSING, Divergence, Finding
+from harness.parity.findings import Divergence, Finding
 from harness.parity.walk import typed_equal
 
 STATUS_WORD = {"fail": "FAIL", "stale": "STALE?", "info": "info"}
@@ -139,14 +139,6 @@ def consequences_text(d: Divergence) -> str:
     per_surface = ", ".join(f"{n} {s}" for s, n in d.counts().items())
     rules = ", ".join(f"{r} {n}" for r, n in d.rule_counts().items())
     return f"+ {len(d.consequences)} consequence(s): {per_surface} (rules: {rules})"
-
-
-def side_value(f: Finding, side: str) -> Any:
-    return f.golden if side == "golden" else f.actual
-
-
-def is_absent(value: Any) -> bool:
-    return isinstance(value, str) and value == _MISSING
 
 
 def finding_row(f: Finding, mark: tuple[str, str] = (">>", "<<")) -> list[str]:
