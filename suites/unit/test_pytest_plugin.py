@@ -57,7 +57,7 @@ def test_xdist_keeps_a_workload_on_one_worker_and_the_controller_writes_the_summ
     _workload(root, "wl_b", golden=False)
     summary = pytester.path / "summary.md"
     result = pytester.runpytest_subprocess("-n", "2", "-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
-                                           "--golden-root", str(root), f"--golden-summary={summary}", "-rf")
+                                           "--goldens-root", str(root), f"--golden-summary={summary}", "-rf")
     result.assert_outcomes(failed=12)
     out = result.stdout.str()
     assert "test_golden_surface[wl_a-training]@wl_a" in out and "test_golden_surface[wl_b-topology]@wl_b" in out
@@ -71,7 +71,7 @@ def test_a_damaged_golden_fails_every_surface_without_running(inner):
     _workload(root, SMOKE, golden=True)
     (root / SMOKE / "cpu" / "surfaces" / "rollouts.json").write_text("{}\n")
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
-                                           "--golden-root", str(root))
+                                           "--goldens-root", str(root))
     result.assert_outcomes(failed=6)
     out = result.stdout.str()
     # One failure body per surface. Lines of pytest's short summary start with
@@ -89,7 +89,7 @@ def test_failure_says_how_to_refresh(inner):
     pytester, root = inner
     _workload(root, SMOKE, golden=True, seed=1235)
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
-                                           "--golden-root", str(root), "-k", "training or topology")
+                                           "--goldens-root", str(root), "-k", "training or topology")
     result.assert_outcomes(failed=1, passed=1)
     out = result.stdout.str()
     assert f"{SMOKE}/training: fail" in out and "/metrics/loss" in out
@@ -108,8 +108,8 @@ def test_golden_surface(golden, workload, surface):
 """
 
 
-def test_golden_root_and_platform_options_select_the_parameters(pytester: pytest.Pytester, monkeypatch):
-    """golden_params() with no arguments follows --golden-root and --golden-platform
+def test_goldens_root_and_platform_options_select_the_parameters(pytester: pytest.Pytester, monkeypatch):
+    """golden_params() with no arguments follows --goldens-root and --golden-platform
     (it used to list the repository's goldens for the host's platform whatever was asked)."""
     monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
     monkeypatch.delenv("GOLDEN_ROOT", raising=False)
@@ -119,7 +119,7 @@ def test_golden_root_and_platform_options_select_the_parameters(pytester: pytest
         (root / "cpu_only" / "workload.yaml").read_text().replace("platforms: [cpu, cuda]", "platforms: [cpu]"))
     _workload(root, "both", golden=False)
     pytester.makepyfile(test_inner=PLAIN_TEST_FILE)
-    base = ["-m", "golden", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "--golden-root", str(root)]
+    base = ["-m", "golden", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "--goldens-root", str(root)]
     cpu = pytester.runpytest_subprocess(*base).stdout.str()
     assert "cpu_only-topology" in cpu and "both-topology" in cpu and "qwen3_moe" not in cpu
     cuda = pytester.runpytest_subprocess(*base, "--golden-platform", "cuda").stdout.str()
@@ -133,7 +133,7 @@ def test_a_broken_spec_fails_its_own_tests_not_the_collection(inner):
     spec.write_text(spec.read_text().replace("policy: {tp: 1", "policy: {tpp: 1"))
     _workload(root, "fine", golden=False)
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
-                                           "--golden-root", str(root))
+                                           "--goldens-root", str(root))
     result.assert_outcomes(failed=12)
     out = result.stdout.str()
     # Failure bodies only (anchored): with CI=1 pytest's short summary repeats each message, so a
