@@ -153,3 +153,93 @@ def test_loadgroup_breakage_is_recognised(monkeypatch, pytest_version, xdist_ver
     monkeypatch.setattr(plugin.pytest, "__version__", pytest_version)
     monkeypatch.setattr(plugin, "_xdist_version", lambda: xdist_version)
     assert plugin._loadgroup_broken() is broken
+
+
+# -- fail closed (issue 17): every case below used to be an empty parameter set, a skip, or a
+# collection error under --strict-markers, and is now a failing test (or a usage error) that names
+# what is missing. Inner runs use --strict-markers and no ini file of this repository, so every
+# marker they meet must be registered by the plugin itself.
+
+STRICT = ["-m", "golden", "--strict-markers", "-p", "no:cacheprovider", "-p", "no:benchmark"]
+
+
+def _plain(pytester: pytest.Pytester, monkeypatch) -> pytest.Pytester:
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    monkeypatch.delenv("GOLDEN_ROOT", raising=False)
+    pytester.makepyfile(test_inner=PLAIN_TEST_FILE)
+    return pytester
+
+
+def test_no_goldens_root_is_one_failure_naming_it(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    pytester.makefile(".toml", pyproject='[tool.golden]\ngoldens-root = "gate/goldens"\n')
+    result = pytester.runpytest_subprocess(*STRICT, "-rf")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    missing = pytester.path / "gate" / "goldens"
+    assert f"goldens root {missing} does not exist (from {pytester.path / 'pyproject.toml'} [tool.golden]" in out
+    assert "--golden-capture-missing" in out and "skipped" not in out
+
+
+def test_a_root_given_by_option_that_does_not_exist_fails(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    result = pytester.runpytest_subprocess(*STRICT, "--goldens-root", "nowhere")
+    result.assert_outcomes(failed=1)
+    assert f"goldens root {pytester.path / 'nowhere'} does not exist (from --goldens-root)" in result.stdout.str()
+
+
+def test_an_empty_root_is_no_workload_selected(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    (pytester.path / "goldens").mkdir()
+    result = pytester.runpytest_subprocess(*STRICT, "--goldens-root", "goldens")
+    result.assert_outcomes(failed=1)
+    assert "no workload selected: no " in result.stdout.str()
+
+
+def test_the_old_option_spelling_is_refused_naming_the_new_one(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    result = pytester.runpytest_subprocess(*STRICT, "--golden-root", "goldens")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--golden-root was renamed --goldens-root" in result.stderr.str()
+
+
+def test_backend_workloads_collect_under_strict_markers_and_a_missing_backend_fails(pytester, monkeypatch):
+    """A megatron and a vllm workload: collected with --strict-markers (and without xdist, whose
+    xdist_group mark the plugin registers too); megatron-core made unimportable (sys.modules entry
+    None, Python's own "not importable" mark, as a stand-in for an install without it) fails its
+    tests naming the package and the install command, before any worker starts; -m deselects."""
+    pytester = _plain(pytester, monkeypatch)
+    root = pytester.path / "goldens"
+    name = "qwen3_moe_tiny_megatron_tp2pp2ep2"
+    (root / name).mkdir(parents=True)
+    (root / name / "workload.yaml").write_text((REPO / "goldens" / name / "workload.yaml").read_text())
+    pytester.makeconftest("import sys\nsys.modules['megatron'] = None\n")
+    collected = pytester.runpytest_subprocess(*STRICT, "-p", "no:xdist", "--co", "-q", "--goldens-root", str(root))
+    assert collected.ret == 0, collected.stdout.str()
+    result = pytester.runpytest_subprocess(*STRICT, "-p", "no:xdist", "--goldens-root", str(root))
+    result.assert_outcomes(failed=6)
+    out = result.stdout.str()
+    assert len(re.findall(r"^workload .*: BackendMissing: .*policy\.backend: megatron needs the package "
+                          r"megatron-core .*pip install 'grpo-golden-harness\[megatron\]'", out, re.MULTILINE)) == 6
+    assert "golden-runs" not in out and "skipped" not in out
+    deselected = pytester.runpytest_subprocess("-m", "golden and not megatron", "--strict-markers", "-p",
+                                               "no:cacheprovider", "--goldens-root", str(root))
+    assert deselected.ret == pytest.ExitCode.NO_TESTS_COLLECTED and "6 deselected" in deselected.stdout.str()
+
+
+def test_unused_goldens_are_reported_and_fail_under_the_strict_flag(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    pytester.makepyfile(test_other="def test_other():\n    pass\n")
+    root = pytester.path / "goldens"
+    _workload(root, "kept", golden=True)
+    shutil.copytree(REPO / "goldens" / SMOKE / "cpu", root / "removed_workload" / "cpu")  # its spec is gone
+    shutil.copytree(REPO / "goldens" / SMOKE / "cuda", root / "kept" / "cuda")  # another platform: not this session's
+    base = ["-m", "not golden", "--strict-markers", "-p", "no:cacheprovider", "--goldens-root", str(root)]
+    lenient = pytester.runpytest_subprocess(*base)
+    assert lenient.ret == 0
+    out = lenient.stdout.str()
+    assert f"{root}/removed_workload/cpu: no test targets this golden" in out and "1 unused golden(s)" in out
+    assert "kept/cpu: no test" not in out and "kept/cuda" not in out
+    strict = pytester.runpytest_subprocess(*base, "--golden-strict-unused")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    assert "they fail the session (--golden-strict-unused)" in strict.stdout.str()
