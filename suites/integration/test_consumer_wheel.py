@@ -89,9 +89,12 @@ def test_a_consumer_repository_captures_checks_and_catches_a_planted_change(inst
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GOLDEN_", "PYTEST_"))}
     env.update(PYTHONPATH=str(installed), RAY_AUTH_MODE="disabled", PYTHONDONTWRITEBYTECODE="1")
 
-    where = _ok(_run([sys.executable, "-c", "import harness, harness.envs.tokenizer as t; "
-                      "print(harness.__file__); print(t.load_tokenizer().digest)"], consumer, env), "import")
-    assert where.splitlines()[0].startswith(str(installed)), f"harness imported from the checkout: {where}"
+    probe = "import harness, harness.envs.tokenizer as t; print(harness.__file__); print(t.load_tokenizer().digest)"
+    where, digest = _ok(_run([sys.executable, "-c", probe], consumer, env), "import").split()
+    assert where.startswith(str(installed)), f"harness imported from the checkout: {where}"
+    from harness.envs.tokenizer import load_tokenizer
+
+    assert digest == load_tokenizer().digest  # the packaged tokenizer is the one the goldens record
 
     pytest_cmd = [sys.executable, "-m", "pytest", "-m", "golden", "--strict-markers", "-p", "no:cacheprovider",
                   "-p", "no:randomly", "tests"]
