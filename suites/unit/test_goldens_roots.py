@@ -125,3 +125,23 @@ def test_the_cli_refuses_a_vllm_workload_before_anything_starts(tmp_path: Path):
     assert proc.returncode == 2, proc.stderr
     assert "rollout.backend: vllm needs the package vllm" in proc.stderr and "pip install" in proc.stderr
     assert not run_dir.exists() and "Ray" not in proc.stderr
+
+
+def test_the_command_finds_the_consumer_table_from_a_subfolder(consumer: Path):
+    """``golden list`` and ``golden plan`` in a consumer repository: the root comes from its
+    [tool.golden] table, and a built-in workload plans without a spec in that root."""
+    import subprocess
+
+    spec_dir = consumer / "gate" / "goldens" / "mine"
+    spec_dir.mkdir(parents=True)
+    text = (REPO / "goldens" / SMOKE / "workload.yaml").read_text().replace(f"name: {SMOKE}", "name: mine")
+    (spec_dir / "workload.yaml").write_text(text)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "GOLDEN_ROOT"}
+    listed = subprocess.run([sys.executable, "-m", "harness", "list"], capture_output=True, text=True, timeout=120,
+                            env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "mine" in listed.stdout and f"1 workloads in {consumer / 'gate' / 'goldens'}" in listed.stdout
+    planned = subprocess.run([sys.executable, "-m", "harness", "plan", SMOKE], capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.startswith(f"workload  {SMOKE}")
