@@ -297,6 +297,7 @@ class GoldenSession:
         self.capture_missing = bool(config.getoption("--golden-capture-missing"))
         self.reason = config.getoption("--golden-reason")
         self._cache: dict[tuple[str, str], tuple] = {}
+        self.stored_by_current_test: str | None = None
         self._roots: dict[str, Path] = {}
 
     def root_of(self, workload: str) -> Path:
@@ -394,6 +395,7 @@ class GoldenSession:
         if outcome in ("error", "incomplete", "missing"):
             pytest.fail(message, pytrace=False)
         if outcome in ("refreshed", "created"):
+            self.stored_by_current_test = outcome  # read by pytest_runtest_makereport: "CREATED" / "REFRESHED"
             return
         result = verdict.surfaces.get(surface)
         if result is None or result.status == "parity":
@@ -419,6 +421,27 @@ class GoldenSession:
 def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> GoldenSession:
     """The session-wide golden runner (see module docstring)."""
     return GoldenSession(request.config, tmp_path_factory.mktemp("golden-runs"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A passing test whose golden this session created or rewrote says so (``user_properties``,
+    which reach the xdist controller and JUnit): shown as ``C``/``CREATED`` (``R``/``REFRESHED``)."""
+    report = yield
+    session = getattr(item, "funcargs", {}).get("golden")
+    if isinstance(session, GoldenSession) and call.when == "call":
+        stored, session.stored_by_current_test = session.stored_by_current_test, None
+        if stored and report.passed:
+            report.user_properties.append(("golden", stored))
+    return report
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    if report.when == "call" and report.passed:
+        for key, value in report.user_properties:
+            if key == "golden" and value in ("created", "refreshed"):
+                return "passed", value[0].upper(), value.upper()
+    return None
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:

@@ -108,8 +108,9 @@ def test_a_consumer_repository_captures_checks_and_catches_a_planted_change(inst
     assert not goldens.exists()
 
     # 2. first capture: explicit, passes as created, with provenance and the spec copied into the root
-    created = _ok(_run([*pytest_cmd, "--golden-capture-missing"], consumer, env), "capture")
+    created = _ok(_run([*pytest_cmd, "-v", "--golden-capture-missing"], consumer, env), "capture")
     assert "6 passed" in created and f"{WORKLOAD:<36} cpu      created" in created
+    assert created.count(f"test_golden[{WORKLOAD}-") == created.count("CREATED") == 6
     stored = goldens / WORKLOAD / "cpu"
     provenance = json.loads((stored / "PROVENANCE.json").read_text())
     assert provenance["reason"] == "first capture (pytest --golden-capture-missing)"
