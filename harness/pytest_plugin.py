@@ -298,14 +298,12 @@ class GoldenSession:
         self.reason = config.getoption("--golden-reason")
         self._cache: dict[tuple[str, str], tuple] = {}
         self.stored_by_current_test: str | None = None
-        self._roots: dict[str, Path] = {}
 
     def root_of(self, workload: str) -> Path:
         """The goldens root ``golden_params`` found ``workload`` under, else this session's root."""
         root = getattr(workload, "root", None)
         if root is None:
             root = _session_config(None).root.resolve()
-        self._roots[str(workload)] = root
         return root
 
     def _evaluate(self, workload: str) -> tuple:
@@ -383,8 +381,17 @@ class GoldenSession:
             return platform, ("error", f"{workload}/{platform}: {type(exc).__name__}: {exc}", execution, None)
 
     def _root_hint(self, root: Path) -> str:
-        """`` --goldens-root ROOT`` when the user named a root on the command line, so a hint reruns the same."""
-        return f" --goldens-root {root}" if self.root_opt else ""
+        """`` --goldens-root ROOT`` when the user gave one, or when a plain rerun (same cwd and
+        environment, no option) would resolve another root: a hint must act on these goldens."""
+        from harness.spec.errors import SpecError
+        from harness.spec.roots import goldens_config
+
+        start, also = _SESSION_OPTIONS["starts"]
+        try:
+            plain = goldens_config(None, start=start, also_start=also).root.resolve()
+        except SpecError:
+            plain = None
+        return "" if plain == root and not self.root_opt else f" --goldens-root {root}"
 
     def check(self, workload: str, surface: str) -> None:
         """Fail the calling test with readable findings if ``surface`` differs."""
