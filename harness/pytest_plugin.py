@@ -199,7 +199,9 @@ def _session_config(goldens_root: str | Path | None):
     from harness.spec.roots import goldens_config
 
     start, also = _SESSION_OPTIONS["starts"]
-    return goldens_config(goldens_root or _SESSION_OPTIONS["root"], start=start, also_start=also)
+    if goldens_root:
+        return goldens_config(goldens_root, start=start, also_start=also, explicit_source="golden_params(goldens_root)")
+    return goldens_config(_SESSION_OPTIONS["root"], start=start, also_start=also)
 
 
 def _stored_goldens(root: Path) -> set[tuple[str, str, str]]:

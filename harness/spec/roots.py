@@ -106,11 +106,12 @@ def _parse_table(path: Path, table: object) -> tuple[Path | None, tuple[str, ...
 
 
 def goldens_config(explicit: str | Path | None = None, start: Path | None = None,
-                   also_start: Path | None = None) -> GoldensConfig:
+                   also_start: Path | None = None, explicit_source: str = "--goldens-root") -> GoldensConfig:
     """Resolve the goldens root (see the module docstring for the order).
 
     ``start`` (default: the cwd) is where the ``pyproject.toml`` walk begins;
-    ``also_start`` is tried when nothing is found from ``start`` (pytest's rootdir).
+    ``also_start`` is tried when nothing is found from ``start`` (pytest's rootdir);
+    ``explicit_source`` names where ``explicit`` came from, for messages.
     ``[tool.golden] workloads`` is read even when the root itself comes from an
     option or the environment."""
     found = None
@@ -124,7 +125,7 @@ def goldens_config(explicit: str | Path | None = None, start: Path | None = None
         pyproject = found[0]
         table_root, workloads = _parse_table(*found)
     if explicit:
-        return GoldensConfig(Path(explicit), "--goldens-root", workloads, pyproject)
+        return GoldensConfig(Path(explicit), explicit_source, workloads, pyproject)
     env = os.environ.get(GOLDEN_ROOT_ENV)
     if env:
         return GoldensConfig(Path(env), f"${GOLDEN_ROOT_ENV}", workloads, pyproject)
