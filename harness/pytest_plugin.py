@@ -300,6 +300,7 @@ class GoldenSession:
         self.reason = config.getoption("--golden-reason")
         self._cache: dict[tuple[str, str], tuple] = {}
         self.stored_by_current_test: str | None = None
+        self._progress_stream = None
 
     def root_of(self, workload: str) -> Path:
         """The goldens root ``golden_params`` found ``workload`` under, else this session's root."""
@@ -351,17 +352,20 @@ class GoldenSession:
                         raise
                     create = True
         except flows.GoldenMissing as exc:
-            return platform, ("missing", (f"{exc}\n  (or: pytest -m golden -k {workload} --golden-capture-missing"
-                                         f"{self._root_hint(root)})"), None, None)
+            return platform, ("missing", f"{exc}\n  (or: {capture_missing_hint(workload, platform, root)})",
+                              None, None)
         except (GoldenStoreError, ToleranceFileError) as exc:
             return platform, ("error", f"golden {workload}/{platform} is unusable: {exc}", None, None)
         except Exception as exc:  # noqa: BLE001 - a bad spec becomes each surface's failure
             return platform, ("error", f"workload {workload}: {type(exc).__name__}: {exc}", None, None)
+        progress = self._progress(workload)
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
-                                      platform=self.platform_opt)
+                                      platform=self.platform_opt, say=progress)
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
+        finally:
+            progress.close()
         if not execution.ok:
             return platform, ("incomplete", f"run incomplete (run dir {execution.run_dir}):\n  "
                               + "\n  ".join(execution.problems()), execution, None)
@@ -382,18 +386,24 @@ class GoldenSession:
         except (GoldenStoreError, ToleranceFileError, ValueError, OSError) as exc:
             return platform, ("error", f"{workload}/{platform}: {type(exc).__name__}: {exc}", execution, None)
 
-    def _root_hint(self, root: Path) -> str:
-        """`` --goldens-root ROOT`` when the user gave one, or when a plain rerun (same cwd and
-        environment, no option) would resolve another root: a hint must act on these goldens."""
-        from harness.spec.errors import SpecError
-        from harness.spec.roots import goldens_config
+    def _progress(self, workload: str):
+        """Progress lines with a heartbeat (``harness.progress``) for one workload's run, on the
+        real stderr: pytest captures fd 2 while a test runs, so they go to a duplicate of it
+        taken with capture suspended. ``GOLDEN_PROGRESS=off`` silences them."""
+        from harness.progress import MODE_ENV, make_progress
 
-        start, also = _SESSION_OPTIONS["starts"]
-        try:
-            plain = goldens_config(None, start=start, also_start=also).root.resolve()
-        except SpecError:
-            plain = None
-        return "" if plain == root and not self.root_opt else f" --goldens-root {root}"
+        if os.environ.get(MODE_ENV, "").strip().lower() == "off":
+            return make_progress(mode="off")
+        if self._progress_stream is None:
+            capman = self.config.pluginmanager.getplugin("capturemanager")
+            if capman is not None:
+                with capman.global_and_fixture_disabled():
+                    fd = os.dup(2)
+            else:
+                fd = os.dup(2)
+            self._progress_stream = os.fdopen(fd, "w", buffering=1)
+        self._progress_stream.write("\n")  # after pytest's "path::test" text
+        return make_progress(stream=self._progress_stream, mode="plain", label=f"golden {workload}")
 
     def check(self, workload: str, surface: str) -> None:
         """Fail the calling test with readable findings if ``surface`` differs."""
@@ -419,11 +429,36 @@ class GoldenSession:
         pytest.fail(
             f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"
             + render_terminal(one, title=f"{workload}/{surface}", color=False)
-            + f"\nif the change is intended, refresh the golden: golden refresh {workload} --platform {platform} "
-            f"--reason TEXT{self._root_hint(self.root_of(workload))}\n  (or: pytest -m golden -k {workload} "
-            f"--golden-refresh --golden-reason TEXT{self._root_hint(self.root_of(workload))})",
+            + "\n" + refresh_hint_text(workload, platform, self.root_of(workload)),
             pytrace=False,
         )
+
+
+def refresh_hint_text(workload: str, platform: str | None, root: Path | None) -> str:
+    """How to accept a change, as commands acting on the same goldens root and platform
+    (``harness.cli.hints``; the root is repeated unless it is the default one)."""
+    from harness.cli.hints import golden_command, pytest_refresh_hint, root_if_chosen
+
+    chosen = root_if_chosen(root)
+    cli = golden_command("refresh", workload, platform=platform, goldens_root=chosen, reason=True)
+    return (f"if the change is intended, refresh the golden: {cli}\n"
+            f"  (or: {pytest_refresh_hint(workload, platform=platform, goldens_root=chosen)})")
+
+
+def capture_missing_hint(workload: str, platform: str | None, root: Path | None) -> str:
+    """The pytest spelling of a first capture of one workload's golden (same root and platform,
+    ``harness.cli.hints``)."""
+    import shlex
+
+    from harness.cli.hints import root_if_chosen
+
+    parts = ["pytest", "-m", "golden", "-k", workload, "--golden-capture-missing"]
+    if platform:
+        parts += ["--golden-platform", platform]
+    chosen = root_if_chosen(root)
+    if chosen is not None:
+        parts += ["--goldens-root", str(chosen)]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ def test_xdist_keeps_a_workload_on_one_worker_and_the_controller_writes_the_summ
     assert "| wl_a | cpu | missing |" in text and "| wl_b | cpu | missing |" in text
     assert "golden capture wl_a --platform cpu" in out
     # the pytest hint repeats the goldens root this session was given (a rerun must act on these goldens)
-    assert f"pytest -m golden -k wl_a --golden-capture-missing --goldens-root {root})" in out
+    assert f"pytest -m golden -k wl_a --golden-capture-missing --golden-platform cpu --goldens-root {root})" in out
 
 
 def test_a_damaged_golden_fails_every_surface_without_running(inner):
@@ -95,8 +95,8 @@ def test_failure_says_how_to_refresh(inner):
     result.assert_outcomes(failed=1, passed=1)
     out = result.stdout.str()
     assert f"{SMOKE}/training: fail" in out and "/metrics/loss" in out
-    assert f"golden refresh {SMOKE} --platform cpu --reason TEXT --goldens-root {root}" in out
-    assert f"--golden-refresh --golden-reason TEXT --goldens-root {root}" in out
+    assert f"golden refresh {SMOKE} --platform cpu --goldens-root {root} --reason TEXT" in out  # the root given
+    assert f"--golden-refresh --golden-platform cpu --goldens-root {root} --golden-reason TEXT" in out
     assert out.count(f"{SMOKE:<36} cpu      fail") == 1
 
 
