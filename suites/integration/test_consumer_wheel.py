@@ -3,17 +3,18 @@
 The steps of docs/consumer.md, for real: build the wheel from this checkout (no
 network, no build isolation), install only that wheel into a fresh folder outside
 the checkout (its dependencies are the venv's, already installed), and from an
-empty consumer directory, where the checkout is not importable, run
-``pytest -m golden --strict-markers``:
+empty consumer directory (a git repository with one commit), where the checkout
+is not importable, run ``pytest -m golden --strict-markers``:
 
 1. no goldens yet: fails, naming the missing goldens root;
-2. ``--golden-capture-missing``: runs the workload, stores the golden (and a copy
-   of the built-in spec) and passes as created;
+2. ``--golden-capture-missing``: runs the workload, stores the golden (provenance
+   names the consumer's commit; a copy of the built-in spec goes with it) and
+   passes as created, byte-identical to this repository's golden;
 3. again: compares against it and passes;
 4. a planted change (the consumer's spec seed): fails with findings.
 
 The cheapest built-in workload (qwen3_moe_tiny_smoke: one policy rank, one sync
-engine) runs three times; the whole test takes about a minute on a 2-core box.
+engine) runs three times; the whole test takes 55-100 s on a 2-core box (load).
 """
 
 from __future__ import annotations
@@ -86,7 +87,11 @@ def test_a_consumer_repository_captures_checks_and_catches_a_planted_change(inst
     (consumer / "tests").mkdir(parents=True)
     (consumer / "pyproject.toml").write_text(PYPROJECT)
     (consumer / "tests" / "test_golden.py").write_text(TEST_FILE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOLDEN_", "PYTEST_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOLDEN_", "PYTEST_", "GIT_"))}
+    git = ["git", "-c", "user.name=consumer", "-c", "user.email=consumer@example.invalid"]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "gate"]):
+        _ok(_run([*git, *step], consumer, env), f"git {step[0]}")
+    head = _ok(_run(["git", "rev-parse", "HEAD"], consumer, env), "git rev-parse").strip()
     env.update(PYTHONPATH=str(installed), RAY_AUTH_MODE="disabled", PYTHONDONTWRITEBYTECODE="1")
 
     probe = "import harness, harness.envs.tokenizer as t; print(harness.__file__); print(t.load_tokenizer().digest)"
@@ -114,6 +119,9 @@ def test_a_consumer_repository_captures_checks_and_catches_a_planted_change(inst
     stored = goldens / WORKLOAD / "cpu"
     provenance = json.loads((stored / "PROVENANCE.json").read_text())
     assert provenance["reason"] == "first capture (pytest --golden-capture-missing)"
+    # the consumer repository's commit (not the harness's: an installed wheel has none)
+    assert provenance["repository"]["commit"] == head and provenance["repository"]["goldens_root"] == "goldens"
+    assert provenance["commit"] is None
     assert (goldens / WORKLOAD / "workload.yaml").read_bytes() == (REPO / "goldens" / WORKLOAD / "workload.yaml"
                                                                     ).read_bytes()
     # the wheel's code and data give the repository's own golden, byte for byte
