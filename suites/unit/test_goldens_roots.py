@@ -145,3 +145,17 @@ def test_the_command_finds_the_consumer_table_from_a_subfolder(consumer: Path):
                              timeout=120, env=env)
     assert planned.returncode == 0, planned.stderr
     assert planned.stdout.startswith(f"workload  {SMOKE}")
+
+
+@pytest.mark.parametrize("command", [["list"], ["lint"], ["plan", SMOKE], ["check", SMOKE], ["doctor", SMOKE]])
+def test_a_bad_table_is_a_usage_error_of_every_command(consumer: Path, command: list[str]):
+    """Exit 2 naming the key and the file, no traceback, nothing started."""
+    import subprocess
+
+    (consumer / "pyproject.toml").write_text('[tool.golden]\ngoldens_root = "g"\n')
+    env = {k: v for k, v in __import__("os").environ.items() if k != "GOLDEN_ROOT"}
+    proc = subprocess.run([sys.executable, "-m", "harness", *command], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{consumer / 'pyproject.toml'}: tool.golden.goldens_root: unknown key" in proc.stderr
+    assert "Traceback" not in proc.stderr
