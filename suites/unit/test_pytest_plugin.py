@@ -246,3 +246,7 @@ def test_unused_goldens_are_reported_and_fail_under_the_strict_flag(pytester: py
     strict = pytester.runpytest_subprocess(*base, "--golden-strict-unused")
     assert strict.ret == pytest.ExitCode.TESTS_FAILED
     assert "they fail the session (--golden-strict-unused)" in strict.stdout.str()
+    # under xdist the workers collect, and the controller reports and decides
+    spread = pytester.runpytest_subprocess(*base, "--golden-strict-unused", "-n", "2", "-p", "no:benchmark")
+    assert spread.ret == pytest.ExitCode.TESTS_FAILED
+    assert f"{root}/removed_workload/cpu: no test targets this golden" in spread.stdout.str()
