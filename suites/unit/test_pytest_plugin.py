@@ -204,6 +204,9 @@ def test_the_old_option_spelling_is_refused_naming_the_new_one(pytester: pytest.
     result = pytester.runpytest_subprocess(*STRICT, "--golden-root", "goldens")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--golden-root was renamed --goldens-root" in result.stderr.str()
+    both = pytester.runpytest_subprocess(*STRICT, "--golden-capture-missing", "--golden-refresh",
+                                         "--golden-reason", "x")
+    assert both.ret == pytest.ExitCode.USAGE_ERROR and "give one of them" in both.stderr.str()
 
 
 def test_backend_workloads_collect_under_strict_markers_and_a_missing_backend_fails(pytester, monkeypatch):
