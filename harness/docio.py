@@ -43,7 +43,8 @@ from typing import Any
 
 from harness.surfaces.canonical import StrictJSONError, json_pointer
 
-__all__ = ["DocumentError", "Limits", "read_json", "parse_json", "short", "EXCERPT"]
+__all__ = ["DocumentError", "Limits", "read_json", "read_bytes", "parse_json", "short", "estimate_memory",
+           "max_depth_of", "EXCERPT"]
 
 MiB = 1 << 20
 EXCERPT = 60
@@ -129,14 +130,17 @@ def read_json(path: str | Path, *, limits: Limits | None = None, sha256: str | N
     must have that digest (what is parsed is exactly what was validated)."""
     limits = limits or Limits.from_env()
     source = str(path)
-    data = _read_bounded(Path(path), limits, source, what)
+    data = read_bytes(path, limits=limits, what=what)
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise DocumentError("sha256 of the bytes read does not match the manifest (changed while being read?)",
                             source=source)
     return parse_json(data, source=source, limits=limits)
 
 
-def _read_bounded(path: Path, limits: Limits, source: str, what: str) -> bytes:
+def read_bytes(path: str | Path, *, limits: Limits | None = None, what: str = "document") -> bytes:
+    """The bytes of a regular file of at most ``limits.max_bytes`` (else DocumentError)."""
+    limits = limits or Limits.from_env()
+    source = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
@@ -219,7 +223,7 @@ def parse_json(data: bytes | str, *, source: str = "", limits: Limits | None = N
     if isinstance(data, str):
         try:
             data = data.encode("utf-8")
-        except UnicodeEncodeError as exc:
+        except UnicodeEncodeError:
             raise DocumentError("text holds a lone surrogate", source=source) from None
     if len(data) > limits.max_bytes:
         raise DocumentError(f"document is {len(data)} bytes, over the limit of {limits.max_bytes} bytes",

@@ -73,10 +73,17 @@ def run(args: argparse.Namespace) -> int:
     except Refused as exc:
         print(f"golden check: {exc}", file=sys.stderr)
         return exc.code
-    verdict = compare(golden.surfaces, execution.postflight.surfaces, tolerances=table, deterministic=deterministic)
+    from harness.postflight.read import RunRefused, load_run
+
+    try:  # the run as written: manifest validated first, paths confined, complete only
+        actual = load_run(execution.run_dir).surfaces
+    except RunRefused as exc:
+        print(f"golden check: {exc}", file=sys.stderr)
+        return exc.code
+    verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
     curves = {}
     if args.format == "html":  # the HTML report plots golden vs actual training curves
-        curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces}
+        curves = {"surfaces_actual": actual, "surfaces_golden": golden.surfaces}
     title = f"{execution.spec['name']} [{platform}]"
     report = render(verdict, args.format, title=title, color=False if args.output else None,
                     show_info=args.show_info, **curves)

@@ -27,11 +27,11 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from harness.manifest.build import SCHEMA_VERSION, sha256_file
 from harness.docio import read_json, short
+from harness.manifest.build import SCHEMA_VERSION, sha256_file
 from harness.manifest.confine import PathEscape, confined, path_problem
 from harness.surfaces.canonical import StrictJSONError, find_non_finite, json_pointer
 
