@@ -86,8 +86,10 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     """Run + postflight (on ``platform``'s device, see :func:`spec_for_platform`).
     Raises only for unusable input (spec/topology errors)."""
     from harness.runner.run import run_workload
+    from harness.spec.load import check_runnable
 
     spec = spec_for_platform(workload, overrides, platform, goldens_root)
+    check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say)
