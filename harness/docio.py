@@ -130,16 +130,22 @@ def read_json(path: str | Path, *, limits: Limits | None = None, sha256: str | N
     must have that digest (what is parsed is exactly what was validated)."""
     limits = limits or Limits.from_env()
     source = str(path)
-    data = read_bytes(path, limits=limits, what=what)
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+    box = [_read_into(path, limits, what)]
+    if sha256 is not None and hashlib.sha256(box[0]).hexdigest() != sha256:
         raise DocumentError("sha256 of the bytes read does not match the manifest (changed while being read?)",
                             source=source)
-    return parse_json(data, source=source, limits=limits)
+    return _parse(box, source, limits)  # _parse drops the bytes once decoded
 
 
-def read_bytes(path: str | Path, *, limits: Limits | None = None, what: str = "document") -> bytes:
-    """The bytes of a regular file of at most ``limits.max_bytes`` (else DocumentError)."""
-    limits = limits or Limits.from_env()
+def read_bytes(path: str | Path, *, limits: Limits | None = None, what: str = "document") -> bytearray:
+    """The bytes of a regular file of at most ``limits.max_bytes`` (else DocumentError), in one
+    buffer (a ``bytearray``: no second copy)."""
+    return _read_into(path, limits or Limits.from_env(), what)
+
+
+def _read_into(path: str | Path, limits: Limits, what: str) -> bytearray:
+    """The file's bytes in one buffer sized from ``fstat`` (no second copy), cut off at
+    ``max_bytes + 1`` if the file grows while being read."""
     source = str(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -152,21 +158,25 @@ def read_bytes(path: str | Path, *, limits: Limits | None = None, what: str = "d
         if info.st_size > limits.max_bytes:
             raise DocumentError(f"{what} is {info.st_size} bytes, over the limit of {limits.max_bytes} bytes "
                                 "(GOLDEN_DOC_MAX_BYTES)", source=source)
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, min(8 * MiB, limits.max_bytes + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limits.max_bytes:
-                raise DocumentError(f"{what} grew past the limit of {limits.max_bytes} bytes while being read",
-                                    source=source)
+        buf = bytearray(info.st_size + 1)  # one spare byte notices growth
+        total = 0
+        with open(fd, "rb", buffering=0, closefd=False) as handle:
+            while True:
+                if total == len(buf):
+                    if total > limits.max_bytes:
+                        raise DocumentError(f"{what} grew past the limit of {limits.max_bytes} bytes while being "
+                                            "read", source=source)
+                    buf.extend(bytes(min(len(buf), limits.max_bytes + 1 - total)))
+                got = handle.readinto(memoryview(buf)[total:])
+                if not got:
+                    break
+                total += got
     except OSError as exc:
         raise DocumentError(f"cannot read {what}: {exc.strerror or exc}", source=source) from None
     finally:
         os.close(fd)
-    return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+    del buf[total:]
+    return buf
 
 
 # --- parsing ---------------------------------------------------------------------
@@ -210,16 +220,22 @@ def estimate_memory(data: bytes) -> int:
 def max_depth_of(data: bytes) -> int:
     """Nesting depth of arrays/objects in ``data`` (exact for valid JSON; brackets
     inside strings are not counted)."""
-    reduced = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _BRACKETS)
+    if b"\\" in data:  # escapes only exist inside strings; without any, skip the copies
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    reduced = data.translate(None, _BRACKETS)
     reduced = _STRING_BODY.sub(b"", reduced).replace(b'"', b"")  # an unterminated string: the parser says so
     if not reduced:
         return 0
     return max(0, max(accumulate(map(_DEPTH_STEP.__getitem__, reduced))))
 
 
-def parse_json(data: bytes | str, *, source: str = "", limits: Limits | None = None) -> Any:
+def parse_json(data: bytes | bytearray | str, *, source: str = "", limits: Limits | None = None) -> Any:
     """Parse ``data`` strictly within ``limits`` (see module contract)."""
-    limits = limits or Limits.from_env()
+    return _parse([data], source, limits or Limits.from_env())
+
+
+def _parse(box: list, source: str, limits: Limits) -> Any:
+    data = box.pop()
     if isinstance(data, str):
         try:
             data = data.encode("utf-8")
@@ -235,13 +251,13 @@ def parse_json(data: bytes | str, *, source: str = "", limits: Limits | None = N
         raise DocumentError(
             f"too many values to parse within the memory limit (estimated {estimate // MiB} MiB for "
             f"{len(data)} bytes, limit {limits.max_memory // MiB} MiB, GOLDEN_DOC_MAX_MEMORY)", source=source)
+    depth = max_depth_of(data)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DocumentError(f"not UTF-8: {exc.reason} at byte {exc.start}", source=source,
-                            excerpt=ascii(data[max(0, exc.start - 20):exc.start + 20])) from None
-    depth = max_depth_of(data)
-    del data
+                            excerpt=ascii(bytes(data[max(0, exc.start - 20):exc.start + 20]))) from None
+    del data  # the text alone from here on
     if depth > limits.max_depth:
         _raise_located(text, source, limits, fallback=f"nested deeper than {limits.max_depth} levels")
     try:
