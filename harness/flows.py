@@ -21,6 +21,7 @@ from pathlib import Path
 from harness.parity.engine import compare
 from harness.parity.findings import Verdict
 from harness.postflight.run import PostflightResult, postflight
+from harness.progress import phase
 from harness.spec.load import default_goldens_root, load_spec
 from harness.surfaces.build import GATED
 
@@ -93,6 +94,7 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say)
+    phase(say, "postflight")
     result = postflight(run_dir)
     return Execution(spec, run_dir, result, time.perf_counter() - t)
 
@@ -107,6 +109,7 @@ def resume(run_dir: Path, *, say: Say | None = None) -> Execution:
     spec = json.loads((run_dir / "run.json").read_text())["spec"]
     t = time.perf_counter()
     resume_workload(run_dir, progress=say)
+    phase(say, "postflight")
     return Execution(spec, run_dir, postflight(run_dir), time.perf_counter() - t)
 
 
@@ -118,9 +121,11 @@ def load_golden(goldens_root: Path, workload: str, platform: str):
     try:
         golden = read_golden(goldens_root, workload, platform)
     except FileNotFoundError as exc:
+        from harness.cli.hints import golden_command, root_if_chosen
+
+        hint = golden_command("capture", workload, platform=platform, goldens_root=root_if_chosen(goldens_root))
         raise GoldenMissing(
-            f"no golden for workload {workload!r} on platform {platform!r} "
-            f"(create it with: golden capture {workload} --platform {platform})"
+            f"no golden for workload {workload!r} on platform {platform!r} (create it with: {hint})"
         ) from exc
     overrides, deterministic = (), True
     if golden.tolerances_path is not None:
@@ -158,6 +163,9 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
                  command: str, allow_replace: bool) -> Path:
     """Write the run as the golden of (workload, platform), atomically, with provenance.
 
+    Provenance records the harness commit, the consumer repository holding
+    ``goldens_root`` (commit, dirty flag; none is recorded as null) and the
+    versions of harness, Python, torch, megatron-core and vLLM (absent: null).
     Refused when the run is incomplete, when ``reason`` is empty, when the
     platform is not scheduled in the spec, and (``allow_replace=False``, i.e.
     capture) when a golden already exists. After ``compare_with_golden`` the write
@@ -166,10 +174,10 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     checked again under the store's lock.
     """
     from harness.manifest.validate import load_manifest
-    from harness.runner.environment import collect_environment, git_commit
+    from harness.runner.environment import collect_environment
     from harness.store.atomic import ANY, write_golden
     from harness.store.layout import golden_dir
-    from harness.store.provenance import new_provenance
+    from harness.store.provenance import harness_commit, new_provenance, package_versions, repository_state
 
     if not (reason or "").strip():
         raise ValueError("a golden needs a reason (--reason TEXT)")
@@ -184,8 +192,9 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     if target.exists() and not allow_replace:
         raise FileExistsError(f"{target} exists; use golden refresh {spec['name']} --reason TEXT")
     manifest = load_manifest(execution.run_dir / "manifest.json")
-    provenance = new_provenance(commit=git_commit(), reason=reason.strip(), command=command,
-                                environment=collect_environment(spec))
+    provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
+                                environment=collect_environment(spec), repository=repository_state(root),
+                                versions=package_versions())
     tolerances = None
     old_tol = target / "tolerances.yaml"
     if old_tol.exists():

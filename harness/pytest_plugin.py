@@ -177,6 +177,7 @@ class GoldenSession:
         self.refresh = bool(config.getoption("--golden-refresh"))
         self.reason = config.getoption("--golden-reason")
         self._cache: dict[str, tuple] = {}
+        self._progress_stream = None
 
     def _evaluate(self, workload: str) -> tuple:
         """``(outcome, message, execution, verdict)``, computed once per workload:
@@ -219,11 +220,14 @@ class GoldenSession:
             return platform, ("error", f"golden {workload}/{platform} is unusable: {exc}", None, None)
         except Exception as exc:  # noqa: BLE001 - a bad spec becomes each surface's failure
             return platform, ("error", f"workload {workload}: {type(exc).__name__}: {exc}", None, None)
+        progress = self._progress(workload)
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=self.root,
-                                      platform=self.platform_opt)
+                                      platform=self.platform_opt, say=progress)
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
+        finally:
+            progress.close()
         if not execution.ok:
             return platform, ("incomplete", f"run incomplete (run dir {execution.run_dir}):\n  "
                               + "\n  ".join(execution.problems()), execution, None)
@@ -238,6 +242,25 @@ class GoldenSession:
             return platform, ("missing", str(exc), execution, None)
         except (GoldenStoreError, ToleranceFileError, ValueError, OSError) as exc:
             return platform, ("error", f"{workload}/{platform}: {type(exc).__name__}: {exc}", execution, None)
+
+    def _progress(self, workload: str):
+        """Progress lines with a heartbeat (``harness.progress``) for one workload's run, on the
+        real stderr: pytest captures fd 2 while a test runs, so they go to a duplicate of it
+        taken with capture suspended. ``GOLDEN_PROGRESS=off`` silences them."""
+        from harness.progress import MODE_ENV, make_progress
+
+        if os.environ.get(MODE_ENV, "").strip().lower() == "off":
+            return make_progress(mode="off")
+        if self._progress_stream is None:
+            capman = self.config.pluginmanager.getplugin("capturemanager")
+            if capman is not None:
+                with capman.global_and_fixture_disabled():
+                    fd = os.dup(2)
+            else:
+                fd = os.dup(2)
+            self._progress_stream = os.fdopen(fd, "w", buffering=1)
+        self._progress_stream.write("\n")  # after pytest's "path::test" text
+        return make_progress(stream=self._progress_stream, mode="plain", label=f"golden {workload}")
 
     def check(self, workload: str, surface: str) -> None:
         """Fail the calling test with readable findings if ``surface`` differs."""
@@ -259,10 +282,20 @@ class GoldenSession:
         pytest.fail(
             f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"
             + render_terminal(one, title=f"{workload}/{surface}", color=False)
-            + f"\nif the change is intended, refresh the golden: golden refresh {workload} --platform {platform} "
-            f"--reason TEXT\n  (or: pytest -m golden -k {workload} --golden-refresh --golden-reason TEXT)",
+            + "\n" + refresh_hint_text(workload, platform, self.root),
             pytrace=False,
         )
+
+
+def refresh_hint_text(workload: str, platform: str | None, root: Path | None) -> str:
+    """How to accept a change, as commands acting on the same goldens root and platform
+    (``harness.cli.hints``; the root is repeated unless it is the default one)."""
+    from harness.cli.hints import golden_command, pytest_refresh_hint, root_if_chosen
+
+    chosen = root_if_chosen(root)
+    cli = golden_command("refresh", workload, platform=platform, goldens_root=chosen, reason=True)
+    return (f"if the change is intended, refresh the golden: {cli}\n"
+            f"  (or: {pytest_refresh_hint(workload, platform=platform, goldens_root=chosen)})")
 
 
 @pytest.fixture(scope="session")

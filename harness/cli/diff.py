@@ -31,9 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_path", metavar="RUN", help="run directory or manifest.json")
     parser.add_argument("golden", metavar="GOLDEN", help="golden directory, or a workload name")
     parser.add_argument("--platform", default=None, help="platform of the golden when GOLDEN is a workload name")
-    parser.add_argument("--goldens-root", type=Path, default=None, help="goldens folder for a workload name")
-    parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit", "html"), default="terminal")
-    parser.add_argument("--output", type=Path, default=None, help="write the report here instead of stdout")
+    from harness.cli._options import add_goldens_root, add_report_arguments
+
+    add_goldens_root(parser, type=Path)
+    add_report_arguments(parser, output_type=Path)
     parser.add_argument(
         "--show-info", action="store_true", help="terminal: list informational (not gated) findings too"
     )
@@ -97,7 +98,7 @@ def _golden(args: argparse.Namespace, documents):
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cli._workload_args import Refused, check_output_path
+    from harness.cli._workload_args import Refused, resolve_report
     from harness.parity.engine import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.surfaces.canonical import NonFiniteError
 
     try:
-        check_output_path(str(args.output) if args.output else None)
+        resolve_report(args)
     except Refused as exc:
         print(f"golden diff: {exc}", file=sys.stderr)
         return 2
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     title = f"golden diff {golden.workload}/{golden.platform}"
     report = render(verdict, args.format, title=title, color=False if args.output else None, show_info=args.show_info,
-                    surfaces_actual=actual, surfaces_golden=golden.surfaces)
+                    surfaces_actual=actual, surfaces_golden=golden.surfaces, provenance=golden.provenance)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(report)

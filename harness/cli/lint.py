@@ -13,8 +13,9 @@ HELP = "check that scheduled workloads and stored goldens match"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--goldens-root", type=Path, default=None,
-                        help="goldens folder (default: $GOLDEN_ROOT, else the repository's goldens/)")
+    from harness.cli._options import add_goldens_root
+
+    add_goldens_root(parser, type=Path)
 
 
 def default_root() -> Path:

@@ -30,6 +30,8 @@ from harness.grpo import trainer_class
 from harness.grpo.episodes import make_episode_env
 from harness.grpo.refit import Refitter
 from harness.grpo.rollouts import RolloutDriver
+from harness.progress import phase
+from harness.progress import step as step_progress
 
 SHUTDOWN_TIMEOUT_S = 60
 
@@ -82,6 +84,7 @@ class Session:
             on_main_thread = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if on_main_thread else None
             self._start_reaper()  # before ray.init: every Ray process of the run inherits the token
+            phase(self.say, "starting Ray")
             if os.environ.get("RAY_ADDRESS"):
                 self.say(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is ignored: a golden run starts its own "
                          "local Ray instance (no shared cluster, no other jobs' actors)")
@@ -103,11 +106,11 @@ class Session:
         self.loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
         self.episode_env = make_episode_env(spec, task, self.tokenizer)
         capture = self._start_capture()
-        self.say(f"starting {self.topology.policy.world} policy workers")
+        phase(self.say, f"spawning {self.topology.policy.world} policy workers")
         from harness.policy.group import PolicyGroup
 
         self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars)
-        self.say(f"starting {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
+        phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
         from harness.rollout.worker import rollout_worker_actor
 
         actor_cls = rollout_worker_actor()
@@ -127,6 +130,7 @@ class Session:
             self.refitter.refit(state["step"])
             ray.get([w.set_weight_version.remote(state["weight_version"]) for w in self.workers])
         else:
+            phase(self.say, "initial refit (policy weights to the engines)")
             self.refitter.refit(0)
         self.driver = RolloutDriver(spec, self.workers, self.tokenizer, self.episode_env, capture)
         cls = trainer_class(spec["grpo"]["trainer"])
@@ -165,6 +169,7 @@ class Session:
         from harness.capture.sink import capture_config_from_spec
         from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
 
+        phase(self.say, "starting the data plane")
         name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
         self.dataplane_handle = start_dataplane_actor(name, str(self.run_dir / layout.DATAPLANE))
         self.dataplane = DataPlaneClient(self.dataplane_handle)
@@ -182,6 +187,7 @@ class Session:
         every = int(self.spec["grpo"]["checkpoint_every"])
         for step in range(self.first_step, iterations + 1):
             t = time.perf_counter()
+            step_progress(self.say, step, iterations)
             out = self.trainer.step(step)
             _append_jsonl(self.run_dir / layout.METRICS,
                           [{"step": step, "metrics": out.metrics, "timings": out.timings}])
@@ -201,6 +207,7 @@ class Session:
         self._stop()
 
     def _stop(self) -> None:
+        phase(self.say, "shutting down workers and Ray")
         errors = []
         for w in self.workers:
             try:

@@ -51,7 +51,7 @@ def test_interrupted_capture_exits_130_and_stores_nothing(root, tmp_path, sig):
     try:
         for line in proc.stdout:
             seen.append(line)
-            if "starting" in line and "policy workers" in line:
+            if "policy workers" in line:  # the "spawning N policy workers" phase
                 proc.send_signal(sig)
                 break
         rest = proc.communicate(timeout=300)[0]

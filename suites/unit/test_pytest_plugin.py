@@ -93,7 +93,7 @@ def test_failure_says_how_to_refresh(inner):
     result.assert_outcomes(failed=1, passed=1)
     out = result.stdout.str()
     assert f"{SMOKE}/training: fail" in out and "/metrics/loss" in out
-    assert f"golden refresh {SMOKE} --platform cpu --reason TEXT" in out
+    assert f"golden refresh {SMOKE} --platform cpu --goldens-root {root} --reason TEXT" in out  # the root given
     assert out.count(f"{SMOKE:<36} cpu      fail") == 1
 
 

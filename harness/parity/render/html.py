@@ -25,6 +25,7 @@ from typing import Any
 
 from harness.parity.findings import Finding, Verdict
 from harness.parity.render.common import STATUS_WORD, VERDICT_WORD, coords_cell, number_cell, summary_line
+from harness.parity.render.provenance import provenance_html
 
 __all__ = ["render_html", "CURVE_METRICS"]
 
@@ -345,7 +346,7 @@ def _curves(verdict: Verdict, surfaces_actual: Any, surfaces_golden: Any, metric
 
 def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actual: Mapping | None = None,
                 surfaces_golden: Mapping | None = None, limit: int = 500,
-                metrics: Sequence[str] = CURVE_METRICS) -> str:
+                metrics: Sequence[str] = CURVE_METRICS, provenance: Mapping | None = None) -> str:
     """The report as one HTML document (a string). Surfaces are {name: document} mappings."""
     status = verdict.status
     counts = verdict.counts()
@@ -407,6 +408,7 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
             out.append(f'<p class="note">… and {len(findings) - limit} more (the JSON verdict lists all).</p>')
         out.append("</details>")
     out.append("</section>")
+    out.extend(provenance_html(dict(provenance) if provenance is not None else None))
     out.append('<footer>Static report of the golden regression gate (harness.parity.render.html); '
                "JSON verdict: <code>--format json</code>.</footer>")
     out.append("</main></body></html>")

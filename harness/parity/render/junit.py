@@ -10,16 +10,20 @@ import xml.etree.ElementTree as ET
 
 from harness.parity.findings import Verdict
 from harness.parity.render.common import HEADER, finding_row
+from harness.parity.render.provenance import provenance_properties
 
 
 def _finding_lines(findings) -> str:
     return "\n".join("; ".join(f"{h}={c}" for h, c in zip(HEADER, finding_row(f)) if c) for f in findings)
 
 
-def render_junit(verdict: Verdict, *, title: str = "golden parity") -> str:
+def render_junit(verdict: Verdict, *, title: str = "golden parity", provenance: dict | None = None) -> str:
     cases = sorted(verdict.surfaces)
     failures = sum(verdict.surfaces[n].status != "parity" for n in cases)
     suite = ET.Element("testsuite", name=title, tests=str(len(cases)), failures=str(failures), errors="0", skipped="0")
+    properties = provenance_properties(provenance)
+    if properties is not None:  # JUnit: <properties> comes first in a testsuite
+        suite.append(properties)
     for name in cases:
         s = verdict.surfaces[name]
         case = ET.SubElement(suite, "testcase", classname=f"golden.{title.replace(' ', '_')}", name=name)

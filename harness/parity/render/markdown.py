@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness.parity.findings import Verdict
 from harness.parity.render.common import HEADER, finding_row, summary_line
+from harness.parity.render.provenance import provenance_markdown
 
 
 def _cell(text: str) -> str:
@@ -14,7 +15,8 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
-def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: int = 50) -> str:
+def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: int = 50,
+                    provenance: dict | None = None) -> str:
     lines = [f"### {title}", "", f"**{summary_line(verdict)}**", "",
              _row(["surface", "gated", "status", "sections", "differing", "findings"]),
              _row(["---"] * 6)]
@@ -32,4 +34,5 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
         if len(findings) > limit:
             lines += ["", f"... and {len(findings) - limit} more (see the JSON verdict)"]
         lines += ["", "</details>"]
+    lines += provenance_markdown(provenance)
     return "\n".join(lines) + "\n"

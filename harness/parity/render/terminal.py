@@ -7,6 +7,7 @@ import sys
 
 from harness.parity.findings import Verdict
 from harness.parity.render.common import HEADER, finding_row, summary_line
+from harness.parity.render.provenance import provenance_lines
 
 _COLORS = {"fail": "\x1b[31m", "stale": "\x1b[33m", "info": "\x1b[36m", "parity": "\x1b[32m"}
 _RESET = "\x1b[0m"
@@ -24,7 +25,7 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bool | None = None,
-                    limit: int = 25, show_info: bool = False) -> str:
+                    limit: int = 25, show_info: bool = False, provenance: dict | None = None) -> str:
     """The verdict as a terminal report. Findings of a surface whose findings are
     all informational (not gated: memory, timings) are summarised in one line
     unless ``show_info``; gated findings are always listed (up to ``limit``)."""
@@ -67,4 +68,5 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
                 break
         if len(findings) > limit:
             lines.append(f"  ... and {len(findings) - limit} more (--format json lists all)")
+    lines += provenance_lines(provenance)
     return "\n".join(lines) + "\n"
