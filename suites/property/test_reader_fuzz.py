@@ -27,7 +27,7 @@ import tempfile
 import tracemalloc
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from harness.docio import DocumentError, Limits, parse_json
@@ -73,9 +73,8 @@ def parse(data, limits=SMALL):
 @given(values)
 def test_valid_documents_parse_as_json_loads_does(doc):
     text = json.dumps(doc, ensure_ascii=False)
+    assume(max((len(p) for p, _ in paths_in(doc)), default=0) < SMALL.max_depth)
     ok, value = parse(text.encode("utf-8"))
-    if max((len(p) for p, _ in paths_in(doc)), default=0) >= SMALL.max_depth:
-        return
     assert ok, value
     assert value == json.loads(text)
 
@@ -112,13 +111,12 @@ def test_a_planted_defect_is_reported_at_its_pointer(doc, data):
         inner = json.dumps(node)
         # repeat the first key of that object (its serialisation is unique enough to find)
         dup = "{" + json.dumps(key) + ": 0, " + inner[1:]
-        if text.count(inner) != 1:
-            return
+        assume(text.count(inner) == 1)
         text = text.replace(inner, dup)
         expect = json_pointer(site + (key,))
+    assume(len(site) < SMALL.max_depth)
+    event(kind if kind == "duplicate" else f"token {token}")
     ok, exc = parse(text.encode("utf-8"))
-    if len(site) >= SMALL.max_depth:
-        return
     assert not ok, f"accepted {text[:200]}"
     assert exc.pointer == expect, (str(exc), expect)
 
@@ -155,6 +153,7 @@ def test_memory_stays_bounded_on_hostile_shapes(n, opener, shape):
     finally:
         tracemalloc.stop()
     assert peak <= limits.max_memory + 3 * len(data) + (1 << 20), (peak, len(data))
+    event("accepted" if ok else "refused")
     if not ok:
         assert result.pointer == "" or result.pointer.startswith("/")
 
@@ -258,6 +257,7 @@ def test_run_directories_fail_closed(variant, name, depth, rehash):
         outside.parent.mkdir()
         outside.write_bytes((run / "surfaces" / f"{name}.json").read_bytes())
         pointer = mutate(run, outside, variant, name, depth)
+        event(variant)
         if rehash and variant in ("big", "deep", "latin1", "empty"):
             import hashlib
 
