@@ -277,10 +277,16 @@ class PolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
 
 
 def create_engine(spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> Any:
-    """The engine for `spec.policy.backend`: `PolicyEngine` (native) or
+    """The engine for `spec.policy.backend`: `PolicyEngine` (native),
     `harness.policy.megatron.engine.MegatronPolicyEngine` (megatron-core,
-    imported only when selected)."""
-    if spec["policy"].get("backend", "native") == "megatron":
+    imported only when selected) or
+    `harness.policy.dtensor.engine.DTensorPolicyEngine` (torch DTensor)."""
+    backend = spec["policy"].get("backend", "native")
+    if backend == "dtensor":
+        from harness.policy.dtensor.engine import DTensorPolicyEngine
+
+        return DTensorPolicyEngine(spec, rank, topology=topology)
+    if backend == "megatron":
         from harness.policy.megatron.engine import MegatronPolicyEngine
 
         return MegatronPolicyEngine(spec, rank, topology=topology)
