@@ -113,8 +113,8 @@ def model_step(device: str, batch: int, seq: int, medium: bool) -> Callable[[], 
 
 
 def engine_step(requests: int, new_tokens: int) -> Callable[[], object]:
-    from harness.rollout.engine import Engine
     from harness.rollout.engine_worker import initial_weights
+    from harness.rollout.native.engine import Engine
     from harness.spec import load_spec
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

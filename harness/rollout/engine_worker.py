@@ -24,7 +24,7 @@ import torch
 
 from harness.plugins.loader import load_rollout_profiler
 from harness.plugins.rollout_hooks import RolloutLifecycleRPC, RolloutProfilerHooks
-from harness.rollout.engine import Engine, as_model_config
+from harness.rollout.native.engine import Engine, as_model_config
 
 log = logging.getLogger(__name__)
 
