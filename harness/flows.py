@@ -70,11 +70,18 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
     ``platform`` (explicit, else ``$GOLDEN_PLATFORM``) that names a device
     (``cpu``, ``cuda``) runs the workload there: ``platform.device`` is
     overridden, so one workload has a golden per device. Other platform
-    names (``cpu-vllm``) only select the golden."""
+    names (``cpu-vllm``) only select the golden.
+
+    Raises ``BackendMissing`` (a ``SpecError``) when the spec selects an optional
+    backend whose package is not installed (``harness.spec.backends``), so every
+    caller refuses before Ray or a worker starts."""
+    from harness.spec.backends import require_backends
+
     spec = load_spec(workload, overrides, goldens_root=goldens_root)
     wanted = platform or os.environ.get("GOLDEN_PLATFORM")
     if wanted in DEVICE_PLATFORMS and wanted != spec["platform"]["device"]:
         spec = load_spec(workload, (*overrides, f"platform.device={wanted}"), goldens_root=goldens_root)
+    require_backends(spec)
     return spec
 
 
@@ -174,8 +181,28 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     old_tol = target / "tolerances.yaml"
     if old_tol.exists():
         tolerances = old_tol.read_text()  # declared bands survive a refresh
+    vendor_builtin_spec(root, spec["name"])
     return write_golden(root, spec["name"], platform, manifest, execution.postflight.surfaces,
                         provenance, tolerances=tolerances)
+
+
+def vendor_builtin_spec(root: Path, workload: str) -> Path | None:
+    """A golden of a built-in workload stored under a root with no spec for it
+    (a consumer's first capture) gets a copy of the packaged spec as
+    ``<root>/<workload>/workload.yaml``: the root then holds what its goldens were
+    made from, a later harness release cannot change it silently, and the
+    consumer edits its own copy. Returns the path written, None when nothing was."""
+    from harness.spec.load import WORKLOAD_FILE, builtin_workload_path
+
+    target = Path(root) / workload / WORKLOAD_FILE
+    source = builtin_workload_path(workload)
+    if target.exists() or source is None:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{WORKLOAD_FILE}.tmp-{os.getpid()}")
+    tmp.write_bytes(source.read_bytes())
+    tmp.replace(target)
+    return target
 
 
 def gated_only(docs: dict[str, dict]) -> dict[str, dict]:

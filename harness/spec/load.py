@@ -8,8 +8,11 @@ harness reads a spec. The returned ``dict`` has every schema field present
 
 Workload resolution: a value that names an existing file, or ends in
 ``.yaml``/``.yml``, or contains a path separator is a path; anything else is
-a workload name, read from ``<goldens_root>/<name>/workload.yaml``.
-``goldens_root`` defaults to ``default_goldens_root()``.
+a workload name, read from ``<goldens_root>/<name>/workload.yaml``, else
+(no such file) from the built-in spec of that name, package data under
+``harness/data/workloads/<name>/workload.yaml`` (so an installed wheel runs a
+built-in workload for a consumer whose goldens root has no spec for it).
+``goldens_root`` defaults to ``default_goldens_root()`` (``harness.spec.roots``).
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ from typing import Any
 from harness.spec import schema
 from harness.spec.errors import SpecError
 from harness.spec.overrides import apply_overrides
+from harness.spec.roots import goldens_config
 from harness.spec.yaml_io import load_yaml_file
 
 __all__ = [
     "SpecError",
+    "BUILTIN_WORKLOADS",
     "apply_overrides",
+    "builtin_workload_path",
     "default_goldens_root",
     "list_workloads",
     "load_spec",
@@ -37,20 +43,22 @@ __all__ = [
 ]
 
 WORKLOAD_FILE = "workload.yaml"
-GOLDEN_ROOT_ENV = "GOLDEN_ROOT"
+# Package data (pyproject [tool.setuptools.package-data]); in a checkout a link to goldens/.
+BUILTIN_WORKLOADS = Path(__file__).resolve().parents[1] / "data" / "workloads"
 
 
 def default_goldens_root() -> Path:
-    """Where goldens live: ``$GOLDEN_ROOT`` if set; else the ``goldens/``
-    folder next to the package (a source checkout or editable install);
-    else ``./goldens``."""
-    env = os.environ.get(GOLDEN_ROOT_ENV)
-    if env:
-        return Path(env)
-    beside_package = Path(__file__).resolve().parents[2] / "goldens"
-    if beside_package.is_dir():
-        return beside_package
-    return Path.cwd() / "goldens"
+    """Where goldens live when no folder is given: ``$GOLDEN_ROOT``, else the
+    nearest ``pyproject.toml`` ``[tool.golden] goldens-root`` above the cwd, else
+    the harness checkout's ``goldens/`` (a source checkout only), else ``./goldens``
+    (``harness.spec.roots.goldens_config``)."""
+    return goldens_config().root
+
+
+def builtin_workload_path(name: str) -> Path | None:
+    """The packaged spec of built-in workload ``name``; None when there is none."""
+    path = BUILTIN_WORKLOADS / name / WORKLOAD_FILE
+    return path if path.is_file() else None
 
 
 def golden_platform(spec: dict[str, Any]) -> str:
@@ -77,15 +85,20 @@ def _looks_like_path(value: str) -> bool:
 
 
 def resolve_workload_path(path_or_name: str | Path, goldens_root: str | Path | None = None) -> tuple[Path, str | None]:
-    """(file to read, workload name if it was given by name)."""
+    """(file to read, workload name if it was given by name): the root's spec, else the built-in one."""
     if isinstance(path_or_name, Path) or _looks_like_path(str(path_or_name)):
         return Path(path_or_name), None
     name = str(path_or_name)
     root = Path(goldens_root) if goldens_root is not None else default_goldens_root()
     path = root / name / WORKLOAD_FILE
     if not path.is_file():
+        builtin = builtin_workload_path(name)
+        if builtin is not None:
+            return builtin, name
         known = ", ".join(list_workloads(root)) or "none"
-        raise SpecError("name", f"no workload named {name!r} under {root} (known: {known})")
+        builtins = ", ".join(list_workloads(BUILTIN_WORKLOADS)) or "none"
+        raise SpecError("name", f"no workload named {name!r} under {root} (known: {known}) "
+                                f"nor a built-in one (built-in: {builtins})")
     return path, name
 
 
