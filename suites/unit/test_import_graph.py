@@ -35,7 +35,6 @@ HARNESS = Path(__file__).resolve().parents[2] / "harness"
 # Backend-name compares that exist today, per file (at most this many each).
 BACKEND_COMPARES_ALLOWED = {
     "policy/engine.py": 1,
-    "pytest_plugin.py": 2,
     "rollout/worker.py": 2,
     "runner/session.py": 1,
     "spec/constraints.py": 3,
