@@ -12,7 +12,7 @@ Train contract (NeMo RL):
   counts (summed over microbatches and DP ranks), so gradients add up to the
   whole-batch gradient; gradients are then summed over DP (`parallel.data`),
   clipped by the global norm (reported pre-clip as `grad_norm`);
-- split API state machine (reference 1.8): one open step per worker;
+- split API state machine (`split_step.py`): one open step per worker;
   `begin_train_step` while open -> RuntimeError("a train step is already open ...");
   `train_microbatch` / `finish_train_step` without an open step ->
   RuntimeError("no train step open ..."); `abort_train_step` is idempotent.

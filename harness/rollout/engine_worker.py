@@ -6,7 +6,7 @@ one lives in every internal engine process. Its public methods are the RPC
 surface the actor fans out to (``collective_rpc`` style): every TP rank must
 receive the same calls in the same order.
 
-Profiler placement (reference section 2.4): the engine-init window opens in
+Profiler placement (docs/plugins.md section 4): the engine-init window opens in
 the constructor *before* the engine is created and stays open through
 warm-up; the owner closes it with ``end_engine_initialization()`` (the same
 token, kept by the hooks). A failing construction still closes the window
