@@ -8,7 +8,7 @@ import torch
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.rollout.native.engine import Engine
-from harness.rollout.sampling import sample_token
+from harness.rollout.native.sampling import sample_token
 from harness.rollout.sharding import ShardPlan, hf_weight_shapes
 from suites.torch_state import torch_settings
 
@@ -173,7 +173,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harness.rollout.sampling import sample_rows  # noqa: E402
+from harness.rollout.native.sampling import sample_rows  # noqa: E402
 
 # Dims that exercise every fallback: K*N < 400 products (router: per-row F.linear), I = 24
 # (silu scalar tails), top_k 3 of 5 experts, vocab 100 (per-row sampling fallback).

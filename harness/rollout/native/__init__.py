@@ -2,6 +2,7 @@
 
 ``engine.Engine`` composes ``weights`` (packed shards, refit), ``forward`` (one
 step's math and the TP sum), ``probe`` (may batched decode run here),
-``projections`` (the row-item bmm kernels batched decode uses) and ``scheduler``
-(continuous batching and sampling).
+``projections`` (the row-item bmm kernels batched decode uses), ``scheduler``
+(continuous batching), ``sampling`` (seeded per-request sampling) and
+``kv_cache`` (the slot pool).
 """

@@ -12,10 +12,11 @@ The parts, one job each (all in ``harness.rollout.native``):
 * ``weights.PackedWeights``: this TP rank's shards, packed per layer, HF-named views, refit;
 * ``forward.Forward``: one step's math, per request and batched decode, and the TP sum;
 * ``probe``: whether this machine's kernels may run the batched decode;
-* ``scheduler.Scheduler``: admission, steps, prefill dedup and sampling;
+* ``scheduler.Scheduler``: admission, steps, prefill dedup and sampling (``sampling``);
+* ``kv_cache.KVCachePool``: one KV slot per running request.
 
-plus the KV cache (``harness.rollout.kv_cache``) and the TP layout
-(``harness.rollout.sharding``), shared with nothing else but the engine.
+The TP layout of the HF-named tensors (``harness.rollout.sharding``) is shared
+with ``RolloutWorker`` (unsharding) and the vLLM backend (weight loading).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import torch
 
 from harness import ops
 from harness.model.config import ModelConfig
-from harness.rollout.kv_cache import KVCachePool
 from harness.rollout.native.forward import Forward
+from harness.rollout.native.kv_cache import KVCachePool
 from harness.rollout.native.probe import choose_batched_decode
 from harness.rollout.native.scheduler import Scheduler
 from harness.rollout.native.weights import PackedWeights

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from harness import ops
 from harness.model.config import ModelConfig
-from harness.rollout.kv_cache import KVCachePool
+from harness.rollout.native.kv_cache import KVCachePool
 from harness.rollout.native.weights import PackedWeights
 from harness.rollout.sharding import ShardPlan
 

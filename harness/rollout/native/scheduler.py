@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from harness.model.config import ModelConfig
-from harness.rollout.kv_cache import KVCachePool
 from harness.rollout.native.forward import DecodeBatch, Forward
+from harness.rollout.native.kv_cache import KVCachePool
+from harness.rollout.native.sampling import sample_rows, sample_token
 from harness.rollout.requests import make_result, validate_request
-from harness.rollout.sampling import sample_rows, sample_token
 
 
 @dataclass
