@@ -1,9 +1,11 @@
-"""The Qwen3-MoE stage that one rank of a TP x PP x CP x DP (+EP) layout holds.
+"""The Qwen3-MoE stage that one rank of a TP x PP x CP x DP (+EP) layout holds
+(the native policy backend's model).
 
-Built from the *full* reference weights (`Qwen3MoeForCausalLM(cfg, seed)`)
-and sliced by the rank's coordinates, so every layout starts from the same
-model. Parameter names are the HF names of the full model; a parameter holds
-this rank's shard of it (`shard_spec` says how), so `hf_state_dict` can
+Built from the *full* reference weights (the state dict of
+`harness.model.qwen3_moe.build_reference_model(cfg, seed)`) and sliced by the
+rank's coordinates, so every layout starts from the same model. Parameter names
+are the HF names of the full model; a parameter holds this rank's shard of it
+(`shard_specs[name]` says how), so the policy engine's `hf_state_dict` can
 reassemble full tensors by name:
 
     embed_tokens, lm_head         rows (vocab) over tp
