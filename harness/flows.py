@@ -38,6 +38,10 @@ class Execution:
     run_dir: Path
     postflight: PostflightResult
     wall_s: float
+    # the golden compare_with_golden compared against (its digest, None: there was none);
+    # store_golden writes only over that one (compare-and-swap), so a concurrent refresh fails
+    golden_seen: object = None
+    compared: bool = False
 
     @property
     def ok(self) -> bool:
@@ -90,8 +94,10 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     """Run + postflight (on ``platform``'s device, see :func:`spec_for_platform`).
     Raises only for unusable input (spec/topology errors)."""
     from harness.runner.run import run_workload
+    from harness.spec.load import check_runnable
 
     spec = spec_for_platform(workload, overrides, platform, goldens_root)
+    check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say)
@@ -137,11 +143,27 @@ def load_golden(goldens_root: Path, workload: str, platform: str):
 
 
 def compare_with_golden(execution: Execution, platform: str, goldens_root: Path | None = None) -> Verdict:
-    """Parity of the run's surfaces against the stored golden (gated + informational)."""
+    """Parity of the run's surfaces against the stored golden (gated + informational).
+
+    The run's documents are read back through ``harness.postflight.read.load_run``
+    (manifest validated first, paths confined, complete runs only: ``RunRefused``
+    otherwise). Records which golden was compared in ``execution.golden_seen``."""
+    from harness.postflight.read import load_run
+    from harness.store.atomic import GoldenStoreError, golden_digest
+
     root = Path(goldens_root or default_goldens_root())
-    golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
-    return compare(golden.surfaces, execution.postflight.surfaces, tolerances=table,
-                   deterministic=deterministic)
+    actual = load_run(execution.run_dir).surfaces
+    execution.compared = True
+    try:
+        golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
+    except GoldenMissing:
+        execution.golden_seen = None
+        raise
+    except GoldenStoreError:
+        execution.golden_seen = golden_digest(root, execution.spec["name"], platform)
+        raise
+    execution.golden_seen = golden.digest
+    return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
 
 
 def store_golden(execution: Execution, platform: str, *, reason: str, goldens_root: Path | None = None,
@@ -153,11 +175,14 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     versions of harness, Python, torch, megatron-core and vLLM (absent: null).
     Refused when the run is incomplete, when ``reason`` is empty, when the
     platform is not scheduled in the spec, and (``allow_replace=False``, i.e.
-    capture) when a golden already exists.
+    capture) when a golden already exists. After ``compare_with_golden`` the write
+    is a compare-and-swap on the golden compared against (``GoldenChanged`` when a
+    concurrent capture/refresh replaced it); a capture requires that none exists,
+    checked again under the store's lock.
     """
     from harness.manifest.validate import load_manifest
     from harness.runner.environment import collect_environment
-    from harness.store.atomic import write_golden
+    from harness.store.atomic import ANY, write_golden
     from harness.store.layout import golden_dir
     from harness.store.provenance import harness_commit, new_provenance, package_versions, repository_state
 
@@ -181,9 +206,10 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     old_tol = target / "tolerances.yaml"
     if old_tol.exists():
         tolerances = old_tol.read_text()  # declared bands survive a refresh
+    expect = None if not allow_replace else (execution.golden_seen if execution.compared else ANY)
     vendor_builtin_spec(root, spec["name"])
     return write_golden(root, spec["name"], platform, manifest, execution.postflight.surfaces,
-                        provenance, tolerances=tolerances)
+                        provenance, tolerances=tolerances, expect=expect)
 
 
 def vendor_builtin_spec(root: Path, workload: str) -> Path | None:

@@ -40,6 +40,7 @@ __all__ = [
     "load_spec",
     "resolve_workload_path",
     "spec_digest",
+    "check_runnable",
 ]
 
 WORKLOAD_FILE = "workload.yaml"
@@ -147,3 +148,48 @@ def spec_digest(spec: dict[str, Any]) -> str:
     normalises both before this is called.
     """
     return hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()
+
+
+def check_runnable(spec: dict[str, Any], *, check_trace_settings: bool = True) -> None:
+    """Refuse (``SpecError`` naming the field) what a worker or the run's driver would
+    refuse only after Ray started: an unknown ``env.task``, a plugin class path that
+    does not name a class with the contract's methods, and (``check_trace_settings``)
+    ``plugins.env`` values the built-in trace profilers cannot parse.
+
+    Plugin class paths are resolved as ``golden doctor`` does, per worker
+    environment (``harness.plugins.environments``): in this interpreter without
+    importing the plugin's module (``probe.static_probe``), in another worker
+    interpreter (``HARNESS_WORKER_PYTHON_<BACKEND>``) by running the probe there.
+    The trace settings are parsed by the profiler's own parser, which imports
+    torch: call this where the workload half runs (``flows.execute`` does, before
+    ``run_workload``), or pass ``check_trace_settings=False``.
+    """
+    import sys
+
+    from harness.envs.tasks import TASKS  # standard library only
+    from harness.plugins.environments import check_import, worker_environments
+    from harness.plugins.probe import static_probe
+
+    if spec["env"]["task"] not in TASKS:
+        raise SpecError("env.task", f"unknown task {spec['env']['task']!r}; known: {', '.join(sorted(TASKS))}")
+    plugins = spec["plugins"]
+    for env in worker_environments(spec):
+        class_path = plugins.get(env.plugin_key)
+        if not class_path:
+            continue
+        if env.python == sys.executable:
+            ok, error = (lambda r: (r["ok"], r["error"]))(static_probe(class_path, env.required_methods))
+        else:
+            check = check_import(env, class_path)
+            ok, error = check.ok, check.error
+        if not ok:
+            raise SpecError(f"plugins.{env.plugin_key}",
+                            f"{error} (checked for the {env.label}; the workers would refuse it at start-up)")
+    traced = [plugins.get(k) for k in ("policy_profiler", "rollout_profiler")
+              if str(plugins.get(k) or "").startswith("harness.profiler.trace.")]
+    if check_trace_settings and traced:
+        from harness.profiler.phase import settings_problems  # torch: the workload half
+
+        problems = settings_problems(dict(plugins.get("env") or {}))
+        if problems:
+            raise SpecError("plugins.env", "; ".join(problems) + " (the trace profilers would fail every worker)")
