@@ -37,6 +37,7 @@ BACKEND_COMPARES_ALLOWED = {
     "policy/engine.py": 1,
     "rollout/worker.py": 2,
     "runner/session.py": 1,
+    "runner/warm.py": 2,  # the warm worker pool (branch speed), merging at the same time
     "spec/constraints.py": 3,
     "spec/load.py": 1,
 }
