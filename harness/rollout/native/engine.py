@@ -134,7 +134,7 @@ class Engine:
         """
         slot = self.kv.allocate()
         try:
-            _, (logits,) = self.forward.forward([(slot, 0, list(token_ids))])
+            _, (logits,) = self.forward.step([(slot, 0, list(token_ids))])
         finally:
             self.kv.release(slot)
         ids = torch.tensor(list(token_ids), device=self.device).unsqueeze(0)

@@ -61,7 +61,7 @@ class Forward:
 
     Builds the RoPE tables (``max_position`` rows, equal to the per-position
     computation: ``probe.py`` checks it) and the kv head of each local q head.
-    With ``plan.tp_size > 1`` every TP rank calls ``forward`` with the same rows.
+    With ``plan.tp_size > 1`` every TP rank calls ``step`` with the same rows.
     """
 
     def __init__(self, cfg: ModelConfig, plan: ShardPlan, weights: PackedWeights, kv: KVCachePool,
@@ -226,7 +226,7 @@ class Forward:
     # -- one step ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward(
+    def step(
         self, rows: Sequence[tuple[int, int, list[int]]], decode: DecodeBatch | None = None
     ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """One step: a batched-decode block ``decode`` (or None) and per-request ``rows``

@@ -106,7 +106,7 @@ class Scheduler:
             computed.append(seq)
         decode = DecodeBatch.build(self.fwd, decoding) if decoding else None
         rows = [(s.slot, s.cached, s.tokens[s.cached :]) for s in computed]
-        decode_logits, row_logits = self.fwd.forward(rows, decode)
+        decode_logits, row_logits = self.fwd.step(rows, decode)
         if decode is not None:
             seqs = decode.seqs
             tokens, logprobs = sample_rows(
