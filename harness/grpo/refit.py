@@ -2,7 +2,8 @@
 
 Transport (``rollout.refit.transport``): ``zmq`` for colocated engines (policy
 rank 0 binds one REQ socket per engine TP rank, each engine rank connects a
-REP socket; two ping-pong buffers, COMPLETE/ACK), ``broadcast`` for separate
+REP socket; two ping-pong buffers, COMPLETE/ACK; on ``platform.device: cuda``
+the buffers are GPU memory sent as CUDA IPC handles), ``broadcast`` for separate
 engines (a side process group of policy rank 0 + every engine rank that never
 touches the default world); ``auto`` picks by placement. After a refit every
 engine reports the same new weight version, or the step fails.
@@ -42,6 +43,9 @@ class Refitter:
         self.workers = workers
         self.transport = choose_transport(spec)
         self.buffer_size = int(spec["rollout"]["refit"]["buffer_size_bytes"])
+        # zmq on cuda: stage in GPU memory and send CUDA IPC handles (colocated on the GPUs)
+        on_cuda = spec.get("platform", {}).get("device", "cpu") == "cuda"
+        self.zmq_extra = {"staging_device": "cuda"} if on_cuda else {}
         tp = int(spec["rollout"]["tp"])
         self.prefixes = derive_engine_gpu_offsets([tp] * len(workers))
         self.history: list[dict] = []
@@ -68,7 +72,8 @@ class Refitter:
         receiving = worker.receive_weights.remote("zmq", addresses=addresses)
         try:
             for address in addresses:
-                self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size)
+                self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size,
+                                           **self.zmq_extra)
         except BaseException:
             ray.cancel(receiving, force=False)
             raise

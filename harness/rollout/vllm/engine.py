@@ -29,6 +29,10 @@ Determinism: fp32, ``enforce_eager``, prefix caching off, one OpenMP thread
 per worker (``VLLM_CPU_OMP_THREADS_BIND=nobind`` at TP 1, one core per rank
 beyond), a seed per request. Sync batches are scheduled the same way on every
 rerun.
+
+On cuda (the official build) the same code runs with the GPU worker class;
+the engine gets a bounded share of the GPU (``cuda_memory_kwargs``: it is
+colocated with the policy) and ``VLLM_HOST_IP`` defaults to loopback.
 """
 
 from __future__ import annotations
@@ -82,7 +86,13 @@ def engine_env(spec: Mapping[str, Any], *, in_process: bool) -> dict[str, str]:
     except the multiprocessing switch, which the placement decides)."""
     tp = int(spec["rollout"]["tp"])
     ncpu = os.cpu_count() or 1
+    cuda = {} if spec.get("platform", {}).get("device", "cpu") != "cuda" else {
+        # on a machine whose interfaces do not route, the engine start waits forever
+        # for its own address (measured on the H200 machine); loopback always works
+        "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1"),
+    }
     return {
+        **cuda,
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
             "VLLM_CPU_OMP_THREADS_BIND", "nobind" if tp == 1 else "|".join(str(r % ncpu) for r in range(tp))
@@ -121,9 +131,29 @@ def engine_kwargs(spec: Mapping[str, Any], model_dir: str, *, worker_cls: str | 
         "additional_config": additional,
         "disable_log_stats": True,
     }
+    if spec.get("platform", {}).get("device", "cpu") == "cuda":
+        kw.update(cuda_memory_kwargs())
     if worker_cls is not None:
         kw["worker_cls"] = worker_cls
     return kw
+
+
+GPU_MEMORY_UTILIZATION_ENV = "HARNESS_VLLM_GPU_MEMORY_UTILIZATION"
+KV_CACHE_BYTES_ENV = "HARNESS_VLLM_KV_CACHE_BYTES"
+
+
+def cuda_memory_kwargs() -> dict[str, Any]:
+    """GPU memory of a vLLM engine colocated with the policy on the same GPU.
+
+    ``gpu_memory_utilization`` (default 0.3, ``$HARNESS_VLLM_GPU_MEMORY_UTILIZATION``)
+    bounds what vLLM may take of the device, leaving the rest to the policy
+    process; ``kv_cache_memory_bytes`` (default 2 GiB, ``$HARNESS_VLLM_KV_CACHE_BYTES``)
+    sizes the KV cache directly, so vLLM skips its memory-profiling pass at start.
+    """
+    return {
+        "gpu_memory_utilization": float(os.environ.get(GPU_MEMORY_UTILIZATION_ENV, "0.3")),
+        "kv_cache_memory_bytes": int(os.environ.get(KV_CACHE_BYTES_ENV, str(2 << 30))),
+    }
 
 
 def write_initial_model(spec: Mapping[str, Any], directory: str) -> str:
