@@ -20,6 +20,7 @@ down) stops serving the store, last.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +28,8 @@ from pathlib import Path
 import ray
 
 from harness.refit.engine_offsets import derive_engine_gpu_offsets
+
+STAGING_ENV = "HARNESS_REFIT_STAGING"
 
 
 def choose_transport(spec: dict) -> str:
@@ -44,7 +47,8 @@ class Refitter:
         self.transport = choose_transport(spec)
         self.buffer_size = int(spec["rollout"]["refit"]["buffer_size_bytes"])
         # zmq on cuda: stage in GPU memory and send CUDA IPC handles (colocated on the GPUs)
-        on_cuda = spec.get("platform", {}).get("device", "cpu") == "cuda"
+        # ($HARNESS_REFIT_STAGING=host keeps host staging there: the before/after measurement)
+        on_cuda = spec.get("platform", {}).get("device", "cpu") == "cuda" and os.environ.get(STAGING_ENV) != "host"
         self.zmq_extra = {"staging_device": "cuda"} if on_cuda else {}
         tp = int(spec["rollout"]["tp"])
         self.prefixes = derive_engine_gpu_offsets([tp] * len(workers))
