@@ -30,8 +30,9 @@ print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__v
                  && tar -C goldens/$W -cf "$out/golden_$W.tar" cuda ;;
         check) { [ -d goldens/$W/cuda ] || cp -r "$keep/$W" goldens/$W/cuda; } \
                && timeout 580 python3 -m harness.cli check $W --platform cuda ;;
-        before) HARNESS_REFIT_STAGING=host timeout 580 python3 -m harness.cli run $W --platform cuda --run-dir /tmp/run-before;
-                find /tmp/run-before -name '*.json' -size -4M | tar -cf "$out/before_run.tar" -T - ;;
+        before) { [ -d goldens/$W/cuda ] || cp -r "$keep/$W" goldens/$W/cuda; } \
+                && HARNESS_REFIT_STAGING=host timeout 330 python3 -m harness.cli check $W --platform cuda --run-dir /tmp/run-before;
+                find /tmp/run-before -name 'timings.json' -o -name 'manifest.json' | tar -cf "$out/before_run.tar" -T - ;;
         *) echo "device_run.sh: unknown phase $phase"; false ;;
     esac > "$out/$phase.log" 2>&1
     rc=$?

@@ -101,3 +101,10 @@ def test_refitter_stages_on_the_gpu_only_on_cuda(medium, monkeypatch):
     assert Refitter(_on(medium, "cpu"), None, [], run_dir=None).zmq_extra == {}
     monkeypatch.setenv("HARNESS_REFIT_STAGING", "host")
     assert Refitter(_on(medium, "cuda"), None, [], run_dir=None).zmq_extra == {}
+
+
+def test_cuda_engine_starts_from_fresh_kernel_caches_under_its_work_dir(tmp_path):
+    env = engine.cold_cache_env(str(tmp_path / "jit-cache"))
+    assert set(env) == {"TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR"}
+    assert all(v.startswith(str(tmp_path / "jit-cache")) for v in env.values())
+    assert len(set(env.values())) == 4

@@ -138,6 +138,21 @@ def engine_kwargs(spec: Mapping[str, Any], model_dir: str, *, worker_cls: str | 
     return kw
 
 
+def cold_cache_env(directory: str) -> dict[str, str]:
+    """Kernel and compile caches of a GPU engine under ``directory`` (fresh per run dir).
+
+    The rollout profiler counts the operators of the engine-init window, and
+    what vLLM runs there depends on whether Triton / FlashInfer / vLLM find
+    their JIT caches warm: a capture on a fresh GPU machine and a check after
+    it differed there, and only there (measured on the H200: cold-cache init
+    ran ``randperm``, ``amax``, 400 more ``detach`` ... for kernel tuning).
+    So every engine starts from empty caches of its own.
+    """
+    return {name: os.path.join(directory, sub) for name, sub in (
+        ("TRITON_CACHE_DIR", "triton"), ("VLLM_CACHE_ROOT", "vllm"),
+        ("FLASHINFER_WORKSPACE_BASE", "flashinfer"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"))}
+
+
 GPU_MEMORY_UTILIZATION_ENV = "HARNESS_VLLM_GPU_MEMORY_UTILIZATION"
 KV_CACHE_BYTES_ENV = "HARNESS_VLLM_KV_CACHE_BYTES"
 
@@ -194,6 +209,8 @@ class VllmEngine:
         from harness.rollout.engine_worker import resolve_eos_token_id
 
         os.environ.update(engine_env(spec, in_process=in_process))
+        if spec.get("platform", {}).get("device", "cpu") == "cuda":
+            os.environ.update(cold_cache_env(os.path.join(os.path.dirname(os.path.abspath(model_dir)), "jit-cache")))
         self.model = ModelConfig.from_spec(spec["model"])
         self.eos_token_id = resolve_eos_token_id(spec)
         self.is_async = is_async
@@ -258,16 +275,38 @@ class VllmEngine:
         return results  # type: ignore[return-value]
 
     async def _generate_async(self, todo: list) -> list:
-        async def one(request, params):
-            final = None
-            rid = f"{request['request_id']}#{next(_ids)}"
-            async for out in self.llm.generate(translate.prompt_of(request), params, rid):
-                final = out
-            if final is None or not final.finished:
-                raise RuntimeError(f"vLLM async engine returned no final output for request {request['request_id']!r}")
-            return final
+        """Submit the whole batch, then collect every request's final output.
 
-        return list(await asyncio.gather(*(one(r, sp) for _, r, sp in todo)))
+        The scheduler is paused (``mode="keep"``: new requests are queued, none
+        is scheduled) while the batch is added and resumed once all of it is
+        queued, so every request enters the same first step. Without that the
+        engine core starts stepping on the first arrivals, the batch
+        composition depends on timing, and on a GPU the sampled-token logprobs
+        (and the rollout window's operator counts) differed between reruns
+        (measured on the H200: same tokens, different low bits). A build
+        without ``pause_generation`` streams the requests as they are added.
+        """
+        pause = getattr(self.llm, "pause_generation", None)
+        queues = []
+        if pause is not None:
+            await pause(mode="keep", clear_cache=False)
+        try:
+            for _, request, params in todo:
+                rid = f"{request['request_id']}#{next(_ids)}"
+                queues.append((request, await self.llm.add_request(rid, translate.prompt_of(request), params)))
+        finally:
+            if pause is not None:
+                await self.llm.resume_generation()
+
+        async def final_of(request, queue):
+            out = None
+            while out is None or not out.finished:
+                out = queue.get_nowait() or await queue.get()
+            if out is None or not out.finished:
+                raise RuntimeError(f"vLLM async engine returned no final output for request {request['request_id']!r}")
+            return out
+
+        return list(await asyncio.gather(*(final_of(r, q) for r, q in queues)))
 
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
