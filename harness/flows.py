@@ -21,6 +21,7 @@ from pathlib import Path
 from harness.parity.engine import compare
 from harness.parity.findings import Verdict
 from harness.postflight.run import PostflightResult, postflight
+from harness.progress import phase
 from harness.spec.load import default_goldens_root, load_spec
 from harness.surfaces.build import GATED
 
@@ -37,6 +38,10 @@ class Execution:
     run_dir: Path
     postflight: PostflightResult
     wall_s: float
+    # the golden compare_with_golden compared against (its digest, None: there was none);
+    # store_golden writes only over that one (compare-and-swap), so a concurrent refresh fails
+    golden_seen: object = None
+    compared: bool = False
 
     @property
     def ok(self) -> bool:
@@ -69,11 +74,18 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
     ``platform`` (explicit, else ``$GOLDEN_PLATFORM``) that names a device
     (``cpu``, ``cuda``) runs the workload there: ``platform.device`` is
     overridden, so one workload has a golden per device. Other platform
-    names (``cpu-vllm``) only select the golden."""
+    names (``cpu-vllm``) only select the golden.
+
+    Raises ``BackendMissing`` (a ``SpecError``) when the spec selects an optional
+    backend whose package is not installed (``harness.spec.backends``), so every
+    caller refuses before Ray or a worker starts."""
+    from harness.spec.backends import require_backends
+
     spec = load_spec(workload, overrides, goldens_root=goldens_root)
     wanted = platform or os.environ.get("GOLDEN_PLATFORM")
     if wanted in DEVICE_PLATFORMS and wanted != spec["platform"]["device"]:
         spec = load_spec(workload, (*overrides, f"platform.device={wanted}"), goldens_root=goldens_root)
+    require_backends(spec)
     return spec
 
 
@@ -82,11 +94,14 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     """Run + postflight (on ``platform``'s device, see :func:`spec_for_platform`).
     Raises only for unusable input (spec/topology errors)."""
     from harness.runner.run import run_workload
+    from harness.spec.load import check_runnable
 
     spec = spec_for_platform(workload, overrides, platform, goldens_root)
+    check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say)
+    phase(say, "postflight")
     result = postflight(run_dir)
     return Execution(spec, run_dir, result, time.perf_counter() - t)
 
@@ -101,6 +116,7 @@ def resume(run_dir: Path, *, say: Say | None = None) -> Execution:
     spec = json.loads((run_dir / "run.json").read_text())["spec"]
     t = time.perf_counter()
     resume_workload(run_dir, progress=say)
+    phase(say, "postflight")
     return Execution(spec, run_dir, postflight(run_dir), time.perf_counter() - t)
 
 
@@ -112,9 +128,11 @@ def load_golden(goldens_root: Path, workload: str, platform: str):
     try:
         golden = read_golden(goldens_root, workload, platform)
     except FileNotFoundError as exc:
+        from harness.cli.hints import golden_command, root_if_chosen
+
+        hint = golden_command("capture", workload, platform=platform, goldens_root=root_if_chosen(goldens_root))
         raise GoldenMissing(
-            f"no golden for workload {workload!r} on platform {platform!r} "
-            f"(create it with: golden capture {workload} --platform {platform})"
+            f"no golden for workload {workload!r} on platform {platform!r} (create it with: {hint})"
         ) from exc
     overrides, deterministic = (), True
     if golden.tolerances_path is not None:
@@ -125,26 +143,48 @@ def load_golden(goldens_root: Path, workload: str, platform: str):
 
 
 def compare_with_golden(execution: Execution, platform: str, goldens_root: Path | None = None) -> Verdict:
-    """Parity of the run's surfaces against the stored golden (gated + informational)."""
+    """Parity of the run's surfaces against the stored golden (gated + informational).
+
+    The run's documents are read back through ``harness.postflight.read.load_run``
+    (manifest validated first, paths confined, complete runs only: ``RunRefused``
+    otherwise). Records which golden was compared in ``execution.golden_seen``."""
+    from harness.postflight.read import load_run
+    from harness.store.atomic import GoldenStoreError, golden_digest
+
     root = Path(goldens_root or default_goldens_root())
-    golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
-    return compare(golden.surfaces, execution.postflight.surfaces, tolerances=table,
-                   deterministic=deterministic)
+    actual = load_run(execution.run_dir).surfaces
+    execution.compared = True
+    try:
+        golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
+    except GoldenMissing:
+        execution.golden_seen = None
+        raise
+    except GoldenStoreError:
+        execution.golden_seen = golden_digest(root, execution.spec["name"], platform)
+        raise
+    execution.golden_seen = golden.digest
+    return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
 
 
 def store_golden(execution: Execution, platform: str, *, reason: str, goldens_root: Path | None = None,
                  command: str, allow_replace: bool) -> Path:
     """Write the run as the golden of (workload, platform), atomically, with provenance.
 
+    Provenance records the harness commit, the consumer repository holding
+    ``goldens_root`` (commit, dirty flag; none is recorded as null) and the
+    versions of harness, Python, torch, megatron-core and vLLM (absent: null).
     Refused when the run is incomplete, when ``reason`` is empty, when the
     platform is not scheduled in the spec, and (``allow_replace=False``, i.e.
-    capture) when a golden already exists.
+    capture) when a golden already exists. After ``compare_with_golden`` the write
+    is a compare-and-swap on the golden compared against (``GoldenChanged`` when a
+    concurrent capture/refresh replaced it); a capture requires that none exists,
+    checked again under the store's lock.
     """
     from harness.manifest.validate import load_manifest
-    from harness.runner.environment import collect_environment, git_commit
-    from harness.store.atomic import write_golden
+    from harness.runner.environment import collect_environment
+    from harness.store.atomic import ANY, write_golden
     from harness.store.layout import golden_dir
-    from harness.store.provenance import new_provenance
+    from harness.store.provenance import harness_commit, new_provenance, package_versions, repository_state
 
     if not (reason or "").strip():
         raise ValueError("a golden needs a reason (--reason TEXT)")
@@ -159,14 +199,36 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     if target.exists() and not allow_replace:
         raise FileExistsError(f"{target} exists; use golden refresh {spec['name']} --reason TEXT")
     manifest = load_manifest(execution.run_dir / "manifest.json")
-    provenance = new_provenance(commit=git_commit(), reason=reason.strip(), command=command,
-                                environment=collect_environment(spec))
+    provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
+                                environment=collect_environment(spec), repository=repository_state(root),
+                                versions=package_versions())
     tolerances = None
     old_tol = target / "tolerances.yaml"
     if old_tol.exists():
         tolerances = old_tol.read_text()  # declared bands survive a refresh
+    expect = None if not allow_replace else (execution.golden_seen if execution.compared else ANY)
+    vendor_builtin_spec(root, spec["name"])
     return write_golden(root, spec["name"], platform, manifest, execution.postflight.surfaces,
-                        provenance, tolerances=tolerances)
+                        provenance, tolerances=tolerances, expect=expect)
+
+
+def vendor_builtin_spec(root: Path, workload: str) -> Path | None:
+    """A golden of a built-in workload stored under a root with no spec for it
+    (a consumer's first capture) gets a copy of the packaged spec as
+    ``<root>/<workload>/workload.yaml``: the root then holds what its goldens were
+    made from, a later harness release cannot change it silently, and the
+    consumer edits its own copy. Returns the path written, None when nothing was."""
+    from harness.spec.load import WORKLOAD_FILE, builtin_workload_path
+
+    target = Path(root) / workload / WORKLOAD_FILE
+    source = builtin_workload_path(workload)
+    if target.exists() or source is None:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{WORKLOAD_FILE}.tmp-{os.getpid()}")
+    tmp.write_bytes(source.read_bytes())
+    tmp.replace(target)
+    return target
 
 
 def gated_only(docs: dict[str, dict]) -> dict[str, dict]:

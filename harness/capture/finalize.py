@@ -263,3 +263,38 @@ def sample_digest_of(token_ids: Sequence[int], loss_mask: Sequence[int], logprob
     """Digest of any (ids, mask, logprobs) triple, comparable with `Sample.sample_digest`."""
     return delta_digest(token_ids, loss_mask, logprobs)
 
+
+
+# Placeholder reasons that mean a staged row did not verify (finalisation's own checks).
+_VERIFICATION_REASONS = frozenset({
+    "fetch_failed", "staged_row_invalid", "staged_key_mismatch", "digest_mismatch", "prev_len_mismatch",
+    "delta_len_mismatch", "chain_hash_mismatch", "cum_len_mismatch", "cumulative_hash_mismatch",
+    "foreign_key_in_chain", "chain_call_not_committed", "receipt_disagrees_with_ledger",
+})
+
+
+def mask_cause(reason: str | None) -> str:
+    """What masked a rollout, in words and without its ids, from a `Placeholder.reason`:
+
+    * ``unfinished call (incomplete_call)``: a call was admitted but has no outcome
+      (``no_calls``: nothing was admitted);
+    * ``failed call (<reason>)``: a call has a failure row, e.g. ``stage_failed:<Error>``,
+      ``aborted:<why>``, ``unresolved_parent:<why>`` (the call id is dropped);
+    * ``verification failed (<check>)``: a staged row is missing or does not match its
+      ledger record (``fetch_failed:<Error>`` keeps the error name, the other checks drop the key);
+    * ``no trainable tokens``; anything else is its first field.
+    Equal causes give equal strings, so they can be counted.
+    """
+    text = str(reason or "unknown")
+    head, _, rest = text.partition(":")
+    if head in ("incomplete_call", "no_calls"):
+        return f"unfinished call ({head})"
+    if head == "call_failed":
+        failure = rest.partition(":")[2] or "unknown"  # drop the call id
+        return f"failed call ({failure[:80]})"
+    if head in _VERIFICATION_REASONS:
+        detail = text if head == "fetch_failed" else head
+        return f"verification failed ({detail[:80]})"
+    if head == "no_trainable_tokens":
+        return "no trainable tokens"
+    return head[:80]

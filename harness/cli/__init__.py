@@ -21,7 +21,9 @@ Exit codes (every subcommand; docs/gate.md has the table):
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import sys
 import traceback
 
@@ -46,14 +48,51 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class GoldenParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors suggest the closest spelling.
+
+    A misspelled option (``--goldens-rot``) or command (``chek``) gets
+    ``did you mean ...?`` after argparse's message; the usage printed is the
+    parser's own, so a subcommand's error shows that subcommand's usage."""
+
+    def error(self, message: str):  # type: ignore[override]
+        super().error(message + suggestion(self, message))
+
+
+def suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """`` (did you mean X?)`` for an unrecognized option or an invalid choice, else ``""``."""
+    picks = []
+    match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if match:
+        choices = re.findall(r"'([^']*)'", match.group(2))
+        picks = difflib.get_close_matches(match.group(1), choices, n=1, cutoff=0.5)
+    elif message.startswith("unrecognized arguments: "):
+        known = [s for action in parser._actions if action.help != argparse.SUPPRESS
+                 for s in action.option_strings]
+        for token in message.split(": ", 1)[1].split():
+            if token.startswith("-"):
+                picks += [f"{token.split('=')[0]} -> {m}"
+                          for m in difflib.get_close_matches(token.split("=")[0], known, n=1, cutoff=0.6)]
+        if len(picks) == 1:
+            picks = [picks[0].split(" -> ")[1]]
+    return f" (did you mean {', '.join(picks)}?)" if picks else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from harness import __version__
+
+    parser = GoldenParser(
         prog="golden", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
         epilog="exit codes: 0 parity/success, 1 findings (regression or stale golden), 2 usage error or unusable "
                "input\n(checked before any run), 3 no verdict (run incomplete or internal error), 130 interrupted")
+    parser.add_argument("--version", action="version", version=f"golden {__version__}",
+                        help="print the harness version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = {}
     for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
+        subparsers[name] = p
         p.set_defaults(_module=module_name)
         try:
             module = importlib.import_module(module_name)
@@ -63,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(_missing=True)
             continue
         module.add_arguments(p)
+    parser.set_defaults(_subparsers=subparsers)
     return parser
 
 
@@ -74,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra and isinstance(getattr(args, "overrides", None), list) and all(
             "=" in token and not token.startswith("-") for token in extra):
         args.overrides.extend(extra)
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:  # the subcommand's usage, not the top-level one
+        owner = args._subparsers.get(getattr(args, "command", None) or "", parser)
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

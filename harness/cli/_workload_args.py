@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.cli._options import add_goldens_root
+
 
 class Refused(Exception):
     """A command cannot proceed; ``code`` is its exit code, the message says why."""
@@ -31,20 +33,18 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, workload_optional
     parser.add_argument("--run-dir", default=None,
                         help="run directory, must be absent or empty (default: $GOLDEN_RUNS or runs/, "
                              "then <workload>-<time>-<pid>)")
-    parser.add_argument("--goldens-root", "--goldens", dest="goldens", default=None,
-                        help="goldens folder (default: $GOLDEN_ROOT, else the repository's goldens/)")
+    add_goldens_root(parser, dest="goldens")
     parser.add_argument("--platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
 
 def progress(args: argparse.Namespace):
-    if args.quiet:
-        return None
+    """The command's progress reporter on stderr (``harness.progress``): silent with ``-q``, a live
+    display on a terminal, timestamped lines with a heartbeat elsewhere. Close it before printing
+    the report."""
+    from harness.progress import make_progress
 
-    def say(msg: str) -> None:
-        print(f"[golden] {msg}", file=sys.stderr, flush=True)
-
-    return say
+    return make_progress(quiet=bool(getattr(args, "quiet", False)))
 
 
 @dataclass
@@ -61,36 +61,50 @@ def prepare(args: argparse.Namespace) -> Prepared:
     """Load the spec for the platform and claim the run directory; raises Refused (exit 2)."""
     from harness import flows
     from harness.spec.errors import SpecError
-    from harness.spec.load import default_goldens_root
+    from harness.spec.roots import resolve_goldens_root
 
     try:
-        spec = flows.spec_for_platform(args.workload, tuple(args.overrides), args.platform, args.goldens)
+        root = resolve_goldens_root(args.goldens)
+        spec = flows.spec_for_platform(args.workload, tuple(args.overrides), args.platform, root)
     except SpecError as exc:
         raise Refused(str(exc)) from None
     platform = flows.platform_of(spec, args.platform)
-    root = Path(args.goldens) if args.goldens else default_goldens_root()
     run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec["name"])
     claim_run_dir(run_dir)
     return Prepared(spec, platform, root, run_dir)
 
 
+def _creatable(path: Path, what: str) -> None:
+    """``path`` (absent) could be created: its nearest existing ancestor is a writable directory.
+    Checks only; nothing is created, so a refused command leaves no folder behind."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise Refused(f"{what}: cannot create it: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise Refused(f"{what}: cannot create it: {probe} is not writable")
+
+
 def claim_run_dir(run_dir: Path) -> None:
-    """The run directory must be absent or an empty directory we can create files in."""
+    """The run directory must be absent or an empty directory we can create files in.
+
+    Nothing is created here (the runner creates it when the workload starts), so a
+    command refused after this check leaves no empty ``runs/...`` folder."""
     if run_dir.exists() and not run_dir.is_dir():
         raise Refused(f"--run-dir {run_dir}: exists and is not a directory")
     if run_dir.is_dir() and any(run_dir.iterdir()):
         raise Refused(f"--run-dir {run_dir}: not empty (a run directory holds exactly one run; "
                       "use golden run --resume to continue one)")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise Refused(f"--run-dir {run_dir}: cannot create it: {exc.strerror or exc}") from None
-    if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise Refused(f"--run-dir {run_dir}: not writable")
+    if run_dir.is_dir():
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            raise Refused(f"--run-dir {run_dir}: not writable")
+        return
+    _creatable(run_dir, f"--run-dir {run_dir}")
 
 
 def check_output_path(path: str | None) -> None:
-    """A report path must be a file we can write (checked before a run, not after)."""
+    """A report path must be a file we can write (checked before a run, not after; nothing is created)."""
     if not path:
         return
     out = Path(path)
@@ -98,12 +112,29 @@ def check_output_path(path: str | None) -> None:
         raise Refused(f"--output {out}: is a directory")
     if out.parent.exists() and not out.parent.is_dir():
         raise Refused(f"--output {out}: {out.parent} is not a directory")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise Refused(f"--output {out}: cannot create {out.parent}: {exc.strerror or exc}") from None
+    if not out.parent.exists():
+        _creatable(out.parent, f"--output {out}")
+        return
     if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise Refused(f"--output {out}: not writable")
+
+
+def resolve_report(args: argparse.Namespace) -> None:
+    """Check ``--output`` and settle ``args.format`` (from the suffix when not given); raises Refused."""
+    from harness.cli._options import report_format
+
+    check_output_path(str(args.output) if args.output else None)
+    try:
+        args.format = report_format(args.format, args.output)
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
+
+
+def write_report(path: str | Path, text: str) -> None:
+    """Write a report file, creating its folder (checked by check_output_path before the run)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
 
 
 def run_error(run_dir: Path) -> str | None:
@@ -114,9 +145,11 @@ def run_error(run_dir: Path) -> str | None:
         return None
 
 
-def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = None):
+def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = None, say=None):
     """Run + postflight; ``(execution, None)``, or ``(None, exit_code)`` with the reason printed.
 
+    ``say``: the caller's progress reporter, left open for what the caller does next
+    (check: compare); without one, a reporter is opened and closed here.
     A run that did not complete gives exit 3 (no verdict; the failed checks are
     printed), 130 when it was interrupted (Ctrl-C, SIGTERM)."""
     from harness import flows
@@ -128,28 +161,47 @@ def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = Non
     except Refused as exc:
         print(f"golden {args.command}: {exc}", file=sys.stderr)
         return None, exc.code
-    say = progress(args)
+    own = say is None
+    say = say if say is not None else progress(args)
     try:
         execution = flows.execute(args.workload, overrides=tuple(args.overrides), run_dir=prepared.run_dir,
                                   goldens_root=args.goldens, say=say, platform=getattr(args, "platform", None))
     except SpecError as exc:
+        say.close()
         print(f"golden {args.command}: {exc}", file=sys.stderr)
         return None, EXIT_USAGE
     except ModuleNotFoundError as exc:
+        say.close()
         print(f"golden {args.command}: the workload half is not installed ({exc}); run ci/bootstrap.sh",
               file=sys.stderr)
         return None, EXIT_NO_VERDICT
-    return report_execution(args, execution)
+    except BaseException:
+        say.close()
+        raise
+    result = report_execution(args, execution, say)
+    if own:
+        say.close()
+    return result
 
 
-def report_execution(args: argparse.Namespace, execution):
-    """Print the run's outcome; ``(execution, None)`` when complete, else ``(None, exit code)``."""
+def report_execution(args: argparse.Namespace, execution, say=None):
+    """Print the run's outcome; ``(execution, None)`` when complete, else ``(None, exit code)``.
+
+    A complete run's status line goes through ``say`` (the progress reporter) when given;
+    an incomplete one closes the reporter and prints why to stderr."""
     from harness.cli import EXIT_INTERRUPTED, EXIT_NO_VERDICT
 
     status = execution.postflight.status
-    print(f"run {execution.run_dir}: {status} in {execution.wall_s:.1f}s", file=sys.stderr)
+    line = f"run {execution.run_dir}: {status} in {execution.wall_s:.1f}s"
     if execution.ok:
+        if say is not None:
+            say.note(line)
+        else:
+            print(line, file=sys.stderr)
         return execution, None
+    if say is not None:
+        say.close()
+    print(line, file=sys.stderr)
     for problem in execution.problems():
         print(f"  FAIL {problem}", file=sys.stderr)
     error = run_error(execution.run_dir) or ""

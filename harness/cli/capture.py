@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reason", default="initial capture", help="recorded in PROVENANCE.json")
 
 
-def check_storable(prepared, *, allow_replace: bool) -> None:
+def check_storable(prepared, *, allow_replace: bool, args: argparse.Namespace | None = None) -> None:
     """Refuse (exit 2) what store_golden would refuse after the run: an
     unscheduled platform, for a capture an existing golden, and for a refresh
     an invalid tolerances.yaml (it would be carried over verbatim)."""
@@ -34,8 +34,12 @@ def check_storable(prepared, *, allow_replace: bool) -> None:
     except ValueError as exc:
         raise Refused(str(exc)) from None
     if not allow_replace and target.exists():
-        raise Refused(f"{target} exists; to replace it: golden refresh {spec['name']} --platform {platform} "
-                      "--reason TEXT")
+        from harness.cli.hints import golden_command
+
+        hint = golden_command("refresh", args.workload if args else spec["name"],
+                              overrides=args.overrides if args else (), platform=platform,
+                              goldens_root=args.goldens if args else None, reason=True)
+        raise Refused(f"{target} exists; to replace it: {hint}")
     tolerances = target / "tolerances.yaml"
     if allow_replace and tolerances.is_file():  # refresh carries it into the new golden verbatim
         from harness.parity.tolerances import ToleranceFileError, load_tolerances
@@ -62,7 +66,7 @@ def run_to_store(args: argparse.Namespace, command: str, *, allow_replace: bool)
         return None, None, EXIT_USAGE
     try:
         prepared = prepare(args)
-        check_storable(prepared, allow_replace=allow_replace)
+        check_storable(prepared, allow_replace=allow_replace, args=args)
     except Refused as exc:
         print(f"golden {command}: {exc}", file=sys.stderr)
         return None, None, exc.code

@@ -2,8 +2,12 @@
 
 Exit 0 on parity, 1 on findings (a regression or a probable stale golden),
 2 on unusable input (bad spec, no golden or a corrupt one for the platform,
-unusable --run-dir/--output; all checked before the run starts), 3 when the
-run does not complete (no verdict), 130 when interrupted.
+unusable --run-dir/--output, an --output suffix that contradicts --format; all
+checked before the run starts, and a refused check leaves no run directory),
+3 when the run does not complete (no verdict), 130 when interrupted.
+
+The report goes to stdout (or ``--output FILE``, its format from the suffix
+unless ``--format`` says it); progress and the follow-up hint go to stderr.
 """
 
 from __future__ import annotations
@@ -12,83 +16,113 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from harness.cli._options import add_report_arguments
     from harness.cli._workload_args import add_workload_arguments
 
     add_workload_arguments(parser)
-    parser.add_argument("--format", choices=("terminal", "markdown", "json", "junit", "html"), default="terminal")
-    parser.add_argument("--output", default=None,
-                        help="write the report here instead of stdout (stdout then gets one summary line)")
+    add_report_arguments(parser)
     parser.add_argument(
         "--show-info", action="store_true", help="terminal: list informational (not gated) findings too"
     )
 
 
-def _golden(prepared):
+def _golden(prepared, args: argparse.Namespace):
     """The stored golden, tolerance table and lane mode; raises Refused (exit 2)."""
     from harness import flows
     from harness.cli._workload_args import Refused
+    from harness.cli.hints import golden_command
     from harness.parity.tolerances import ToleranceFileError
     from harness.store.atomic import GoldenStoreError
 
+    name, platform = prepared.spec["name"], prepared.platform
     try:
-        return flows.load_golden(prepared.goldens_root, prepared.spec["name"], prepared.platform)
-    except flows.GoldenMissing as exc:
+        return flows.load_golden(prepared.goldens_root, name, platform)
+    except flows.GoldenMissing:
         scheduled = prepared.spec["platform"]["platforms"]
-        if prepared.platform not in scheduled:
-            raise Refused(f"platform {prepared.platform!r} is not scheduled for {prepared.spec['name']} "
+        if platform not in scheduled:
+            raise Refused(f"platform {platform!r} is not scheduled for {name} "
                           f"(platform.platforms = {scheduled}), so it has no golden") from None
-        raise Refused(str(exc)) from None
+        hint = golden_command("capture", args.workload, overrides=args.overrides, platform=platform,
+                              goldens_root=args.goldens)
+        raise Refused(f"no golden for workload {name!r} on platform {platform!r} in {prepared.goldens_root} "
+                      f"(create it with: {hint})") from None
     except (GoldenStoreError, ToleranceFileError, ValueError) as exc:
-        raise Refused(f"golden {prepared.spec['name']} [{prepared.platform}] is unusable: {exc}") from None
+        raise Refused(f"golden {name} [{platform}] is unusable: {exc}") from None
+
+
+def _run_fields(run_dir) -> dict:
+    """The run's id for the report's provenance block (``run.json``; empty when unreadable)."""
+    import json
+
+    try:
+        doc = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"run_id": doc["run_id"]} if isinstance(doc, dict) and "run_id" in doc else {}
 
 
 def run(args: argparse.Namespace) -> int:
     import sys
-    from pathlib import Path
 
     from harness.cli import EXIT_FINDINGS, EXIT_OK
     from harness.cli._workload_args import (
         Refused,
-        check_output_path,
         execute_or_explain,
         prepare,
+        progress,
+        resolve_report,
+        write_report,
     )
+    from harness.cli.hints import golden_command
     from harness.parity.engine import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
 
     try:
-        check_output_path(args.output)
+        resolve_report(args)
         prepared = prepare(args)
-        _golden(prepared)  # refuse a missing or corrupt golden before running for a minute
+        _golden(prepared, args)  # refuse a missing or corrupt golden before running for a minute
     except Refused as exc:
         print(f"golden check: {exc}", file=sys.stderr)
         return exc.code
-    execution, code = execute_or_explain(args, prepared)
-    if execution is None:
-        return code
-    platform = prepared.platform
-    try:
-        golden, table, deterministic = _golden(prepared)  # read again: it may have been refreshed meanwhile
-    except Refused as exc:
-        print(f"golden check: {exc}", file=sys.stderr)
-        return exc.code
-    verdict = compare(golden.surfaces, execution.postflight.surfaces, tolerances=table, deterministic=deterministic)
+    from harness.postflight.read import RunRefused, load_run
+
+    with progress(args) as say:
+        execution, code = execute_or_explain(args, prepared, say=say)
+        if execution is None:
+            return code
+        platform = prepared.platform
+        try:
+            golden, table, deterministic = _golden(prepared, args)  # read again: it may have been refreshed
+        except Refused as exc:
+            say.close()
+            print(f"golden check: {exc}", file=sys.stderr)
+            return exc.code
+        try:  # the run as written: manifest validated first, paths confined, complete only
+            actual = load_run(execution.run_dir).surfaces
+        except RunRefused as exc:
+            say.close()
+            print(f"golden check: {exc}", file=sys.stderr)
+            return exc.code
+        say.phase("compare")
+        verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
     curves = {}
     if args.format == "html":  # the HTML report plots golden vs actual training curves
-        curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces}
+        curves = {"surfaces_actual": actual, "surfaces_golden": golden.surfaces,
+                  "run": _run_fields(execution.run_dir)}
     title = f"{execution.spec['name']} [{platform}]"
     report = render(verdict, args.format, title=title, color=False if args.output else None,
-                    show_info=args.show_info, **curves)
+                    show_info=args.show_info, provenance=golden.provenance, **curves)
     if args.output:  # as golden diff: the report to the file, one line to the log
-        Path(args.output).write_text(report + "\n")
+        write_report(args.output, report + "\n")
         print(f"{title}: {summary_line(verdict)} (report: {args.output})")
     else:
         print(report)
     print(f"check {execution.spec['name']} [{platform}]: {verdict.status} "
           f"(wall {execution.wall_s:.1f}s; run dir {execution.run_dir})", file=sys.stderr)
     if not verdict.ok:
-        print(f"  if the change is intended: golden refresh {execution.spec['name']} --platform {platform} "
-              "--reason TEXT", file=sys.stderr)
+        hint = golden_command("refresh", args.workload, overrides=args.overrides, platform=platform,
+                              goldens_root=args.goldens, reason=True)
+        print(f"  if the change is intended: {hint}", file=sys.stderr)
         return EXIT_FINDINGS
     return EXIT_OK

@@ -24,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--override", "-o", action="append", default=[], metavar="KEY=VALUE",
         help="spec override, e.g. plugins.policy_profiler=null (repeatable)",
     )
-    parser.add_argument("--goldens-root", "--goldens", dest="goldens", default=None,
-                        help="goldens folder (default: $GOLDEN_ROOT, else the repository's goldens/)")
+    from harness.cli._options import add_goldens_root
+
+    add_goldens_root(parser, dest="goldens")
 
 
 def run(args: argparse.Namespace) -> int:

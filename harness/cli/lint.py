@@ -13,8 +13,9 @@ HELP = "check that scheduled workloads and stored goldens match"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--goldens-root", type=Path, default=None,
-                        help="goldens folder (default: $GOLDEN_ROOT, else the repository's goldens/)")
+    from harness.cli._options import add_goldens_root
+
+    add_goldens_root(parser, type=Path)
 
 
 def default_root() -> Path:
@@ -28,7 +29,11 @@ def default_root() -> Path:
 def run(args: argparse.Namespace) -> int:
     from harness.store.lint import lint
 
-    root = args.goldens_root or default_root()
+    try:
+        root = args.goldens_root or default_root()
+    except ValueError as exc:  # a bad [tool.golden] table in pyproject.toml (SpecError)
+        print(f"golden lint: {exc}", file=sys.stderr)
+        return 2
     try:
         findings = lint(root)
     except FileNotFoundError as exc:

@@ -6,9 +6,13 @@ A golden for (workload, platform) exists when
 ``golden plan`` lays out but no CI runs). Stored goldens for a platform the
 workload does not schedule are listed as ``unscheduled``, and a stored golden
 that ``read_golden`` refuses (edited, truncated, another schema version) as
-``DAMAGED`` (``--json``: ``damaged`` maps its platform to the reason). Exit 0,
-or 2 when a workload.yaml does not load or a golden is damaged (the others are
-still listed).
+``DAMAGED`` (``--json``: ``damaged`` maps its platform to the reason). Under each
+workload, one line per readable golden gives its provenance: when it was captured,
+the consumer repository's commit and dirty flag (or that there was none / it was
+not recorded), and the versions of harness, Python, torch, megatron-core and vLLM
+that produced it (``--json``: ``provenance`` maps the platform to
+``harness.store.provenance.describe``). Exit 0, or 2 when a workload.yaml does
+not load or a golden is damaged (the others are still listed).
 """
 
 from __future__ import annotations
@@ -22,11 +26,9 @@ MANIFEST = "manifest.json"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the listing as JSON")
-    parser.add_argument(
-        "--goldens-root",
-        default=None,
-        help="folder holding the workloads (default: $GOLDEN_ROOT or the repo's goldens/)",
-    )
+    from harness.cli._options import add_goldens_root
+
+    add_goldens_root(parser)
 
 
 def collect(root) -> list[dict]:
@@ -38,8 +40,9 @@ def collect(root) -> list[dict]:
     for name in list_workloads(root):
         folder = root / name
         stored = sorted(p.name for p in folder.iterdir() if (p / MANIFEST).is_file())
+        damaged, provenance = _read_stored(root, name, stored)
         entry = {"workload": name, "platforms": [], "stored": [], "missing": [], "unscheduled": stored,
-                 "damaged": _damaged(root, name, stored), "description": "", "error": None}
+                 "damaged": damaged, "provenance": provenance, "description": "", "error": None}
         try:
             spec = load_spec(name, goldens_root=root)
         except SpecError as exc:
@@ -58,17 +61,26 @@ def collect(root) -> list[dict]:
     return entries
 
 
-def _damaged(root, name: str, stored: list[str]) -> dict[str, str]:
-    """Stored goldens ``read_golden`` refuses (what check/diff would report as unusable), with why."""
+def _read_stored(root, name: str, stored: list[str]) -> tuple[dict[str, str], dict[str, dict]]:
+    """(damaged, provenance): the stored goldens ``read_golden`` refuses (what check/diff would
+    report as unusable) with why, and the described provenance of the others."""
     from harness.store import GoldenStoreError, read_golden
+    from harness.store.provenance import describe
 
-    damaged = {}
+    damaged, provenance = {}, {}
     for platform in stored:
         try:
-            read_golden(root, name, platform)
+            provenance[platform] = describe(read_golden(root, name, platform).provenance)
         except (GoldenStoreError, FileNotFoundError) as exc:
             damaged[platform] = str(exc)
-    return damaged
+    return damaged, provenance
+
+
+def _provenance_lines(entry: dict) -> list[str]:
+    from harness.store.provenance import repository_text, versions_text
+
+    return [f"    {platform}: captured {d['date']}, repository {repository_text(d)}; {versions_text(d)}"
+            for platform, d in sorted(entry.get("provenance", {}).items())]
 
 
 def _status(entry: dict) -> str:
@@ -88,11 +100,15 @@ def _status(entry: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     import json
     import sys
-    from pathlib import Path
 
-    from harness.spec import default_goldens_root
+    from harness.spec.errors import SpecError
+    from harness.spec.roots import resolve_goldens_root
 
-    root = Path(args.goldens_root) if args.goldens_root else default_goldens_root()
+    try:
+        root = resolve_goldens_root(args.goldens_root)
+    except SpecError as exc:  # a bad [tool.golden] table in pyproject.toml
+        print(f"golden list: {exc}", file=sys.stderr)
+        return 2
     if not root.is_dir():
         print(f"golden list: goldens root {root} is not a directory", file=sys.stderr)
         return 2
@@ -105,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'WORKLOAD'.ljust(width)}  {'PLATFORMS'.ljust(pwidth)}  GOLDENS")
         for e in entries:
             print(f"{e['workload'].ljust(width)}  {(','.join(e['platforms']) or '-').ljust(pwidth)}  {_status(e)}")
+            for line in _provenance_lines(e):
+                print(line)
         print(f"{len(entries)} workloads in {root}")
     bad = [e["workload"] for e in entries if e["error"]]
     if bad:

@@ -17,11 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="workload name (goldens/<name>/workload.yaml) or path to a workload.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="spec overrides, YAML-typed")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (spec digest, summary, topology)")
-    parser.add_argument(
-        "--goldens-root",
-        default=None,
-        help="folder holding the workloads (default: $GOLDEN_ROOT or the repo's goldens/)",
-    )
+    from harness.cli._options import add_goldens_root
+
+    add_goldens_root(parser)
 
 
 def _fmt_group(group: list[int]) -> str:

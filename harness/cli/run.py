@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         from harness import flows
 
         try:
-            execution = flows.resume(args.resume, say=progress(args))
+            with progress(args) as say:
+                execution = flows.resume(args.resume, say=say)
         except FileNotFoundError as exc:
             print(f"golden run --resume: {exc}", file=sys.stderr)
             return EXIT_USAGE

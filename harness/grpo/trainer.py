@@ -12,6 +12,11 @@ train batch travels and how training is driven:
 Every rollout attempt is wrapped in the rollout profiler window
 ``step{N}/attempt{M}`` on every rollout worker; a failing attempt is aborted
 with reason ``grpo_rollout_error`` and the original error re-raised.
+
+Fail closed on empty training: a step whose samples passed capture
+verification fewer than ``grpo.min_verified_samples`` times (absent: 1) raises
+:class:`EmptyTrainingStep` before anything is trained, naming the step and
+what masked the rest; the runner records it and the run ends as failed.
 """
 
 from __future__ import annotations
@@ -26,8 +31,39 @@ import ray
 import torch
 
 from harness.algos import compute_advantages, expand_to_tokens, reward_metrics, rollout_metrics
+from harness.capture.finalize import Placeholder, Sample, mask_cause
 from harness.grpo.batch import build_train_batch, prompt_rows
 from harness.grpo.rollouts import AttemptResult, RolloutDriver
+
+
+class EmptyTrainingStep(RuntimeError):
+    """A step had fewer verified samples than ``grpo.min_verified_samples``."""
+
+
+def min_verified_samples(spec: dict) -> int:
+    """``grpo.min_verified_samples``; 1 when absent (the schema writes no default into a
+    loaded spec, so the digests of specs that do not set it stay what they were)."""
+    return int(spec["grpo"].get("min_verified_samples", 1))
+
+
+def check_verified(step: int, samples: list[Sample | Placeholder], minimum: int) -> None:
+    """Raise :class:`EmptyTrainingStep` when fewer than ``minimum`` of the step's
+    samples are verified (not masked). The message names the step, the counts,
+    the threshold and how many rollouts each cause masked (``mask_cause``),
+    with one rollout id per cause."""
+    verified = sum(1 for s in samples if not s.masked)
+    if verified >= minimum:
+        return
+    causes: dict[str, list[str]] = {}
+    for s in samples:
+        if s.masked:
+            causes.setdefault(mask_cause(s.reason), []).append(s.rollout_id)
+    ranked = sorted(causes.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    masked = "; ".join(f"{len(ids)} by {cause}, e.g. {ids[0]}" for cause, ids in ranked) or "none"
+    raise EmptyTrainingStep(
+        f"step {step}: {verified} of {len(samples)} samples verified, fewer than "
+        f"grpo.min_verified_samples = {minimum}: the step is not trained and the run fails. Masked: {masked}"
+    )
 
 
 @dataclass
@@ -89,6 +125,7 @@ class Trainer:
         t0 = time.perf_counter()
         prompts = self.loader.next_batch()
         result, attempts = _timed(timings, "generation", lambda: self.rollouts(step, prompts))
+        check_verified(step, result.samples, min_verified_samples(self.spec))
         pad = int(self.tokenizer.pad_token_id)
         batch = build_train_batch(result.samples, seq_len=self.seq_len, pad_token_id=pad)
         rows = prompt_rows(

@@ -136,6 +136,9 @@ def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, re
     env = {**worker_env(spec, run_dir, run_id), **(trace_env or {})}
     previous = _terminate_as_interrupt()
     try:
+        from harness.progress import phase
+
+        phase(say, "loading torch and ray")
         from harness.runner.session import Session  # torch + ray live behind this import
 
         with Session(spec, topology, run_dir, env, say, resume=resume) as session:

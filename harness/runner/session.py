@@ -6,6 +6,8 @@ and capture ledger (when capture is on), the policy worker group, the rollout
 workers (engine-init windows close inside them), and an initial refit so the
 engines hold exactly the policy's weights (weight version 1). ``__exit__``
 shuts everything down in reverse order whatever happened, then Ray itself.
+A reaper (``harness.runner.reaper``) started before Ray kills whatever a run
+leaves behind: after ``ray.shutdown``, and when this driver dies (SIGKILL included).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from harness.grpo import trainer_class
 from harness.grpo.episodes import make_episode_env
 from harness.grpo.refit import Refitter
 from harness.grpo.rollouts import RolloutDriver
+from harness.progress import phase
+from harness.progress import step as step_progress
 
 SHUTDOWN_TIMEOUT_S = 60
 
@@ -51,6 +55,8 @@ class Session:
         self.dataplane = None
         self.ledger = None
         self._started_ray = False
+        self._reaper = None
+        self._token_before: str | None = None
 
     # -- start-up ------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -77,6 +83,8 @@ class Session:
                 runtime_env["worker_process_setup_hook"] = hook
             on_main_thread = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if on_main_thread else None
+            self._start_reaper()  # before ray.init: every Ray process of the run inherits the token
+            phase(self.say, "starting Ray")
             if os.environ.get("RAY_ADDRESS"):
                 self.say(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is ignored: a golden run starts its own "
                          "local Ray instance (no shared cluster, no other jobs' actors)")
@@ -98,11 +106,11 @@ class Session:
         self.loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
         self.episode_env = make_episode_env(spec, task, self.tokenizer)
         capture = self._start_capture()
-        self.say(f"starting {self.topology.policy.world} policy workers")
+        phase(self.say, f"spawning {self.topology.policy.world} policy workers")
         from harness.policy.group import PolicyGroup
 
         self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars)
-        self.say(f"starting {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
+        phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
         from harness.rollout.worker import rollout_worker_actor
 
         actor_cls = rollout_worker_actor()
@@ -122,11 +130,34 @@ class Session:
             self.refitter.refit(state["step"])
             ray.get([w.set_weight_version.remote(state["weight_version"]) for w in self.workers])
         else:
+            phase(self.say, "initial refit (policy weights to the engines)")
             self.refitter.refit(0)
         self.driver = RolloutDriver(spec, self.workers, self.tokenizer, self.episode_env, capture)
         cls = trainer_class(spec["grpo"]["trainer"])
         self.trainer = cls(spec, self.policy, self.workers, self.driver, self.loader, self.tokenizer,
                            self.episode_env, self.refitter.refit, dataplane=self.dataplane)
+
+    def _start_reaper(self) -> None:
+        """A reaper that SIGKILLs the run's processes once this driver is gone (runner/reaper.py)."""
+        import uuid
+
+        from harness.runner.reaper import TOKEN_VAR, Reaper
+
+        self._reaper = Reaper(f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        self._token_before = os.environ.get(TOKEN_VAR)
+        os.environ[TOKEN_VAR] = self._reaper.token
+
+    def _stop_reaper(self) -> None:
+        from harness.runner.reaper import TOKEN_VAR
+
+        if self._reaper is None:
+            return
+        if self._token_before is None:
+            os.environ.pop(TOKEN_VAR, None)
+        else:
+            os.environ[TOKEN_VAR] = self._token_before
+        self._reaper.close()  # sweeps whatever ray.shutdown left behind
+        self._reaper = None
 
     def _start_capture(self):
         self._capture_config = None
@@ -138,6 +169,7 @@ class Session:
         from harness.capture.sink import capture_config_from_spec
         from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
 
+        phase(self.say, "starting the data plane")
         name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
         self.dataplane_handle = start_dataplane_actor(name, str(self.run_dir / layout.DATAPLANE))
         self.dataplane = DataPlaneClient(self.dataplane_handle)
@@ -155,6 +187,7 @@ class Session:
         every = int(self.spec["grpo"]["checkpoint_every"])
         for step in range(self.first_step, iterations + 1):
             t = time.perf_counter()
+            step_progress(self.say, step, iterations)
             out = self.trainer.step(step)
             _append_jsonl(self.run_dir / layout.METRICS,
                           [{"step": step, "metrics": out.metrics, "timings": out.timings}])
@@ -174,6 +207,7 @@ class Session:
         self._stop()
 
     def _stop(self) -> None:
+        phase(self.say, "shutting down workers and Ray")
         errors = []
         for w in self.workers:
             try:
@@ -206,6 +240,7 @@ class Session:
                 errors.append(f"data plane shutdown: {e!r}")
         if self._started_ray:
             ray.shutdown()
+        self._stop_reaper()
         if errors:
             self.say("teardown problems: " + "; ".join(errors))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 
 import pytest
@@ -66,12 +68,60 @@ def test_unimportable_module_names_class_rank_and_environment(path, cls, rank):
         assert "environment" in message and info.value.__cause__ is not None
 
 
+# The "imports nothing" property runs in a fresh interpreter: in this process an
+# earlier test (any order) may already have imported what a broken loader would
+# import, and sys.modules would show nothing new. Same examples as the ci profile.
+UNSET_PROPERTY = r"""
+import json, sys
+from hypothesis import given, settings, strategies as st
+from harness.plugins.loader import load_policy_profiler, load_rollout_profiler
+PLANTED
+junk_env = st.dictionaries(st.sampled_from(["PATH", "HOME", "X", "NRL_OTHER", "RANK"]), st.text(max_size=10))
+seen = []
+
+@settings(derandomize=True, max_examples=60, database=None, deadline=None)
 @given(env=junk_env, rank=st.integers(0, 99))
-def test_unset_selector_returns_none_whatever_else_is_set(env, rank):
+def unset_selector_imports_nothing(env, rank):
     before = set(sys.modules)
     assert load_policy_profiler(rank=rank, environ=env) is None
     assert load_rollout_profiler(rank=rank, environ=env) is None
-    assert set(sys.modules) == before
+    new = sorted(set(sys.modules) - before)
+    assert not new, f"the loader imported {new} with its selector unset (env {env!r})"
+    seen.append(sorted(env))
+
+unset_selector_imports_nothing()
+print(json.dumps({"examples": len(seen), "envs": len({tuple(e) for e in seen})}))
+"""
+
+# A loader that imports a module while its selector is unset (a stand-in for a
+# default profiler imported too early); colorsys is a module nothing here imports.
+PLANTED_IMPORT = """
+import harness.plugins.loader as _loader
+_original = _loader.load_profiler
+def _load_profiler(**kw):
+    import colorsys  # noqa: F401
+    return _original(**kw)
+_loader.load_profiler = _load_profiler
+"""
+
+
+def _unset_property_in_fresh_interpreter(planted: str = "") -> subprocess.CompletedProcess:
+    code = UNSET_PROPERTY.replace("PLANTED", planted)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_unset_selector_returns_none_whatever_else_is_set():
+    proc = _unset_property_in_fresh_interpreter()
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["examples"] >= 20 and report["envs"] >= 5, report  # the strategy varied the environment
+
+
+def test_the_fresh_interpreter_property_catches_an_import_whatever_ran_before():
+    import colorsys  # noqa: F401 - imported HERE, as an earlier test might have: the child must still see it
+    proc = _unset_property_in_fresh_interpreter(PLANTED_IMPORT)
+    assert proc.returncode != 0
+    assert "the loader imported ['colorsys'] with its selector unset" in proc.stderr, proc.stderr
 
 
 @given(parts=st.lists(identifier, min_size=2, max_size=5))
