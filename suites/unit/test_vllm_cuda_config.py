@@ -108,3 +108,28 @@ def test_cuda_engine_starts_from_fresh_kernel_caches_under_its_work_dir(tmp_path
     assert set(env) == {"TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TORCHINDUCTOR_CACHE_DIR"}
     assert all(v.startswith(str(tmp_path / "jit-cache")) for v in env.values())
     assert len(set(env.values())) == 4
+
+
+def test_tp2_on_cuda_uses_gpu_workers_in_processes_and_keeps_each_ranks_shards(medium):
+    """TP > 1 on GPUs (not run here: one-GPU machines only): the engine arguments and the
+    refit load of one worker of two, with the real shard plan of the tiny vLLM model."""
+    from harness.model.config import ModelConfig
+    from harness.rollout.engine_worker import initial_weights
+    from harness.rollout.sharding import ShardPlan
+
+    spec = _on(dict(medium, rollout=dict(medium["rollout"], tp=2, **{"async": False})), "cuda")
+    worker_cls = engine.resolve_worker_cls(spec, "harness.profiler.trace.TraceRolloutProfiler")
+    assert worker_cls.endswith("RolloutProfilingGPUWorker")
+    kw = engine.engine_kwargs(spec, "/m", worker_cls=worker_cls, profiler_class_path="p", rank_prefix=4)
+    assert kw["distributed_executor_backend"] == "mp" and kw["tensor_parallel_size"] == 2
+    assert kw["additional_config"]["harness_rollout_profiler"] == {"class_path": "p", "rank_prefix": 4}
+    assert "gpu_memory_utilization" in kw
+    tiny = load_spec("qwen3_moe_tiny_vllm")
+    full = initial_weights(tiny)
+    worker = _Worker("cuda", tiny["model"], tp=2, rank=1)
+    worker._harness_load(dict(full))
+    assert worker.reloaded == [list(full)] and worker.repacked == 0
+    plan = ShardPlan(ModelConfig.from_spec(tiny["model"]), 1, 2)
+    for name, t in full.items():
+        assert torch.equal(worker._harness_loaded[name], plan.shard(name, t)), name
+    assert any(worker._harness_loaded[n].shape != t.shape for n, t in full.items())  # something was split
