@@ -88,8 +88,8 @@ def main() -> None:
     args = ap.parse_args()
     from harness.plugins.loader import ROLLOUT_PROFILER_ENV
     from harness.refit.zmq_stream import ipc_address, send_weights_zmq
-    from harness.rollout.engine import Engine
     from harness.rollout.engine_worker import configure_determinism, initial_weights, resolve_eos_token_id
+    from harness.rollout.native.engine import Engine
     from harness.rollout.vllm.engine import VllmEngineProcesses, VllmEngineWorker
     from harness.spec.load import load_spec
 
