@@ -45,7 +45,7 @@ from harness.parallel import data as dp_data
 from harness.policy.checkpoint import ShardedCheckpoint
 from harness.policy.common import EngineCommon
 from harness.policy.dtensor import lora as lora_mod
-from harness.policy.engine import seed_rank
+from harness.policy.seeding import seed_rank
 from harness.policy.split_step import SplitTrainStep
 
 
