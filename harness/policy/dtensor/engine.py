@@ -36,9 +36,9 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from harness import ops
 from harness.algos.loss import global_valid_counts
 from harness.devices import local_device, moved
-from harness.model import functional as Fn
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
@@ -173,7 +173,7 @@ class DTensorPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         if ids.shape[1] != self.seq_len:
             raise ValueError(f"input_ids has sequence length {ids.shape[1]}, expected policy.seq_len={self.seq_len}")
         logits, _ = self.model(ids)
-        return Fn.token_logprobs(_local(logits), ids)
+        return ops.token_logprobs(_local(logits), ids)
 
     def _forward_backward(self, batch, global_seqs: float, global_toks: float) -> list[dict[str, float]]:
         self._check_train_batch(batch)
