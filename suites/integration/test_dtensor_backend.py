@@ -38,7 +38,10 @@ STEPS = 3
 BATCH = 8
 LP_ATOL = 1e-5
 REL = 1e-5
-LAYOUTS = {"dp2_tp2": {"dp": 2, "tp": 2}, "dp4_tp2": {"dp": 4, "tp": 2}}  # 4 and 8 ranks
+LAYOUTS = {  # 4 and 8 ranks; at dp 4 the split API chunks of the 2-sample shard are 1 sample
+    "dp2_tp2": {"dp": 2, "tp": 2},
+    "dp4_tp2": {"dp": 4, "tp": 2, "micro_batch_size": 1},
+}
 
 
 def _spec(backend: str, **layout):
