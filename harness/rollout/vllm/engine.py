@@ -1,6 +1,6 @@
 """The vLLM engine behind ``RolloutWorker`` (``rollout.backend: vllm``).
 
-Two owners, chosen by the profiler placement of reference 2.4:
+Two owners, chosen by the profiler placement (docs/vllm.md):
 
 * ``VllmEngineWorker`` -- sync engine with ``rollout.tp == 1``: ``vllm.LLM``
   runs *in the actor process* (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``uni``
