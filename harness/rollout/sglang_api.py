@@ -21,7 +21,7 @@ instead of raising.
   SGLang reports it).
 
 :class:`NativeSGLangEngine` implements it over native engines (one object
-per TP rank, ``harness.rollout.engine.Engine`` or anything exposing its
+per TP rank, ``harness.rollout.native.engine.Engine`` or anything exposing its
 ``load_weights`` / ``state_dict_info`` / ``weight_version``): every load goes
 through the engine's own ``load_weights``, which checks names, shapes and
 dtypes and copies exactly, so a refit through this API is bit-exact. An

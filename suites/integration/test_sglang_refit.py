@@ -34,7 +34,7 @@ from harness.refit.sglang_refit import (
     disconnect_rollout_engines_from_distributed,
     send_hf_buckets_colocated,
 )
-from harness.rollout.engine import Engine
+from harness.rollout.native.engine import Engine
 from harness.rollout.sglang_api import NativeSGLangEngine
 from harness.rollout.sharding import ShardPlan
 

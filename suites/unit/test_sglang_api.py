@@ -13,7 +13,7 @@ from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.refit.flat_bucket import LOAD_FORMAT, FlattenedBucket, dtype_from_str, group_by_dtype, reconstruct
 from harness.refit.sglang_refit import check_weight_sync_results
-from harness.rollout.engine import Engine
+from harness.rollout.native.engine import Engine
 from harness.rollout.sglang_api import NativeSGLangEngine
 from harness.rollout.sharding import ShardPlan
 from harness.spec.backends import BackendMissing, require_backends
