@@ -2,7 +2,7 @@
 their logits into their own buffers (grown once), hand per-sample handles to this process,
 which aggregates them into the global batch and reads every sample without a copy.
 
-The CUDA IPC form has the same interface; it needs a GPU and is not exercised here.
+The CUDA IPC form has the same interface; its test needs a CUDA device (marked gpu).
 """
 
 from __future__ import annotations
@@ -67,3 +67,39 @@ def test_teacher_logits_reach_the_student_in_global_batch_order():
         for p in procs:
             p.join(60)
     assert [p.exitcode for p in procs] == [0] * DP
+
+
+def _cuda_teacher(results, done) -> None:
+    storage, handle = ensure_teacher_ipc_buffer(None, None, 1, B, T, V, torch.bfloat16, "cuda")
+    storage, handle = ensure_teacher_ipc_buffer(storage, handle, N_MB, B, T, V, torch.bfloat16, "cuda")
+    view = teacher_view(storage, N_MB, B, T, V)
+    for m in range(N_MB):
+        for r in range(B):
+            view[m, r] = _logits(m * B + r).cuda()
+    torch.cuda.synchronize()
+    results.put({"dp_rank": 0, "per_sample_handles": per_sample_handles(handle, N_MB, B, T, V)})
+    done.wait(120)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a CUDA device")
+def test_cuda_ipc_teacher_logits_are_read_in_another_process():
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results, done = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_cuda_teacher, args=(results, done))
+    proc.start()
+    try:
+        got = results.get(timeout=120)
+        assert {r.handle.kind for r in got["per_sample_handles"]} == {"cuda_ipc"}
+        opened: dict = {}
+        for i, entry in enumerate(aggregate_teacher_handles([got])):
+            (ref,) = entry["teacher_shards"]
+            sample = read_sample(ref, opened)
+            assert sample.is_cuda and torch.equal(sample.cpu(), _logits(i)), f"sample {i}"
+        opened.clear()
+    finally:
+        done.set()
+        proc.join(60)
+    assert proc.exitcode == 0
