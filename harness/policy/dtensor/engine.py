@@ -15,7 +15,9 @@ world is a 2-D device mesh ``(dp, tp)`` (tp innermost):
   over tp after backward (the only manual reduction);
 * FSDP2 (`fully_shard` over ``dp``) on every decoder layer and the root, with
   the reduce-scatter divide factor 1 and plain SUM reductions: losses are normalised by global counts,
-  so dp gradients are summed, as on the native backend.
+  so dp gradients are summed, as on the native backend. Every expert gets a
+  gradient each backward (`_touch_all_experts`): FSDP2 reduce-scatters only
+  parameters with one, and the set must match on all dp ranks.
 
 Not supported (refused up front, naming the field, by `check_layout`):
 pp > 1, cp > 1, ep > 1, etp > 1, sp. LoRA (`policy.lora`, `lora.py`): the
