@@ -66,7 +66,8 @@ def cmdline(pid: int) -> str:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigkill_of_the_driver_leaves_no_process_of_the_run(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    driver = subprocess.Popen([sys.executable, "-m", "harness", "run", "qwen3_moe_tiny_smoke",
+    # 10000 iterations: the run cannot finish before the kill, however fast the machine is
+    driver = subprocess.Popen([sys.executable, "-m", "harness", "run", "qwen3_moe_tiny_smoke", "grpo.iterations=10000",
                                "--run-dir", str(tmp_path / "run")], cwd=REPO, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     run_processes: dict[int, str] = {}
