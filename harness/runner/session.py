@@ -164,11 +164,12 @@ class Session:
                            self.episode_env, self.refitter.refit, dataplane=self.dataplane)
 
     def _detail(self, what: str, ready: list[dict]) -> None:
-        """Workers' start-up stamps (``ready()["timings"]``) to a reporter that records them
-        (``say.detail(what, timings)``: the phase bench); nothing otherwise."""
+        """The workers' ``ready()`` records (pids, start-up stamps in ``timings``) to a reporter
+        that records them (``say.detail(what, records)``: the phase bench, the warm-isolation
+        test); nothing otherwise."""
         detail = getattr(self.say, "detail", None)
         if detail is not None:
-            detail(what, [r.get("timings") for r in ready])
+            detail(what, list(ready))
 
     def _start_capture(self):
         self._capture_config = None
