@@ -57,6 +57,7 @@ class Session:
         self._started_ray = False
         self.warm = warm
         self._warm_rollout = False
+        self._dataplane_check = None
 
     # -- start-up ------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -76,23 +77,24 @@ class Session:
         torch.use_deterministic_algorithms(True)
         from harness.runner import warm as warm_pool
 
-        pool = None
+        pool = None  # the warm processes this run adopts (None: fresh ones)
+        shared = self.warm is not None and warm_pool.private_ray_reason(self.spec) is None
         if self.warm is not None:
             reason = warm_pool.cold_reason(self.spec)
             if reason is None:
                 pool = self.warm
             else:
-                self.say(f"cold start: {reason}")
-        if pool is not None:
+                self.say(f"cold start{' (fresh processes, shared Ray)' if shared else ''}: {reason}")
+        if shared:
             t = time.perf_counter()
-            phase(self.say, "starting Ray (shared)" if not pool.ray_up() else "reusing Ray")
-            if pool.ensure_ray(self.say):
+            phase(self.say, "starting Ray (shared)" if not self.warm.ray_up() else "reusing Ray")
+            if self.warm.ensure_ray(self.say):
                 self.say(f"ray up in {time.perf_counter() - t:.1f}s (shared by the workloads of this process)")
             else:
-                self.say(f"reusing Ray and {sum(pool.idle().values())} warm worker process(es)")
+                self.say(f"reusing Ray and {sum(self.warm.idle().values())} warm worker process(es)")
         else:
             warm_pool.step_aside()  # a warm runtime's Ray carries no job runtime_env of this run
-        if pool is None and not ray.is_initialized():
+        if not shared and not ray.is_initialized():
             t = time.perf_counter()
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             runtime_env: dict = {"env_vars": self.env_vars}
@@ -147,6 +149,7 @@ class Session:
                                             capture_config=self._capture_config)
                              for w, engine in zip(self.workers, self.topology.engines)])
         self._detail("rollout workers", ready)
+        self._await_dataplane()
         self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir)
         if self.resume is not None:
             ckpt, state = self.resume
@@ -171,7 +174,17 @@ class Session:
         if detail is not None:
             detail(what, list(ready))
 
+    def _await_dataplane(self) -> None:
+        """The data-plane actor started by ``_start_capture`` is up and serves this run's file."""
+        check, self._dataplane_check = self._dataplane_check, None
+        if check is not None:
+            ref, path, name = check
+            actual = ray.get(ref)
+            if actual != path:
+                raise ValueError(f"data plane actor {name!r} already serves {actual}, not {path}")
+
     def _start_capture(self):
+        self._dataplane_check = None
         self._capture_config = None
         self.dataplane = None
         if not self.spec["capture"]["enabled"] and self.spec["grpo"]["trainer"] != "dataplane":
@@ -179,11 +192,15 @@ class Session:
         from harness.capture.admission import CaptureAdmitter
         from harness.capture.ledger import CaptureLedger
         from harness.capture.sink import capture_config_from_spec
-        from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+        from harness.dataplane.actor import DataPlaneActor, DataPlaneClient
 
         phase(self.say, "starting the data plane")
         name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
-        self.dataplane_handle = start_dataplane_actor(name, str(self.run_dir / layout.DATAPLANE))
+        path = str(self.run_dir / layout.DATAPLANE)
+        # Not waited for here: the actor's process starts while the workers do; _await_dataplane
+        # checks it (as start_dataplane_actor would) once they are up, before the first refit.
+        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True).remote(path)
+        self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
         self.dataplane = DataPlaneClient(self.dataplane_handle)
         if not self.spec["capture"]["enabled"]:
             return None

@@ -18,14 +18,15 @@ so one per xdist worker) keeps, between consecutive workloads of that process:
 
 What is not pooled: the data-plane actor, internal rollout engine processes
 (``rollout.tp > 1`` or async) and rendezvous stores (all per workload), and
-whole workloads that :func:`cold_reason` names: a worker setup hook
-(``GOLDEN_WORKER_SETUP_HOOK``: Ray's job-level ``worker_process_setup_hook``,
-the planted regressions of ``harness.mutations``), a device other than the
-CPU, the megatron policy backend (megatron-core keeps its parallel state in
-module globals) or the vLLM rollout backend. Such a run, like any run without a
-runtime, is cold: :func:`step_aside` first shuts down a warm runtime's Ray, so
-the cold run starts its own instance with its own job ``runtime_env``; the
-runtime starts again on its next use.
+whole workloads that :func:`cold_reason` names. The megatron policy backend
+(megatron-core keeps its parallel state in module globals) gets fresh worker
+processes in the runtime's Ray. A worker setup hook (``GOLDEN_WORKER_SETUP_HOOK``:
+Ray's job-level ``worker_process_setup_hook``, the planted regressions of
+``harness.mutations``), a device other than the CPU or the vLLM rollout backend
+(:func:`private_ray_reason`) need a Ray instance of their own: such a run, like
+any run without a runtime, is cold, and :func:`step_aside` first shuts down a
+warm runtime's Ray so the cold run starts its own instance with its own job
+``runtime_env``; the runtime starts again on its next use.
 
 The runtime never outlives its owner's Ray: actors are ordinary (not
 detached) actors of the driver's job, so whatever tears down the driver's Ray
@@ -50,17 +51,26 @@ _current: WarmRuntime | None = None  # the runtime whose Ray is up in this proce
 _lock = threading.Lock()
 
 
-def cold_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None:
-    """Why ``spec`` must run cold (fresh processes, private Ray), or None when it may run warm."""
+def private_ray_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None:
+    """Why ``spec`` needs a Ray instance of its own (job-level settings), or None."""
     env = os.environ if environ is None else environ
     if env.get("GOLDEN_WORKER_SETUP_HOOK"):
         return "GOLDEN_WORKER_SETUP_HOOK is set (a job-level worker setup hook)"
     if spec["platform"]["device"] != "cpu":
-        return f"platform.device is {spec['platform']['device']!r} (the pool is CPU only)"
-    if spec["policy"].get("backend", "native") != "native":
-        return f"policy.backend is {spec['policy']['backend']!r} (module-global parallel state)"
+        return f"platform.device is {spec['platform']['device']!r} (the warm runtime is CPU only)"
     if spec["rollout"].get("backend", "native") != "native":
         return f"rollout.backend is {spec['rollout']['backend']!r}"
+    return None
+
+
+def cold_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None:
+    """Why ``spec`` must run in fresh worker processes (not the pool's), or None when it may
+    run warm. Every :func:`private_ray_reason` is one; megatron shares Ray but not processes."""
+    private = private_ray_reason(spec, environ)
+    if private is not None:
+        return private
+    if spec["policy"].get("backend", "native") != "native":
+        return f"policy.backend is {spec['policy']['backend']!r} (module-global parallel state)"
     return None
 
 

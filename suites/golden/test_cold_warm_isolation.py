@@ -13,7 +13,7 @@ first run starts the processes), and checks for each run:
 
 The other CPU goldens are proven warm by ``pytest -m golden`` itself: this file
 sorts before ``test_goldens.py``, whose workloads then all run in processes
-used before (the megatron golden runs cold by design: ``warm.cold_reason``).
+used before (the megatron golden runs in fresh processes by design: ``warm.cold_reason``).
 The cold side is the goldens, captured cold; no workload runs a second time
 cold here, so the gate's time does not double.
 """
