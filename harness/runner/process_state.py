@@ -14,7 +14,8 @@ back what a workload can change process-wide:
   (the workload seeds them again from (seed, rank); a draw before that sees
   what a fresh process sees);
 * torch's intra- and inter-op thread counts, deterministic-algorithms mode
-  (and its warn-only flag), grad mode and default dtype.
+  (and its warn-only flag), grad mode, default dtype and float32 matmul
+  precision.
 
 It does not (and cannot) undo monkeypatches of modules: the runner never
 pools a workload that installs a worker setup hook (``harness.mutations``).
@@ -64,6 +65,7 @@ class ProcessBaseline:
     deterministic_warn_only: bool
     grad_enabled: bool
     default_dtype: Any
+    matmul_precision: str
     started: float = field(default_factory=time.time)
 
     @classmethod
@@ -82,6 +84,7 @@ class ProcessBaseline:
             deterministic=torch.are_deterministic_algorithms_enabled(),
             deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
             grad_enabled=torch.is_grad_enabled(), default_dtype=torch.get_default_dtype(),
+            matmul_precision=torch.get_float32_matmul_precision(),
         )
 
     def restore(self, env_vars: dict[str, str] | None = None) -> None:
@@ -103,3 +106,4 @@ class ProcessBaseline:
         torch.use_deterministic_algorithms(self.deterministic, warn_only=self.deterministic_warn_only)
         torch.set_grad_enabled(self.grad_enabled)
         torch.set_default_dtype(self.default_dtype)
+        torch.set_float32_matmul_precision(self.matmul_precision)
