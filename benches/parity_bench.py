@@ -10,7 +10,9 @@ shared objects). Figures:
 * whole-document DeepDiff / compare: DeepDiff of every full document (same options
   as the engine) over ``compare()`` (goal >= 10x);
 
-for the identical case and for a case with a few planted differences.
+for the identical case, a case with a few planted differences and a case with one
+collective inserted in one phase of every policy rank (every collectives section
+differs; the sequence diff aligns each in a linear scan).
 
     python3 benches/parity_bench.py [--scale small] [--repeat 3] [--skip-deepdiff]
 """
@@ -53,6 +55,17 @@ def plant_differences(docs: dict) -> dict:
     return out
 
 
+def insert_collective_per_rank(docs: dict) -> dict:
+    """One extra collective (a debug barrier) inserted in train/step1 of every policy rank."""
+    out = copy.deepcopy(docs)
+    for sid, body in out["collectives"]["sections"].items():
+        phase = body["phases"].get("train/step1")
+        if sid.startswith("policy/") and phase is not None:
+            coll = phase["collectives"]
+            coll.insert(len(coll) // 2, ["barrier", "default_pg", "float32", 1])
+    return out
+
+
 def write_all(directory: Path, docs: dict) -> dict[str, Path]:
     directory.mkdir(parents=True)
     paths = {}
@@ -90,7 +103,8 @@ def main() -> None:
 
     start = time.perf_counter()
     golden_docs = synthetic_surfaces("qwen3_235b_synthetic", scale, seed=1)
-    cases = {"identical": golden_docs, "planted": plant_differences(golden_docs)}
+    cases = {"identical": golden_docs, "planted": plant_differences(golden_docs),
+             "inserted": insert_collective_per_rank(golden_docs)}
     print(f"built synthetic surfaces in {time.perf_counter() - start:.1f}s: {scale}")
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,7 +127,8 @@ def main() -> None:
                 dd_s, _ = best_of(1, lambda g=golden_loaded, a=actual_loaded: whole_document_deepdiff(g, a))
                 dd_text, speedup = f"{dd_s:>10.2f}s", f"{dd_s / compare_s:>10.1f}x"
             print(f"{case:<10} {load_s:>12.3f}s {compare_s:>8.3f}s {compare_s / load_s:>8.2f}x   {dd_text:>15} "
-                  f"{speedup:>16}  {len(verdict.findings):>8} ({verdict.status})")
+                  f"{speedup:>16}  {len(verdict.findings):>8} ({verdict.status}; "
+                  f"{len(verdict.divergences)} cause(s))")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ class Execution:
     run_dir: Path
     postflight: PostflightResult
     wall_s: float
+    # the golden compare_with_golden compared against (its digest, None: there was none);
+    # store_golden writes only over that one (compare-and-swap), so a concurrent refresh fails
+    golden_seen: object = None
+    compared: bool = False
 
     @property
     def ok(self) -> bool:
@@ -70,11 +74,18 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
     ``platform`` (explicit, else ``$GOLDEN_PLATFORM``) that names a device
     (``cpu``, ``cuda``) runs the workload there: ``platform.device`` is
     overridden, so one workload has a golden per device. Other platform
-    names (``cpu-vllm``) only select the golden."""
+    names (``cpu-vllm``) only select the golden.
+
+    Raises ``BackendMissing`` (a ``SpecError``) when the spec selects an optional
+    backend whose package is not installed (``harness.spec.backends``), so every
+    caller refuses before Ray or a worker starts."""
+    from harness.spec.backends import require_backends
+
     spec = load_spec(workload, overrides, goldens_root=goldens_root)
     wanted = platform or os.environ.get("GOLDEN_PLATFORM")
     if wanted in DEVICE_PLATFORMS and wanted != spec["platform"]["device"]:
         spec = load_spec(workload, (*overrides, f"platform.device={wanted}"), goldens_root=goldens_root)
+    require_backends(spec)
     return spec
 
 
@@ -86,8 +97,10 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     ``harness.runner.warm.WarmRuntime`` to reuse Ray and warm worker processes from
     (docs/runner.md); None: a cold run with its own Ray instance."""
     from harness.runner.run import run_workload
+    from harness.spec.load import check_runnable
 
     spec = spec_for_platform(workload, overrides, platform, goldens_root)
+    check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say, warm=warm)
@@ -133,11 +146,27 @@ def load_golden(goldens_root: Path, workload: str, platform: str):
 
 
 def compare_with_golden(execution: Execution, platform: str, goldens_root: Path | None = None) -> Verdict:
-    """Parity of the run's surfaces against the stored golden (gated + informational)."""
+    """Parity of the run's surfaces against the stored golden (gated + informational).
+
+    The run's documents are read back through ``harness.postflight.read.load_run``
+    (manifest validated first, paths confined, complete runs only: ``RunRefused``
+    otherwise). Records which golden was compared in ``execution.golden_seen``."""
+    from harness.postflight.read import load_run
+    from harness.store.atomic import GoldenStoreError, golden_digest
+
     root = Path(goldens_root or default_goldens_root())
-    golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
-    return compare(golden.surfaces, execution.postflight.surfaces, tolerances=table,
-                   deterministic=deterministic)
+    actual = load_run(execution.run_dir).surfaces
+    execution.compared = True
+    try:
+        golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
+    except GoldenMissing:
+        execution.golden_seen = None
+        raise
+    except GoldenStoreError:
+        execution.golden_seen = golden_digest(root, execution.spec["name"], platform)
+        raise
+    execution.golden_seen = golden.digest
+    return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
 
 
 def store_golden(execution: Execution, platform: str, *, reason: str, goldens_root: Path | None = None,
@@ -149,11 +178,14 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     versions of harness, Python, torch, megatron-core and vLLM (absent: null).
     Refused when the run is incomplete, when ``reason`` is empty, when the
     platform is not scheduled in the spec, and (``allow_replace=False``, i.e.
-    capture) when a golden already exists.
+    capture) when a golden already exists. After ``compare_with_golden`` the write
+    is a compare-and-swap on the golden compared against (``GoldenChanged`` when a
+    concurrent capture/refresh replaced it); a capture requires that none exists,
+    checked again under the store's lock.
     """
     from harness.manifest.validate import load_manifest
     from harness.runner.environment import collect_environment
-    from harness.store.atomic import write_golden
+    from harness.store.atomic import ANY, write_golden
     from harness.store.layout import golden_dir
     from harness.store.provenance import harness_commit, new_provenance, package_versions, repository_state
 
@@ -177,8 +209,29 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     old_tol = target / "tolerances.yaml"
     if old_tol.exists():
         tolerances = old_tol.read_text()  # declared bands survive a refresh
+    expect = None if not allow_replace else (execution.golden_seen if execution.compared else ANY)
+    vendor_builtin_spec(root, spec["name"])
     return write_golden(root, spec["name"], platform, manifest, execution.postflight.surfaces,
-                        provenance, tolerances=tolerances)
+                        provenance, tolerances=tolerances, expect=expect)
+
+
+def vendor_builtin_spec(root: Path, workload: str) -> Path | None:
+    """A golden of a built-in workload stored under a root with no spec for it
+    (a consumer's first capture) gets a copy of the packaged spec as
+    ``<root>/<workload>/workload.yaml``: the root then holds what its goldens were
+    made from, a later harness release cannot change it silently, and the
+    consumer edits its own copy. Returns the path written, None when nothing was."""
+    from harness.spec.load import WORKLOAD_FILE, builtin_workload_path
+
+    target = Path(root) / workload / WORKLOAD_FILE
+    source = builtin_workload_path(workload)
+    if target.exists() or source is None:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{WORKLOAD_FILE}.tmp-{os.getpid()}")
+    tmp.write_bytes(source.read_bytes())
+    tmp.replace(target)
+    return target
 
 
 def gated_only(docs: dict[str, dict]) -> dict[str, dict]:

@@ -69,3 +69,78 @@ def policy_rank1_dies_in_step2() -> None:
         return original(self, batch, eval_mode=eval_mode)
 
     PolicyWorkerImpl.train = train
+
+
+def dp_debug_barrier() -> None:
+    """collectives: one ``dist.barrier()`` on the world group before every data-parallel gradient
+    reduction (a forgotten debug barrier): one inserted collective per rank and step."""
+    import torch.distributed as dist
+
+    import harness.parallel.data as data
+
+    original = data.reduce_gradients
+
+    def reduce_gradients(params, kinds, groups):
+        dist.barrier()
+        return original(params, kinds, groups)
+
+    data.reduce_gradients = reduce_gradients
+
+
+def extra_all_gather_on_tp_rank1() -> None:
+    """collectives: TP rank 1 alone issues one extra all-gather per train step, before its gradient
+    reduction, over a group of its own (a group of one cannot hang its peers). Every rank
+    creates the one-rank groups in the same order right after the parallel groups."""
+    import torch
+    import torch.distributed as dist
+
+    import harness.parallel.data as data
+    import harness.parallel.groups as groups_mod
+
+    own: dict[str, object] = {}
+    create = groups_mod.ProcessGroups.create.__func__
+
+    def create_with_own_groups(cls, layout, rank):
+        made = create(cls, layout, rank)
+        for r in range(layout.world):
+            g = dist.new_group([r], group_desc="debug")
+            if r == rank:
+                own["group"], own["tp_rank"] = g, layout.coords[rank]["tp"]
+        return made
+
+    groups_mod.ProcessGroups.create = classmethod(create_with_own_groups)
+    original = data.reduce_gradients
+
+    def reduce_gradients(params, kinds, groups):
+        if own.get("tp_rank") == 1:
+            probe = torch.zeros(4, dtype=torch.float32)
+            dist.all_gather_into_tensor(torch.zeros(4, dtype=torch.float32), probe, group=own["group"])
+        return original(params, kinds, groups)
+
+    data.reduce_gradients = reduce_gradients
+
+
+def rollout_token_changed_in_step2() -> None:
+    """rollouts: one sampled token of the first generation batch of step 2 is changed (token id
+    + 1) after the engine returns it and before capture stages it, as a sampler bug would."""
+    import re
+
+    from harness.rollout.worker import RolloutWorker
+
+    original = RolloutWorker._call_async
+    state = {"step": None, "done": False}
+
+    async def _call_async(self, method, *args, **kwargs):
+        result = await original(self, method, *args, **kwargs)
+        if method == "begin_rollout":
+            m = re.search(r"step(\d+)", str(args[0]) if args else "")
+            state["step"] = int(m.group(1)) if m else None
+        elif method == "generate" and state["step"] == 2 and not state["done"] and result:
+            ids = result[0]["output_ids"]
+            if ids:
+                at = min(1, len(ids) - 1)
+                ids[at] = (ids[at] + 1) % int(self.spec["model"]["vocab"])
+                state["done"] = True
+        return result
+
+    RolloutWorker._call_async = _call_async

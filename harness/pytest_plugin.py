@@ -23,15 +23,37 @@ findings of that surface (surface, section with coordinates, key, golden vs
 actual, lane) without opening any file, then how to refresh the golden if the
 change is intended.
 
-Options: ``--golden-refresh --golden-reason TEXT`` rewrites the goldens of the
+Fail closed: no goldens root, no workload selected, a spec that does not load,
+a backend package that is not installed (megatron-core, vllm: the message names
+the install command) or a scheduled workload x platform without a golden is a
+*failing* test naming what is missing, never an empty parameter set or a skip;
+deselect a backend's workloads by marker (``-m "not vllm"``) to leave them out.
+Every marker the plugin puts on a test (``golden``, ``megatron``, ``vllm``,
+``xdist_group``) is registered by the plugin, so ``--strict-markers`` collects.
+
+Where the goldens live (``harness.spec.roots``, the same order as the ``golden``
+command): ``--goldens-root DIR``, else ``$GOLDEN_ROOT``, else ``goldens-root`` of
+a ``[tool.golden]`` table in the nearest ``pyproject.toml`` above the invocation
+directory (or pytest's rootdir), else the harness checkout's own ``goldens/``.
+``[tool.golden] workloads = [...]`` selects workloads, which may be built-in ones
+the root has no spec for yet; without it every workload under the root is
+scheduled on the session's platform.
+
+Options: ``--golden-capture-missing`` runs a workload whose golden is missing and
+stores it (with provenance; a built-in workload's spec is copied into the root),
+and its tests pass as "created"; a later run compares against it.
+``--golden-refresh --golden-reason TEXT`` rewrites the goldens of the
 selected workloads (atomically, with provenance) instead of failing;
 ``--golden-platform`` (default: ``$GOLDEN_PLATFORM`` or the spec's device);
-``--golden-root`` (default: the repository's ``goldens/``);
-``--golden-summary PATH`` writes a Markdown summary for a CI job page.
+``--golden-summary PATH`` writes a Markdown summary for a CI job page. Goldens
+of the session's platforms that no test targets are reported as unused;
+``--golden-strict-unused`` makes them fail the session. ``--golden-root`` (the
+old spelling) is refused with a message naming ``--goldens-root``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 import warnings
@@ -42,29 +64,56 @@ import pytest
 
 GATED_SURFACES = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
 
-# --golden-root / --golden-platform of this session, set in pytest_configure (before
-# test modules are imported), so golden_params() selects what GoldenSession checks.
-_SESSION_OPTIONS: dict[str, str | None] = {"root": None, "platform": None}
+MARKERS = (
+    "golden: runs a golden workload and compares one surface with its golden",
+    "megatron: the workload needs megatron-core (policy.backend: megatron); deselect with -m 'not megatron'",
+    "vllm: the workload needs vllm (rollout.backend: vllm); deselect with -m 'not vllm'",
+    "xdist_group(name): keeps a golden workload's tests on one pytest-xdist worker",
+)
+
+# Options of this session, set in pytest_configure (before test modules are imported), so
+# golden_params() selects what GoldenSession checks; and what golden_params() found, for the
+# unused-goldens report.
+_SESSION_OPTIONS: dict = {"root": None, "platform": None, "starts": (None, None), "capture_missing": False}
+_SESSION_GOLDENS: dict = {"scheduled": set(), "present": set(), "platforms": set()}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("golden", "GRPO golden regression gate")
+    group.addoption("--goldens-root", default=None,
+                    help="the repository's goldens folder (default: $GOLDEN_ROOT, else [tool.golden] goldens-root "
+                         "in pyproject.toml, else the harness checkout's goldens/)")
+    group.addoption("--golden-root", dest="golden_root_old_spelling", default=None, help=argparse.SUPPRESS)
+    group.addoption("--golden-capture-missing", action="store_true", default=False,
+                    help="run and store the goldens that are missing (first capture); their tests pass as created")
+    group.addoption("--golden-strict-unused", action="store_true", default=False,
+                    help="fail the session when a stored golden of the session's platforms is used by no test")
     group.addoption("--golden-refresh", action="store_true", default=False,
                     help="rewrite the selected goldens instead of comparing (needs --golden-reason)")
     group.addoption("--golden-reason", default=None, help="why the goldens are refreshed (recorded in PROVENANCE.json)")
     group.addoption(
         "--golden-platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)"
     )
-    group.addoption("--golden-root", default=None, help="goldens directory (default: the repository's goldens/)")
     group.addoption("--golden-summary", default=None, help="write a Markdown summary of golden results here")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "golden: runs a golden workload and compares one surface with its golden")
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if config.getoption("golden_root_old_spelling") is not None:
+        raise pytest.UsageError("--golden-root was renamed --goldens-root (the spelling the golden command uses)")
     if config.getoption("--golden-refresh") and not (config.getoption("--golden-reason") or "").strip():
         raise pytest.UsageError("--golden-refresh needs --golden-reason TEXT (it is recorded in PROVENANCE.json)")
+    if config.getoption("--golden-refresh") and config.getoption("--golden-capture-missing"):
+        raise pytest.UsageError("--golden-refresh rewrites every selected golden, --golden-capture-missing only "
+                                "creates missing ones: give one of them")
     config._golden_results = []  # type: ignore[attr-defined]
-    _SESSION_OPTIONS.update(root=config.getoption("--golden-root"), platform=config.getoption("--golden-platform"))
+    config._golden_unused = set()  # type: ignore[attr-defined]
+    _SESSION_OPTIONS.update(root=config.getoption("--goldens-root"), platform=config.getoption("--golden-platform"),
+                            starts=(config.invocation_params.dir, config.rootpath),
+                            capture_missing=bool(config.getoption("--golden-capture-missing")))
+    for key in _SESSION_GOLDENS:
+        _SESSION_GOLDENS[key] = set()
     _group_workloads_under_xdist(config)
 
 
@@ -125,6 +174,45 @@ def pytest_configure_node(node) -> None:
         node.workerinput["golden_loadgroup"] = True
 
 
+class GoldenWorkload(str):
+    """A workload name as a test parameter, carrying what ``golden_params`` resolved:
+    the goldens root it was found under and, for a problem found at collection
+    (no root, nothing selected, a bad ``[tool.golden]`` table), the message its
+    test fails with."""
+
+    root: Path | None = None
+    problem: str | None = None
+
+    @classmethod
+    def make(cls, name: str, root: Path | None = None, problem: str | None = None) -> GoldenWorkload:
+        value = cls(name)
+        value.root, value.problem = root, problem
+        return value
+
+
+def _problem_param(test_id: str, message: str):
+    """One failing test that says what is missing (instead of an empty, skipped parameter set)."""
+    return pytest.param(GoldenWorkload.make(test_id, problem=message), "-", id=test_id,
+                        marks=[pytest.mark.golden])
+
+
+def _session_config(goldens_root: str | Path | None):
+    from harness.spec.roots import goldens_config
+
+    start, also = _SESSION_OPTIONS["starts"]
+    if goldens_root:
+        return goldens_config(goldens_root, start=start, also_start=also, explicit_source="golden_params(goldens_root)")
+    return goldens_config(_SESSION_OPTIONS["root"], start=start, also_start=also)
+
+
+def _stored_goldens(root: Path) -> set[tuple[str, str, str]]:
+    """(root, workload, platform) of every ``<root>/<workload>/<platform>/`` folder."""
+    if not root.is_dir():
+        return set()
+    return {(str(root), w.name, p.name) for w in root.iterdir() if w.is_dir() and not w.name.startswith(".")
+            for p in w.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+
+
 def golden_params(goldens_root: str | Path | None = None, platform: str | None = None) -> list:
     """``pytest.param(workload, surface)`` for every workload scheduled on ``platform``.
 
@@ -132,52 +220,87 @@ def golden_params(goldens_root: str | Path | None = None, platform: str | None =
     else the host a plain ``pytest -m golden`` runs on: the CPU (``cpu``, or
     ``cpu-vllm`` for a vLLM workload on cpu). A cuda workload needs
     ``GOLDEN_PLATFORM=cuda``, as ci/l2.sh sets. ``goldens_root``: explicit, else
-    ``--golden-root``, else ``$GOLDEN_ROOT``, else the repository's goldens/.
+    ``--goldens-root``, else ``$GOLDEN_ROOT``, else ``[tool.golden]`` in
+    pyproject.toml, else the harness checkout's goldens/ (``harness.spec.roots``).
+    Workloads: ``[tool.golden] workloads`` if given, else every spec under the root.
 
-    A workload whose spec does not load is still listed: its tests fail with the
-    spec error (file and field) instead of one typo failing the whole collection."""
-    from harness.rollout.vllm import vllm_available  # stdlib only
+    Never empty: a missing root or an empty selection is one failing test that
+    says so. A workload whose spec does not load is still listed: its tests
+    fail with the spec error (file and field) instead of one typo failing the
+    whole collection."""
+    from harness.spec.backends import backends_of
     from harness.spec.errors import SpecError
-    from harness.spec.load import default_goldens_root, golden_platform, list_workloads, load_spec
+    from harness.spec.load import golden_platform, list_workloads, load_spec
+    from harness.spec.roots import HOW_TO_NAME_A_ROOT
 
-    root = Path(goldens_root or _SESSION_OPTIONS["root"] or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
+    try:
+        cfg = _session_config(goldens_root)
+    except SpecError as exc:
+        return [_problem_param("golden-config", str(exc))]
+    root = cfg.root.resolve()
+    capture = _SESSION_OPTIONS["capture_missing"]
+    if not root.is_dir() and not (capture and cfg.workloads):
+        how = HOW_TO_NAME_A_ROOT if not cfg.explicit else "create it or point the option at the right folder"
+        first = ("; for a first capture, select workloads with [tool.golden] workloads = [...] and run "
+                 "pytest --golden-capture-missing")
+        return [_problem_param("no-goldens-root", f"goldens root {root} does not exist (from {cfg.source}): "
+                                                  f"{how}{first}")]
+    names = list(cfg.workloads) if cfg.workloads else list_workloads(root)
+    if not names:
+        return [_problem_param("no-workload-selected",
+                               f"no workload selected: no {root}/<workload>/workload.yaml and no "
+                               "[tool.golden] workloads = [...] in pyproject.toml")]
     platform = platform or _SESSION_OPTIONS["platform"]
     params = []
-    for name in list_workloads(root):
+    for name in names:
+        workload = GoldenWorkload.make(name, root)
         try:
             spec = load_spec(name, goldens_root=root)
         except SpecError:
-            params.extend(pytest.param(name, surface, id=f"{name}-{surface}", marks=[pytest.mark.xdist_group(name)])
+            params.extend(pytest.param(workload, surface, id=f"{name}-{surface}",
+                                       marks=[pytest.mark.golden, pytest.mark.xdist_group(name)])
                           for surface in GATED_SURFACES)
+            _SESSION_GOLDENS["scheduled"].update((str(root), name, p.name) for p in (root / name).glob("*/"))
             continue
         host_default = golden_platform(spec) if spec["platform"]["device"] == "cpu" else "cpu"
         plat = platform or os.environ.get("GOLDEN_PLATFORM") or host_default
+        _SESSION_GOLDENS["platforms"].add((str(root), plat))
         if plat not in spec["platform"]["platforms"]:
             continue
-        marks = [pytest.mark.xdist_group(name)]
-        if spec["rollout"]["backend"] == "vllm":
-            marks.append(pytest.mark.skipif(not vllm_available(), reason=(
-                "rollout.backend: vllm and vllm is not installed: the optional tier ci/l3_vllm.sh runs this golden")))
-        if spec["policy"].get("backend") == "megatron":
-            marks.append(pytest.mark.megatron)  # needs megatron-core: selectable, never skipped
+        _SESSION_GOLDENS["scheduled"].add((str(root), name, plat))
+        # A backend's marker selects or deselects its workloads; an absent package fails them (never a skip).
+        marks = [pytest.mark.golden, pytest.mark.xdist_group(name),
+                 *(getattr(pytest.mark, backend.marker) for backend in backends_of(spec))]
         for surface in GATED_SURFACES:
-            params.append(pytest.param(name, surface, id=f"{name}-{surface}", marks=marks))
+            params.append(pytest.param(workload, surface, id=f"{name}-{surface}", marks=marks))
+    _SESSION_GOLDENS["present"].update(_stored_goldens(root))
+    if not params:
+        where = platform or os.environ.get("GOLDEN_PLATFORM") or "the host's platform"
+        return [_problem_param("no-workload-selected", f"no workload selected: none of {', '.join(names)} "
+                                                       f"(under {root}) is scheduled on {where}")]
     return params
+
+
+def unused_goldens() -> list[str]:
+    """Stored goldens of this session's platforms that no collected test targets, as ``root/workload/platform``."""
+    platforms = _SESSION_GOLDENS["platforms"]
+    return sorted(f"{root}/{w}/{p}" for root, w, p in _SESSION_GOLDENS["present"] - _SESSION_GOLDENS["scheduled"]
+                  if (root, p) in platforms)
 
 
 class GoldenSession:
     """Runs each workload once and answers per-surface checks from the cache."""
 
     def __init__(self, config: pytest.Config, tmp_root: Path) -> None:
-        from harness.spec.load import default_goldens_root
-
         self.config = config
         self.tmp_root = tmp_root
-        self.root = Path(config.getoption("--golden-root") or os.environ.get("GOLDEN_ROOT") or default_goldens_root())
+        self.root_opt = config.getoption("--goldens-root")
         self.platform_opt = config.getoption("--golden-platform")
         self.refresh = bool(config.getoption("--golden-refresh"))
+        self.capture_missing = bool(config.getoption("--golden-capture-missing"))
         self.reason = config.getoption("--golden-reason")
-        self._cache: dict[str, tuple] = {}
+        self._cache: dict[tuple[str, str], tuple] = {}
+        self.stored_by_current_test: str | None = None
         self._progress_stream = None
         self._warm = None  # harness.runner.warm.WarmRuntime, created on the first workload
 
@@ -196,13 +319,22 @@ class GoldenSession:
         if self._warm is not None:
             self._warm.close()
 
+    def root_of(self, workload: str) -> Path:
+        """The goldens root ``golden_params`` found ``workload`` under, else this session's root."""
+        root = getattr(workload, "root", None)
+        if root is None:
+            root = _session_config(None).root.resolve()
+        return root
+
     def _evaluate(self, workload: str) -> tuple:
         """``(outcome, message, execution, verdict)``, computed once per workload:
         every outcome is cached, so a workload never runs twice in one process."""
-        if workload not in self._cache:
+        root = self.root_of(workload)
+        key = (str(root), str(workload))
+        if key not in self._cache:
             t = time.perf_counter()
-            platform, entry = self._outcome(workload)
-            self._cache[workload] = entry
+            platform, entry = self._outcome(str(workload), root)
+            self._cache[key] = entry
             verdict = entry[3]
             markdown = None
             if verdict is not None and not verdict.ok:
@@ -210,36 +342,42 @@ class GoldenSession:
 
                 markdown = render_markdown(verdict)
             self.config._golden_results.append(  # type: ignore[attr-defined]
-                {"workload": workload, "platform": platform, "outcome": entry[0],
+                {"workload": str(workload), "platform": platform, "outcome": entry[0],
                  "status": verdict.status if verdict is not None else entry[0],
                  "wall_s": round(time.perf_counter() - t, 1), "markdown": markdown})
-        return self._cache[workload]
+        return self._cache[key]
 
-    def _outcome(self, workload: str) -> tuple[str | None, tuple]:
+    def _outcome(self, workload: str, root: Path) -> tuple[str | None, tuple]:
         from harness import flows
         from harness.parity.tolerances import ToleranceFileError
         from harness.store.atomic import GoldenStoreError
 
         platform = self.platform_opt
+        create = False
         try:
-            spec = flows.spec_for_platform(workload, (), self.platform_opt, self.root)
+            spec = flows.spec_for_platform(workload, (), self.platform_opt, root)
             platform = flows.platform_of(spec, self.platform_opt)
-            if self.refresh:
-                if platform not in spec["platform"]["platforms"]:
-                    why = (f"cannot refresh {workload}: platform {platform!r} is not scheduled "
-                           f"(platform.platforms = {spec['platform']['platforms']})")
-                    return platform, ("error", why, None, None)
-            else:
-                flows.load_golden(self.root, spec["name"], platform)  # refuse before running, not after
+            if (self.refresh or self.capture_missing) and platform not in spec["platform"]["platforms"]:
+                why = (f"cannot {'refresh' if self.refresh else 'capture'} {workload}: platform {platform!r} "
+                       f"is not scheduled (platform.platforms = {spec['platform']['platforms']})")
+                return platform, ("error", why, None, None)
+            if not self.refresh:
+                try:
+                    flows.load_golden(root, spec["name"], platform)  # refuse before running, not after
+                except flows.GoldenMissing:
+                    if not self.capture_missing:
+                        raise
+                    create = True
         except flows.GoldenMissing as exc:
-            return platform, ("missing", str(exc), None, None)
+            return platform, ("missing", f"{exc}\n  (or: {capture_missing_hint(workload, platform, root)})",
+                              None, None)
         except (GoldenStoreError, ToleranceFileError) as exc:
             return platform, ("error", f"golden {workload}/{platform} is unusable: {exc}", None, None)
         except Exception as exc:  # noqa: BLE001 - a bad spec becomes each surface's failure
             return platform, ("error", f"workload {workload}: {type(exc).__name__}: {exc}", None, None)
         progress = self._progress(workload)
         try:
-            execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=self.root,
+            execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
                                       platform=self.platform_opt, say=progress, warm=self.warm_runtime())
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
@@ -250,10 +388,15 @@ class GoldenSession:
                               + "\n  ".join(execution.problems()), execution, None)
         try:
             if self.refresh:
-                flows.store_golden(execution, platform, reason=self.reason, goldens_root=self.root,
+                flows.store_golden(execution, platform, reason=self.reason, goldens_root=root,
                                    command="pytest --golden-refresh", allow_replace=True)
                 return platform, ("refreshed", f"golden {workload}/{platform} rewritten", execution, None)
-            verdict = flows.compare_with_golden(execution, platform, self.root)
+            if create:
+                path = flows.store_golden(execution, platform, goldens_root=root, allow_replace=False,
+                                          reason="first capture (pytest --golden-capture-missing)",
+                                          command="pytest --golden-capture-missing")
+                return platform, ("created", f"golden {workload}/{platform} created at {path}", execution, None)
+            verdict = flows.compare_with_golden(execution, platform, root)
             return platform, ("compared", "", execution, verdict)
         except flows.GoldenMissing as exc:  # removed while the workload ran
             return platform, ("missing", str(exc), execution, None)
@@ -281,10 +424,14 @@ class GoldenSession:
 
     def check(self, workload: str, surface: str) -> None:
         """Fail the calling test with readable findings if ``surface`` differs."""
+        problem = getattr(workload, "problem", None)
+        if problem:
+            pytest.fail(problem, pytrace=False)
         outcome, message, execution, verdict = self._evaluate(workload)
         if outcome in ("error", "incomplete", "missing"):
             pytest.fail(message, pytrace=False)
-        if outcome == "refreshed":
+        if outcome in ("refreshed", "created"):
+            self.stored_by_current_test = outcome  # read by pytest_runtest_makereport: "CREATED" / "REFRESHED"
             return
         result = verdict.surfaces.get(surface)
         if result is None or result.status == "parity":
@@ -299,7 +446,7 @@ class GoldenSession:
         pytest.fail(
             f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"
             + render_terminal(one, title=f"{workload}/{surface}", color=False)
-            + "\n" + refresh_hint_text(workload, platform, self.root),
+            + "\n" + refresh_hint_text(workload, platform, self.root_of(workload)),
             pytrace=False,
         )
 
@@ -313,6 +460,22 @@ def refresh_hint_text(workload: str, platform: str | None, root: Path | None) ->
     cli = golden_command("refresh", workload, platform=platform, goldens_root=chosen, reason=True)
     return (f"if the change is intended, refresh the golden: {cli}\n"
             f"  (or: {pytest_refresh_hint(workload, platform=platform, goldens_root=chosen)})")
+
+
+def capture_missing_hint(workload: str, platform: str | None, root: Path | None) -> str:
+    """The pytest spelling of a first capture of one workload's golden (same root and platform,
+    ``harness.cli.hints``)."""
+    import shlex
+
+    from harness.cli.hints import root_if_chosen
+
+    parts = ["pytest", "-m", "golden", "-k", workload, "--golden-capture-missing"]
+    if platform:
+        parts += ["--golden-platform", platform]
+    chosen = root_if_chosen(root)
+    if chosen is not None:
+        parts += ["--goldens-root", str(chosen)]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 @pytest.fixture(scope="session")
@@ -334,33 +497,72 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         session.close_warm()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A passing test whose golden this session created or rewrote says so (``user_properties``,
+    which reach the xdist controller and JUnit): shown as ``C``/``CREATED`` (``R``/``REFRESHED``)."""
+    report = yield
+    session = getattr(item, "funcargs", {}).get("golden")
+    if isinstance(session, GoldenSession) and call.when == "call":
+        stored, session.stored_by_current_test = session.stored_by_current_test, None
+        if stored and report.passed:
+            report.user_properties.append(("golden", stored))
+    return report
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    if report.when == "call" and report.passed:
+        for key, value in report.user_properties:
+            if key == "golden" and value in ("created", "refreshed"):
+                return "passed", value[0].upper(), value.upper()
+    return None
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     """On an xdist worker: hand the results (plain data) to the controller."""
     config = session.config
+    config._golden_unused.update(unused_goldens())  # type: ignore[attr-defined]
     if hasattr(config, "workeroutput"):
         config.workeroutput["golden_results"] = list(getattr(config, "_golden_results", []))
+        config.workeroutput["golden_unused"] = sorted(config._golden_unused)  # type: ignore[attr-defined]
+        return
+    if config._golden_unused and config.getoption("--golden-strict-unused") and session.exitstatus == 0:  # type: ignore[attr-defined]
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """On the xdist controller: collect a finished worker's golden results."""
-    results = getattr(node, "workeroutput", {}).get("golden_results") or []
-    node.config._golden_results.extend(results)
+    output = getattr(node, "workeroutput", {})
+    node.config._golden_results.extend(output.get("golden_results") or [])
+    node.config._golden_unused.update(output.get("golden_unused") or [])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: the controller reports
         return
     results = sorted(getattr(config, "_golden_results", []), key=lambda r: (r["workload"], r["platform"] or ""))
+    tr = terminalreporter
+    unused = sorted(getattr(config, "_golden_unused", ()))
+    if unused:
+        strict = config.getoption("--golden-strict-unused")
+        tr.section("unused goldens")
+        for path in unused:
+            tr.write_line(f"{path}: no test targets this golden", red=bool(strict), yellow=not strict)
+        tr.write_line(f"{len(unused)} unused golden(s): " + ("they fail the session (--golden-strict-unused)" if strict
+                      else "remove them, or schedule their platform; --golden-strict-unused fails on them"))
     if not results:
         return
-    tr = terminalreporter
     tr.section("golden workloads")
     total = 0.0
     for r in results:
         tr.write_line(f"{r['workload']:<36} {r['platform'] or '-':<8} {r['status']:<10} {r['wall_s']:>7.1f}s")
         total += r["wall_s"]
     tr.write_line(f"golden wall time: {total:.1f}s")
+    created = [r for r in results if r["status"] == "created"]
+    if created:
+        tr.write_line(f"{len(created)} golden(s) created by --golden-capture-missing: review and commit them "
+                      f"({', '.join(r['workload'] + '/' + (r['platform'] or '-') for r in created)})")
     path = config.getoption("--golden-summary")
     if path:
         lines = ["## Golden gate", "", "| workload | platform | result | wall s |", "|---|---|---|---|"]

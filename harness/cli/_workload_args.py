@@ -61,14 +61,14 @@ def prepare(args: argparse.Namespace) -> Prepared:
     """Load the spec for the platform and claim the run directory; raises Refused (exit 2)."""
     from harness import flows
     from harness.spec.errors import SpecError
-    from harness.spec.load import default_goldens_root
+    from harness.spec.roots import resolve_goldens_root
 
     try:
-        spec = flows.spec_for_platform(args.workload, tuple(args.overrides), args.platform, args.goldens)
+        root = resolve_goldens_root(args.goldens)
+        spec = flows.spec_for_platform(args.workload, tuple(args.overrides), args.platform, root)
     except SpecError as exc:
         raise Refused(str(exc)) from None
     platform = flows.platform_of(spec, args.platform)
-    root = Path(args.goldens) if args.goldens else default_goldens_root()
     run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec["name"])
     claim_run_dir(run_dir)
     return Prepared(spec, platform, root, run_dir)

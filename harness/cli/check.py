@@ -50,6 +50,17 @@ def _golden(prepared, args: argparse.Namespace):
         raise Refused(f"golden {name} [{platform}] is unusable: {exc}") from None
 
 
+def _run_fields(run_dir) -> dict:
+    """The run's id for the report's provenance block (``run.json``; empty when unreadable)."""
+    import json
+
+    try:
+        doc = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"run_id": doc["run_id"]} if isinstance(doc, dict) and "run_id" in doc else {}
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -74,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     except Refused as exc:
         print(f"golden check: {exc}", file=sys.stderr)
         return exc.code
+    from harness.postflight.read import RunRefused, load_run
+
     with progress(args) as say:
         execution, code = execute_or_explain(args, prepared, say=say)
         if execution is None:
@@ -85,12 +98,18 @@ def run(args: argparse.Namespace) -> int:
             say.close()
             print(f"golden check: {exc}", file=sys.stderr)
             return exc.code
+        try:  # the run as written: manifest validated first, paths confined, complete only
+            actual = load_run(execution.run_dir).surfaces
+        except RunRefused as exc:
+            say.close()
+            print(f"golden check: {exc}", file=sys.stderr)
+            return exc.code
         say.phase("compare")
-        verdict = compare(golden.surfaces, execution.postflight.surfaces, tolerances=table,
-                          deterministic=deterministic)
+        verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
     curves = {}
     if args.format == "html":  # the HTML report plots golden vs actual training curves
-        curves = {"surfaces_actual": execution.postflight.surfaces, "surfaces_golden": golden.surfaces}
+        curves = {"surfaces_actual": actual, "surfaces_golden": golden.surfaces,
+                  "run": _run_fields(execution.run_dir)}
     title = f"{execution.spec['name']} [{platform}]"
     report = render(verdict, args.format, title=title, color=False if args.output else None,
                     show_info=args.show_info, provenance=golden.provenance, **curves)

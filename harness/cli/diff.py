@@ -1,13 +1,17 @@
 """``golden diff RUN GOLDEN``: compare a run's surfaces with a golden.
 
-RUN is a run directory (``surfaces/*.json``, or the surfaces its manifest.json
-lists) or a manifest file. GOLDEN is a golden directory or a workload name
+RUN is a run directory holding the manifest.json postflight wrote, or that
+manifest file. The manifest is validated first (``harness.postflight.read``):
+nothing it lists outside the run directory is opened, an invalid manifest or
+surface is unusable input (exit 2), and a run whose manifest or run.json is
+not complete gets no verdict (exit 3). GOLDEN is a golden directory or a workload name
 (resolved under ``--goldens-root`` with ``--platform``, which defaults to
 ``$GOLDEN_PLATFORM``, else the platform the run's spec implies (its ``run.json``),
 else the manifest's ``environment.device``). Lanes: ``--nondeterministic`` (or
 ``deterministic: false`` in the golden's tolerances.yaml) lets tolerance bands decide.
 
-Exit 0 parity, 1 findings (including a probable stale golden), 2 unusable input.
+Exit 0 parity, 1 findings (including a probable stale golden), 2 unusable input,
+3 no verdict (the run did not complete).
 """
 
 from __future__ import annotations
@@ -41,84 +45,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(path: Path) -> dict:
-    from harness.surfaces.canonical import StrictJSONError, load_strict
+def load_run_surfaces(run_path: Path):
+    """The run's validated documents (``harness.postflight.read.load_run``): the
+    manifest first, every listed path confined to the run directory, complete runs
+    only. Raises ``RunRefused`` (exit 2 unusable, exit 3 no verdict)."""
+    from harness.postflight.read import load_run
 
-    try:
-        return load_strict(path)
-    except StrictJSONError as exc:
-        raise UnusableInput(str(exc)) from None
-    except OSError as exc:
-        raise UnusableInput(f"{path}: {exc.strerror or exc}") from None
+    return load_run(run_path)
 
 
-def load_run_surfaces(run_path: Path) -> tuple[dict[str, dict], dict | None]:
-    """(surface name -> document, manifest or None) of a run directory or manifest file."""
-    from harness.surfaces.registry import validate_surface
-
-    manifest = None
-    if run_path.is_file():
-        manifest, base = _load(run_path), run_path.parent
-    elif run_path.is_dir():
-        base = run_path
-        if (run_path / "manifest.json").is_file():
-            manifest = _load(run_path / "manifest.json")
-    else:
-        raise UnusableInput(f"{run_path}: no such run directory or manifest")
-    if manifest is not None:
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("surfaces"), list):
-            raise UnusableInput(f"{base}/manifest.json: no /surfaces list")
-        files = {
-            e["name"]: base / e["path"]
-            for e in manifest["surfaces"]
-            if isinstance(e, dict) and "name" in e and "path" in e
-        }
-    else:
-        files = {p.stem: p for p in sorted((run_path / "surfaces").glob("*.json"))}
-    if not files:
-        raise UnusableInput(f"{run_path}: no surfaces found (expected surfaces/*.json or a manifest listing them)")
-    docs = {}
-    for name, path in files.items():
-        doc = _load(path)
-        errors = validate_surface(doc, name=name)
-        if errors:
-            pointer, message = errors[0]
-            raise UnusableInput(f"{path}#{pointer}: {message} ({len(errors)} schema error(s))")
-        docs[name] = doc
-    return docs, manifest
-
-
-def run_platform(run_path: Path, manifest: dict | None) -> str | None:
+def run_platform(run, manifest: dict | None) -> str | None:
     """The golden platform a run belongs to: ``$GOLDEN_PLATFORM``, else the one its
     spec implies (``run.json`` beside the manifest, as ``golden run`` writes it),
     else the manifest's ``environment.device`` when that names a device platform.
 
     Not ``environment.platform``: that is the host's OS/arch (``linux-x86_64``),
-    never a golden platform."""
+    never a golden platform. ``run`` is the run's ``run.json`` document (or None)."""
     import os
 
     from harness.spec.load import golden_platform
 
     if os.environ.get("GOLDEN_PLATFORM"):
         return os.environ["GOLDEN_PLATFORM"]
-    base = run_path.parent if run_path.is_file() else run_path
     try:
-        spec = _load(base / "run.json").get("spec")
-        return golden_platform(spec)
-    except (UnusableInput, AttributeError, KeyError, TypeError):
+        return golden_platform(run.get("spec"))
+    except (AttributeError, KeyError, TypeError):
         pass
     device = ((manifest or {}).get("environment") or {}).get("device")
     return device if device in ("cpu", "cuda") else None
 
 
-def _golden(args: argparse.Namespace, manifest: dict | None):
+def _golden(args: argparse.Namespace, documents):
     from harness.store.atomic import GoldenStoreError, read_golden, read_golden_dir
 
     try:
         path = Path(args.golden)
         if path.is_dir():
             return read_golden_dir(path)
-        platform = args.platform or run_platform(Path(args.run_path), manifest)
+        platform = args.platform or run_platform(documents.run, documents.manifest)
         if not platform:
             raise UnusableInput(f"GOLDEN {args.golden!r} is not a directory and the run does not say its golden "
                                 "platform; give --platform to pick its golden")
@@ -139,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
     from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
+    from harness.postflight.read import RunRefused
     from harness.surfaces.canonical import NonFiniteError
 
     try:
@@ -147,8 +112,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"golden diff: {exc}", file=sys.stderr)
         return 2
     try:
-        actual, manifest = load_run_surfaces(Path(args.run_path))
-        golden = _golden(args, manifest)
+        documents = load_run_surfaces(Path(args.run_path))
+    except RunRefused as exc:
+        verdict_word = "no verdict" if exc.code == 3 else "unusable input"
+        print(f"golden diff: {verdict_word}: {exc}", file=sys.stderr)
+        return exc.code
+    actual = documents.surfaces
+    try:
+        golden = _golden(args, documents)
         overrides, deterministic = (), True
         if golden.tolerances_path is not None:
             tol = load_tolerances(golden.tolerances_path)
@@ -163,8 +134,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"golden diff: unusable input: {exc}", file=sys.stderr)
         return 2
     title = f"golden diff {golden.workload}/{golden.platform}"
+    manifest = documents.manifest
+    run_fields = {"run_id": manifest["run_id"]} if "run_id" in manifest else None
     report = render(verdict, args.format, title=title, color=False if args.output else None, show_info=args.show_info,
-                    surfaces_actual=actual, surfaces_golden=golden.surfaces, provenance=golden.provenance)
+                    surfaces_actual=actual, surfaces_golden=golden.surfaces, provenance=golden.provenance,
+                    run=run_fields)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(report)

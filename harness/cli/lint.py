@@ -29,7 +29,11 @@ def default_root() -> Path:
 def run(args: argparse.Namespace) -> int:
     from harness.store.lint import lint
 
-    root = args.goldens_root or default_root()
+    try:
+        root = args.goldens_root or default_root()
+    except ValueError as exc:  # a bad [tool.golden] table in pyproject.toml (SpecError)
+        print(f"golden lint: {exc}", file=sys.stderr)
+        return 2
     try:
         findings = lint(root)
     except FileNotFoundError as exc:

@@ -100,11 +100,15 @@ def _status(entry: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     import json
     import sys
-    from pathlib import Path
 
-    from harness.spec import default_goldens_root
+    from harness.spec.errors import SpecError
+    from harness.spec.roots import resolve_goldens_root
 
-    root = Path(args.goldens_root) if args.goldens_root else default_goldens_root()
+    try:
+        root = resolve_goldens_root(args.goldens_root)
+    except SpecError as exc:  # a bad [tool.golden] table in pyproject.toml
+        print(f"golden list: {exc}", file=sys.stderr)
+        return 2
     if not root.is_dir():
         print(f"golden list: goldens root {root} is not a directory", file=sys.stderr)
         return 2

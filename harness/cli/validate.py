@@ -25,31 +25,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="manifest.json, a run directory or goldens/<workload>/<platform>")
 
 
-def _surface_errors(base: Path, manifest: dict) -> list[str]:
-    from harness.surfaces.canonical import StrictJSONError, load_strict
-    from harness.surfaces.registry import validate_surface
+def _surface_errors(base: Path, manifest: dict, refused: set[str]) -> list[str]:
+    """Schema errors of the listed surfaces. A surface whose path the manifest check
+    refused (``refused``: pointers of its errors) is not opened, and no path is
+    opened except through ``confine.confined`` (nothing outside ``base``)."""
+    from harness.docio import read_json, short
+    from harness.manifest.confine import PathEscape, confined
+    from harness.surfaces.canonical import StrictJSONError
+    from harness.surfaces.registry import SURFACES, validate_surface
 
     errors = []
-    for entry in manifest.get("surfaces") or []:
+    for index, entry in enumerate(manifest.get("surfaces") or []):
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             continue
-        target = base / entry["path"]
-        if not target.is_file():
+        if f"/surfaces/{index}/path" in refused:
+            continue  # its path was refused by the manifest check: not opened
+        try:
+            target = confined(base, entry["path"])
+        except PathEscape:
             continue  # already reported by the manifest check
         try:
-            doc = load_strict(target)
+            doc = read_json(target, what="surface")
         except StrictJSONError as exc:
-            errors.append(f"{target}#{exc.pointer}: {exc}")
+            errors.append(str(exc))
             continue
-        for pointer, message in validate_surface(doc, name=entry.get("name")):
-            errors.append(f"{target}#{pointer}: {message}")
+        name = entry.get("name")
+        if name not in SURFACES:
+            continue  # the manifest schema names the surfaces it accepts
+        for pointer, message in validate_surface(doc, name=name):
+            errors.append(f"{target}#{pointer}: {short(message, 300)}")
     return errors
 
 
 def check_path(path: Path) -> tuple[str, list[str]]:
     """(kind, error lines) for PATH; raises FileNotFoundError/ValueError when unusable."""
+    from harness.docio import read_json, short
     from harness.manifest.validate import validate_manifest
-    from harness.surfaces.canonical import StrictJSONError, load_strict
+    from harness.surfaces.canonical import StrictJSONError
 
     if path.is_file():
         kind, manifest_path, golden = "manifest", path, False
@@ -66,14 +78,21 @@ def check_path(path: Path) -> tuple[str, list[str]]:
     base = manifest_path.parent
     if not manifest_path.is_file():
         return kind, [f"{manifest_path}: missing"]
+    if kind != "manifest":
+        from harness.manifest.confine import PathEscape, confined
+
+        try:
+            confined(base, manifest_path.name)
+        except PathEscape as exc:
+            return kind, [f"{manifest_path}: {exc}"]
     try:
-        manifest = load_strict(manifest_path)
+        manifest = read_json(manifest_path, what="manifest")
     except StrictJSONError as exc:
-        return kind, [f"{manifest_path}#{exc.pointer}: {exc}"]
-    errors = [f"{manifest_path}#{e.pointer}: {e.message}"
-              for e in validate_manifest(manifest, base_dir=base, check_artifact_files=not golden)]
+        return kind, [str(exc)]
+    problems = validate_manifest(manifest, base_dir=base, check_artifact_files=not golden)
+    errors = [f"{manifest_path}#{e.pointer}: {short(e.message, 300)}" for e in problems]
     if isinstance(manifest, dict):
-        errors += _surface_errors(base, manifest)
+        errors += _surface_errors(base, manifest, {e.pointer for e in problems})
     if golden and isinstance(manifest, dict):
         errors += _golden_extras(base, manifest)
     return kind, errors
@@ -87,8 +106,9 @@ def _in_goldens_tree(path: Path) -> bool:
 
 
 def _golden_extras(base: Path, manifest: dict) -> list[str]:
+    from harness.docio import read_json
     from harness.store.provenance import provenance_errors
-    from harness.surfaces.canonical import StrictJSONError, load_strict
+    from harness.surfaces.canonical import StrictJSONError
 
     errors = []
     listed = {e.get("path") for e in manifest.get("surfaces") or [] if isinstance(e, dict)}
@@ -96,14 +116,22 @@ def _golden_extras(base: Path, manifest: dict) -> list[str]:
         rel = stored.relative_to(base).as_posix()
         if rel not in listed:
             errors.append(f"{stored}: not listed in manifest.json /surfaces")
+        if stored.is_symlink():
+            errors.append(f"{stored}: is a symlink (a golden stores regular files only)")
+    from harness.surfaces.registry import GATED_SURFACES
+
+    names = {e.get("name") for e in manifest.get("surfaces") or [] if isinstance(e, dict)}
+    for name in GATED_SURFACES:
+        if name not in names:
+            errors.append(f"{base / 'manifest.json'}#/surfaces: gated surface {name!r} is missing from the golden")
     provenance = base / "PROVENANCE.json"
-    if not provenance.is_file():
-        errors.append(f"{provenance}: missing")
+    if not provenance.is_file() or provenance.is_symlink():
+        errors.append(f"{provenance}: missing" if not provenance.is_symlink() else f"{provenance}: is a symlink")
         return errors + _tolerance_errors(base)
     try:
-        errors += [f"{provenance}#/{p.split(':')[0]}: {p}" for p in provenance_errors(load_strict(provenance))]
+        errors += [f"{provenance}#/{p.split(':')[0]}: {p}" for p in provenance_errors(read_json(provenance))]
     except StrictJSONError as exc:
-        errors.append(f"{provenance}#{exc.pointer}: {exc}")
+        errors.append(str(exc))
     return errors + _tolerance_errors(base)
 
 

@@ -1,6 +1,7 @@
 """A small deterministic tokenizer with a Qwen3-style chat template.
 
-The vocabulary (`fixtures/tokenizer/vocab.json`) has exactly 256 entries, the
+The vocabulary (`harness/data/tokenizer/vocab.json`, package data, so an installed
+wheel carries it) has exactly 256 entries, the
 tiny model's vocab, so every id a model samples decodes to something:
 
 - printable ASCII characters 32..126 have id = code point; tab and newline 9, 10;
@@ -32,7 +33,8 @@ from typing import Any
 import jinja2
 import jinja2.sandbox
 
-DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "tokenizer"
+# Package data (pyproject [tool.setuptools.package-data]): the same path in a checkout and in a wheel.
+DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
 VOCAB_FILE = "vocab.json"
 TEMPLATE_FILE = "chat_template.jinja"
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
@@ -184,7 +186,7 @@ class Tokenizer:
 
 
 def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
-    """Load `vocab.json` + `chat_template.jinja` from `path` (default: fixtures/tokenizer).
+    """Load `vocab.json` + `chat_template.jinja` from `path` (default: the package's data/tokenizer).
 
     Errors name the file and the field that is wrong.
     """

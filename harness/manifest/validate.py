@@ -12,9 +12,11 @@ empty list means valid. It never raises on bad *content*. Checks, in order:
 3. the JSON Schema ``manifest.v2.json`` (a missing or unexpected key is reported at
    the pointer of that key, not of its parent);
 4. every artifact/surface path is relative POSIX, has no ``..`` segment and no
-   backslash, and artifact paths and surface names are unique;
-5. with ``base_dir``: each path resolves inside ``base_dir`` (symlinks followed),
-   the file exists, and its size and sha256 match. Artifact files are checked only
+   backslash, and artifact paths and surface names are unique
+   (``harness.manifest.confine.path_problem``);
+5. with ``base_dir``: each path resolves inside ``base_dir`` (symlinks followed,
+   ``confine.confined``), names a regular file, and its size and sha256 match;
+   a path refused in step 4 is never opened. Artifact files are checked only
    when ``check_artifact_files`` (a golden directory stores surfaces, not the run's
    raw artifacts).
 """
@@ -25,11 +27,13 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
+from harness.docio import read_json, short
 from harness.manifest.build import SCHEMA_VERSION, sha256_file
-from harness.surfaces.canonical import StrictJSONError, find_non_finite, json_pointer, load_strict
+from harness.manifest.confine import PathEscape, confined, path_problem
+from harness.surfaces.canonical import StrictJSONError, find_non_finite, json_pointer
 
 __all__ = ["ManifestError", "ManifestInvalid", "validate_manifest", "load_manifest", "manifest_schema"]
 
@@ -86,35 +90,23 @@ def _schema_errors(doc: dict) -> list[ManifestError]:
                 errors.append(ManifestError(json_pointer(base + [key]),
                                             f"unexpected field {key!r} (allowed: {', '.join(sorted(allowed))})"))
         else:
-            errors.append(ManifestError(json_pointer(base), err.message))
+            errors.append(ManifestError(json_pointer(base), short(err.message, 300)))
     return errors
 
 
-def _path_problem(path: str) -> str | None:
-    if "\\" in path:
-        return f"path {path!r} contains a backslash; use POSIX '/' separators"
-    pure = PurePosixPath(path)
-    if pure.is_absolute():
-        return f"path {path!r} is absolute; paths must be relative to the manifest's directory"
-    if ".." in pure.parts:
-        return f"path {path!r} contains a '..' segment; paths must stay inside the manifest's directory"
-    if path in ("", "."):
-        return "path is empty"
-    return None
-
-
 def _check_file(base: Path, rel: str, pointer: str, *, sha256: Any, size: Any = None) -> list[ManifestError]:
-    target = (base / rel).resolve()
-    if not target.is_relative_to(base.resolve()):
-        return [ManifestError(f"{pointer}/path", f"path {rel!r} resolves outside {base} (via a symlink)")]
-    if not target.is_file():
-        return [ManifestError(f"{pointer}/path", f"file {rel!r} is missing under {base}")]
+    try:
+        target = confined(base, rel)
+    except PathEscape as exc:
+        return [ManifestError(f"{pointer}/path", str(exc))]
     errors = []
-    if size is not None and isinstance(size, int) and target.stat().st_size != size:
-        errors.append(
-            ManifestError(f"{pointer}/bytes", f"{rel}: manifest says {size} bytes, file has {target.stat().st_size}")
-        )
-    actual = sha256_file(target)
+    actual_size = target.stat().st_size
+    if size is not None and isinstance(size, int) and actual_size != size:
+        errors.append(ManifestError(f"{pointer}/bytes", f"{rel}: manifest says {size} bytes, file has {actual_size}"))
+    try:
+        actual = sha256_file(target)
+    except OSError as exc:
+        return errors + [ManifestError(f"{pointer}/path", f"{rel}: cannot read: {exc.strerror or exc}")]
     if isinstance(sha256, str) and actual != sha256:
         errors.append(
             ManifestError(
@@ -162,7 +154,7 @@ def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
             pointer = f"/{kind}/{index}"
             path = entry.get("path")
             if isinstance(path, str):
-                problem = _path_problem(path)
+                problem = path_problem(path)
                 if problem:
                     errors.append(ManifestError(f"{pointer}/path", problem))
                 elif path in seen_paths:
@@ -195,13 +187,15 @@ def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
 def load_manifest(path: str | Path, *, check_files: bool = True, check_artifact_files: bool = True) -> dict:
     """Parse (strictly) and validate a manifest file; files are resolved beside it.
 
-    Raises ``ManifestInvalid`` listing every error (a NaN/Infinity token or a JSON
-    syntax error is reported as one error with its pointer), FileNotFoundError if
-    the file does not exist.
+    Raises ``ManifestInvalid`` listing every error (a NaN/Infinity token, a JSON
+    syntax error or a limit of ``harness.docio`` is reported as one error with its
+    pointer), FileNotFoundError if the file does not exist.
     """
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such manifest")
     try:
-        doc = load_strict(path)
+        doc = read_json(path, what="manifest")
     except StrictJSONError as exc:
         raise ManifestInvalid(path, [ManifestError(exc.pointer, str(exc))]) from None
     errors = validate_manifest(doc, base_dir=path.parent if check_files else None,

@@ -7,13 +7,16 @@ Algorithm
    workload) compared.
 3. Fast path: sha256 of each section's canonical bytes. Equal digests mean equal
    sections and cost no further work; only differing sections are diffed.
-4. A differing section is diffed with DeepDiff (lists compared index by index, so
-   the diff of (a, b) mirrors the diff of (b, a)); records of *atomic lists* (a
-   collective ``[op, group_kind, dtype, numel]``) are compared whole, so one
-   changed collective is one finding. Anything DeepDiff considers equal but the
-   canonical bytes do not (``-0.0`` vs ``0.0``) is still reported (a byte-level walk
-   of the differing section).
+4. A differing section is diffed structurally (``harness.parity.walk``): objects key
+   by key, plain lists position by position, leaves type-exactly (``-0.0`` is not
+   ``0.0``, ``1`` is not ``1.0``); ordered event lists (collectives per rank and
+   phase, lifecycle events, a rollout's calls) are aligned with a minimal edit script
+   (``harness.parity.sequence``), so an inserted collective is one ``added`` finding
+   naming its position and neighbours, and a changed one is one ``changed`` finding
+   naming the fields that differ.
 5. Each leaf difference is classified into a lane and a status (``findings``).
+6. The verdict's gated findings are ordered by execution and grouped into causes and
+   their consequences (``harness.parity.divergence``).
 
 Invariants (property-tested in suites/property/test_parity_props.py): comparing a
 document with itself yields no findings; findings of (g, a) and (a, g) correspond
@@ -23,101 +26,54 @@ never turns a pass into a failure; a section is diffed iff its digests differ.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.parity.divergence import divergences
 from harness.parity.findings import _MISSING, Finding, SurfaceResult, Verdict
 from harness.parity.tolerances import ToleranceTable
+from harness.parity.walk import RawDiff, diff_section
 from harness.surfaces.canonical import canonical_bytes, json_pointer
 from harness.surfaces.digest import section_digests
 from harness.surfaces.registry import SURFACES, ToleranceRule, normalise
 
 __all__ = ["compare", "compare_surface"]
 
-# Lists whose items are records compared as a whole: (surface, key of the list).
-_ATOMIC_LISTS = {("collectives", "collectives")}
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _coords(*sections: Any) -> dict | None:
-    for section in sections:
-        if isinstance(section, Mapping) and isinstance(section.get("coords"), Mapping):
-            return dict(section["coords"])
+def _coords_of(section: Any) -> dict | None:
+    if isinstance(section, Mapping) and isinstance(section.get("coords"), Mapping):
+        return dict(section["coords"])
     return None
 
 
-def _phase_and_key(surface: str, section_id: str, path: tuple, golden_section: Any) -> tuple[str | None, str]:
+def _coords(golden: Any, actual: Any) -> tuple[dict | None, dict | None]:
+    """(the run's coordinates, the golden's where they differ from the run's)."""
+    run, gold = _coords_of(actual), _coords_of(golden)
+    if run is None:
+        return gold, None
+    return run, (gold if gold is not None and gold != run else None)
+
+
+def _phase_and_key(surface: str, section_id: str, path: tuple, golden: Any, actual: Any) -> tuple[str | None, str]:
     """Split a path inside a section into (phase or step, JSON pointer of the rest)."""
     if len(path) >= 2 and path[0] == "phases":
         return str(path[1]), json_pointer(path[2:])
     if surface == "training":
         return section_id, json_pointer(path)
     if len(path) >= 2 and path[0] == "events" and isinstance(path[1], int):
-        events = golden_section.get("events") if isinstance(golden_section, Mapping) else None
-        if isinstance(events, list) and path[1] < len(events) and isinstance(events[path[1]], Mapping):
-            phase = events[path[1]].get("phase")
-            return (str(phase) if phase is not None else None), json_pointer(path)
+        for side in (golden, actual):
+            if isinstance(side, Mapping) and side.get("phase") is not None:
+                return str(side["phase"]), json_pointer(path)
+        return None, json_pointer(path)
     return None, json_pointer(path)
 
 
-def _get(node: Any, path: tuple) -> Any:
-    for part in path:
-        if isinstance(node, Mapping) and part in node:  # noqa: SIM114 - one branch per container kind
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-        else:
-            return _MISSING
-    return node
-
-
-def _atomise(surface: str, section: Any) -> Any:
-    """Copy of a section where records of atomic lists become strings (compared whole)."""
-    if not isinstance(section, Mapping):
-        return section
-    phases = section.get("phases")
-    if not isinstance(phases, Mapping):
-        return section
-    out = dict(section)
-    new_phases = {}
-    for phase, body in phases.items():
-        if isinstance(body, Mapping):
-            body = dict(body)
-            for (surf, key) in _ATOMIC_LISTS:
-                if surf == surface and isinstance(body.get(key), list):
-                    body[key] = [json.dumps(r, sort_keys=True) if isinstance(r, (list, dict)) else r for r in body[key]]
-        new_phases[phase] = body
-    out["phases"] = new_phases
-    return out
-
-
-def _atomic_prefix(surface: str, path: tuple) -> tuple:
-    """Cut a path inside an atomic record back to the record itself."""
-    if len(path) > 4 and path[0] == "phases" and (surface, path[2]) in _ATOMIC_LISTS:
-        return path[:4]
-    return path
-
-
-def _deepdiff_paths(golden: Any, actual: Any) -> list[tuple[str, tuple]]:
-    """(report kind, path) for every difference DeepDiff sees; lists by index."""
-    from deepdiff import DeepDiff  # imported only when a section differs
-
-    diff = DeepDiff(golden, actual, view="tree", verbose_level=2, zip_ordered_iterables=True,
-                    threshold_to_diff_deeper=0)
-    out = []
-    for report, levels in diff.items():
-        for level in levels:
-            out.append((report, tuple(level.path(output_format="list"))))
-    return out
-
-
 def _canonical_residuals(golden: Any, actual: Any, path: tuple = ()) -> list[tuple]:
-    """Paths of leaves Python considers equal but whose canonical bytes differ (``-0.0``)."""
+    """Paths of leaves whose canonical bytes differ although the walk saw them equal (safety net)."""
     if isinstance(golden, Mapping) and isinstance(actual, Mapping):
         return [p for key in golden if key in actual
                 for p in _canonical_residuals(golden[key], actual[key], path + (key,))]
@@ -128,24 +84,12 @@ def _canonical_residuals(golden: Any, actual: Any, path: tuple = ()) -> list[tup
     return []
 
 
-_REPORT_KIND = {
-    "values_changed": "changed",
-    "type_changes": "type",
-    "dictionary_item_added": "added",
-    "iterable_item_added": "added",
-    "attribute_added": "added",
-    "dictionary_item_removed": "removed",
-    "iterable_item_removed": "removed",
-    "attribute_removed": "removed",
-}
-
-
 def _classify(*, surface: str, gated: bool, section: str, path: tuple, kind: str, golden: Any, actual: Any,
               coords: dict | None, phase: str | None, key: str, table: ToleranceTable,
-              deterministic: bool) -> Finding | None:
+              deterministic: bool, **extra: Any) -> Finding | None:
     """Lane and status of one leaf difference; None when a tolerance lane passes it."""
     base = dict(surface=surface, section=section, path=path, kind=kind, coords=coords, phase=phase, key=key,
-                golden=golden, actual=actual)
+                golden=golden, actual=actual, **extra)
     failed = "fail" if gated else "info"
     if kind in ("added", "removed") or not (_is_number(golden) and _is_number(actual)):
         return Finding(lane="exact", status=failed, **base)
@@ -171,26 +115,36 @@ def _classify(*, surface: str, gated: bool, section: str, path: tuple, kind: str
 
 def _diff_section(surface: str, gated: bool, section_id: str, golden: Any, actual: Any,
                   table: ToleranceTable, deterministic: bool) -> list[Finding]:
-    coords = _coords(golden, actual)
-    reported: dict[tuple, str] = {}
-    for report, path in _deepdiff_paths(_atomise(surface, golden), _atomise(surface, actual)):
-        kind = _REPORT_KIND.get(report)
-        if kind is None:
-            raise RuntimeError(f"unexpected DeepDiff report {report!r} at {path} in {surface}:{section_id}")
-        reported.setdefault(_atomic_prefix(surface, path), kind)
-    for path in _canonical_residuals(golden, actual):  # what DeepDiff calls equal (-0.0 vs 0.0)
-        path = _atomic_prefix(surface, path)
-        if path not in reported:
-            reported[path] = "type" if type(_get(golden, path)) is not type(_get(actual, path)) else "changed"
+    coords, golden_coords = _coords(golden, actual)
+    diffs = diff_section(surface, golden, actual)
+    if not diffs:   # the digests differ, so something does: say where (never a silent pass)
+        diffs = [RawDiff(path=p, kind="changed", golden=_get(golden, p), actual=_get(actual, p))
+                 for p in _canonical_residuals(golden, actual)] or [
+                 RawDiff(path=(), kind="changed", golden=golden, actual=actual)]
     findings = []
-    for path, kind in reported.items():
-        phase, key = _phase_and_key(surface, section_id, path, golden)
-        finding = _classify(surface=surface, gated=gated, section=section_id, path=path, kind=kind,
-                            golden=_get(golden, path), actual=_get(actual, path), coords=coords, phase=phase,
-                            key=key, table=table, deterministic=deterministic)
+    for d in diffs:
+        key_path = d.key_path if d.key_path is not None else d.path
+        element = d.golden if d.golden is not _MISSING else d.actual
+        phase, key = _phase_and_key(surface, section_id, key_path, element if d.position else None,
+                                    d.actual if d.position else None)
+        finding = _classify(surface=surface, gated=gated, section=section_id, path=d.path, kind=d.kind,
+                            golden=d.golden, actual=d.actual, coords=coords, phase=phase, key=key, table=table,
+                            deterministic=deterministic, golden_coords=golden_coords, position=d.position,
+                            fields=d.fields)
         if finding is not None:
             findings.append(finding)
     return findings
+
+
+def _get(node: Any, path: tuple) -> Any:
+    for part in path:
+        if isinstance(node, Mapping) and part in node:  # noqa: SIM114 - one branch per container kind
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            return _MISSING
+    return node
 
 
 def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping[str, Any] | None, *,
@@ -232,7 +186,7 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
             present = g_sections.get(section_id, a_sections.get(section_id))
             result.findings.append(Finding(
                 surface=name, section=section_id, kind="removed" if section_id not in a_digests else "added",
-                lane="exact", status=failed, coords=_coords(present),
+                lane="exact", status=failed, coords=_coords_of(present),
                 golden=section_id if section_id in g_digests else _MISSING,
                 actual=section_id if section_id in a_digests else _MISSING,
                 note=f"section {section_id} is missing from the "
@@ -255,4 +209,6 @@ def compare(golden_docs: Mapping[str, Mapping[str, Any]], actual_docs: Mapping[s
     for name in sorted(set(golden_docs) | set(actual_docs)):
         surfaces[name] = compare_surface(name, golden_docs.get(name), actual_docs.get(name),
                                          tolerances=table, deterministic=deterministic)
-    return Verdict(deterministic=deterministic, surfaces=surfaces)
+    verdict = Verdict(deterministic=deterministic, surfaces=surfaces)
+    verdict.divergences = divergences(verdict.findings)
+    return verdict

@@ -10,22 +10,27 @@ Statuses
   does not fail the gate.
 
 A verdict's status is ``fail`` if any finding fails, else ``stale`` if any is
-stale, else ``parity``. Findings are sorted (surface, section, key path) so
-verdicts are deterministic for equal inputs.
+stale, else ``parity``. Findings are sorted (surface, section, key path; numbers in
+a path compare as numbers, so ``/collectives/2`` comes before ``/collectives/10``),
+so verdicts are deterministic for equal inputs. ``Verdict.divergences`` orders the
+gated findings by where the runs first diverge and groups the ones that follow
+from an earlier one under it (``harness.parity.divergence``; docs/gate.md).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Finding", "SurfaceResult", "Verdict", "Kind", "Lane", "Status"]
+__all__ = ["Finding", "SurfaceResult", "Verdict", "Divergence", "Kind", "Lane", "Status", "natural_key", "path_key"]
 
 Kind = Literal["changed", "added", "removed", "type"]
 Lane = Literal["exact", "tolerance"]
 Status = Literal["fail", "stale", "info"]
 
 _MISSING = "<absent>"
+_DIGITS = re.compile(r"(\d+)")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,11 @@ class Finding:
     and ``rel_err`` (relative to golden) are set for numeric pairs; ``rel_err`` is
     None when golden is 0. ``lane`` is the lane whose result decided; ``tolerance``
     describes the band consulted (if any) and whether the pair was inside it.
+    ``coords`` are the run's coordinates of the section (the golden's when the run has
+    none) and ``golden_coords`` the golden's where they differ from the run's.
+    Findings of an ordered list (``harness.parity.walk.SEQUENCES``) carry ``position``:
+    ``golden`` / ``actual`` index of the element (None on the side without it) and its
+    ``before`` / ``after`` neighbours; a changed element names the ``fields`` that differ.
     """
 
     surface: str
@@ -56,14 +66,29 @@ class Finding:
     rel_err: float | None = None
     tolerance: dict | None = None
     note: str = ""
+    golden_coords: dict | None = None
+    position: dict | None = None
+    fields: tuple = ()
 
     def sort_key(self) -> tuple:
-        return (self.surface, self.section or "", tuple(str(p) for p in self.path), self.kind)
+        return (self.surface, natural_key(self.section or ""), path_key(self.path), self.kind)
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["path"] = list(self.path)
+        out["fields"] = list(self.fields)
         return out
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key of a string with its digit runs compared as numbers (``rank2`` < ``rank10``)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in _DIGITS.split(text) if part)
+
+
+def path_key(path: tuple) -> tuple:
+    """Sort key of a path: integers as numbers, strings naturally; mixed parts never compare raw."""
+    return tuple((0, (p,)) if isinstance(p, int) and not isinstance(p, bool) else (1, natural_key(str(p)))
+                 for p in path)
 
 
 @dataclass
@@ -97,6 +122,7 @@ class Verdict:
 
     deterministic: bool
     surfaces: dict[str, SurfaceResult]
+    divergences: list[Divergence] = field(default_factory=list)
 
     @property
     def findings(self) -> list[Finding]:
@@ -123,4 +149,37 @@ class Verdict:
 
     def to_dict(self) -> dict:
         return {"status": self.status, "deterministic": self.deterministic, "counts": self.counts(),
+                "first_divergence": [d.to_dict() for d in self.divergences],
                 "surfaces": {name: self.surfaces[name].to_dict() for name in sorted(self.surfaces)}}
+
+
+@dataclass
+class Divergence:
+    """One cause and the findings that follow from it, in execution order.
+
+    ``point`` is the cause's (step, stage, rank) in execution order; ``consequences``
+    are (rule, finding) pairs, the rule naming why the finding follows from the cause
+    (``same change``, ``same rank and phase``, ``follows the data``, ``after topology``)."""
+
+    cause: Finding
+    point: tuple
+    consequences: list[tuple[str, Finding]] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Consequences per surface (sorted by surface name)."""
+        out: dict[str, int] = {}
+        for _, f in self.consequences:
+            out[f.surface] = out.get(f.surface, 0) + 1
+        return dict(sorted(out.items()))
+
+    def rule_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for rule, _ in self.consequences:
+            out[rule] = out.get(rule, 0) + 1
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict:
+        return {"cause": self.cause.to_dict(), "point": list(self.point),
+                "consequence_counts": self.counts(), "rule_counts": self.rule_counts(),
+                "consequences": [{"rule": rule, "surface": f.surface, "section": f.section, "phase": f.phase,
+                                  "key": f.key, "kind": f.kind} for rule, f in self.consequences]}

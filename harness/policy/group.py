@@ -7,12 +7,15 @@
 - Outputs: metrics from the last pipeline stage's (tp=0, cp=0, dp=0) rank;
   logprobs from the last-stage (tp=0, cp=0) rank of each DP shard,
   concatenated in DP order (already in sequence order, CP-unchunked).
-- A dead or failing worker raises `RuntimeError` naming the worker and rank.
+- A dead or failing worker raises `RuntimeError` naming the rank that failed
+  first (`first_failure`) with its own error text (`own_error_text`: no Ray
+  wrapper, traceback or colour codes), and its peers' errors as consequences.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +29,56 @@ from harness.policy.local_world import shard_for_dp
 from harness.policy.worker import PolicyWorker
 
 DEATH_GRACE_S = 10.0
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# What a rank sees when a peer went away first: consequences, never the cause.
+PEER_SYMPTOMS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out",
+                 "Socket closed", "connection refused", "Connection refused")
+
+
+def own_error_text(exc: BaseException, limit: int = 600) -> str:
+    """A worker's own error without Ray's wrapper, traceback or colour codes: the exception it
+    raised (``type: message``), or for a dead worker Ray's exit detail and the last exception
+    line of its log when one can be found."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
+        text = f"{type(cause).__name__}: {cause}"
+    else:
+        raw = _ANSI.sub("", str(exc))
+        m = re.search(r"Worker exit type: (\S+) Worker exit detail: (.*?\.)(?: |$)", raw, re.DOTALL)
+        text = f"worker process exited ({m.group(1)}: {m.group(2)})" if m else raw.strip().splitlines()[0]
+        logged = _logged_exception(raw)
+        if logged:
+            text += f"; its log: {logged}"
+    text = " ".join(_ANSI.sub("", text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _logged_exception(message: str) -> str | None:
+    """The last ``SomethingError: ...`` line of the dead worker's stderr log (found by its pid)."""
+    m = re.search(r"\bpid: (\d+)", message)
+    if not m:
+        return None
+    try:
+        from pathlib import Path
+
+        logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+        files = sorted(logs.glob(f"worker-*-{m.group(1)}.err"))
+        lines = files[-1].read_text(errors="replace").splitlines() if files else []
+    except Exception:  # noqa: BLE001 - the log is a nicety; the exit detail stands without it
+        return None
+    found = [ln.strip() for ln in lines if re.match(r"^\s*[\w.]+(Error|Exception|Exit)\b.*", ln)]
+    return _ANSI.sub("", found[-1]) if found else None
+
+
+def first_failure(errors: Mapping[int, tuple[str, BaseException]], texts: Mapping[int, str]) -> int:
+    """The rank that failed first: the first dead worker the driver saw, else the first whose
+    error is not a peer's symptom (a closed connection, a timeout), else the first error seen."""
+    order = list(errors)
+    dead = [r for r in order if errors[r][0] == "died"]
+    if dead:
+        return dead[0]
+    own = [r for r in order if not any(s in texts[r] for s in PEER_SYMPTOMS)]
+    return own[0] if own else order[0]
 
 
 class PolicyGroup:
@@ -116,7 +169,7 @@ class PolicyGroup:
         """
         index = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, Any] = {}
-        errors: dict[int, tuple[str, BaseException]] = {}
+        errors: dict[int, tuple[str, BaseException]] = {}   # in the order the driver saw them
         pending, deadline = list(refs), None
         while pending:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -133,14 +186,14 @@ class PolicyGroup:
                 errors[rank] = ("failed", exc)
         if errors or pending:
             self._clean = False
-            dead = sorted(r for r, (kind, _) in errors.items() if kind == "died")
-            first = dead[0] if dead else min(errors)
+            texts = {r: own_error_text(exc) for r, (_, exc) in errors.items()}
+            first = first_failure(errors, texts)
             kind, exc = errors[first]
-            others = sorted(set(errors) - {first}) + sorted(index[p] for p in pending)
+            peers = [f"rank {r} {errors[r][0]}: {texts[r]}" for r in errors if r != first]
+            peers += [f"rank {index[p]} stalled" for p in pending]
             raise RuntimeError(
-                f"policy worker {first} (rank {first}, coords {self.coords[first]}) {kind} during {method}"
-                + (f"; ranks {others} failed or stalled after it" if others else "")
-                + f": {exc}"
+                f"policy worker {first} (rank {first}, coords {self.coords[first]}) {kind} during {method}: "
+                f"{texts[first]}" + (f"; consequences on its peers: {'; '.join(peers)}" if peers else "")
             ) from exc
         return [results[r] for r in range(len(refs))]
 

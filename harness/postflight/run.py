@@ -14,6 +14,7 @@ Pure: no torch, no ray.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,10 +68,27 @@ def lifecycle_problems(section: str, trace: TraceFile) -> list[str]:
     return problems
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+_ABS_PATH = re.compile(r"(?<![\w.~-])/(?:[\w.@+%=~-]+/)*[\w.@+%=~-]+")
+
+
+def clean_detail(text: str, run_dir: Path | None = None) -> str:
+    """A check's detail fit for the manifest: no ANSI colour codes or control characters, and
+    no machine paths (a path inside the run directory becomes relative to it, any other
+    absolute path keeps only its last component: ``…/worker-3.err``)."""
+    text = _ANSI.sub("", text)
+    text = "".join(ch if ch.isprintable() or ch in "\n\t" else " " for ch in text)
+    if run_dir is not None:
+        root = str(Path(run_dir).resolve())
+        for prefix in {root, str(run_dir)}:
+            text = text.replace(prefix + "/", "").replace(prefix, ".")
+    return _ABS_PATH.sub(lambda m: "…/" + m.group(0).rsplit("/", 1)[-1], text)
+
+
 def completeness_checks(art: RunArtifacts) -> list[dict]:
     run = art.run
     checks = [_check("run_completed", run["status"] == "completed",
-                     run.get("error") or f"run status {run['status']}")]
+                     clean_detail(run.get("error") or f"run status {run['status']}", art.run_dir))]
     missing = [p for p in run["expected_artifacts"] if not (art.run_dir / p).is_file()]
     checks.append(_check("artifacts_present", not missing,
                          "missing: " + ", ".join(missing) if missing else

@@ -6,6 +6,8 @@ and capture ledger (when capture is on), the policy worker group, the rollout
 workers (engine-init windows close inside them), and an initial refit so the
 engines hold exactly the policy's weights (weight version 1). ``__exit__``
 shuts everything down in reverse order whatever happened, then Ray itself.
+A reaper (``harness.runner.reaper``) started before Ray kills whatever a run
+leaves behind: after ``ray.shutdown``, and when this driver dies (SIGKILL included).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Session:
         self.warm = warm
         self._warm_rollout = False
         self._dataplane_check = None
+        self._reaper = None
+        self._token_before: str | None = None
 
     # -- start-up ------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -103,6 +107,7 @@ class Session:
                 runtime_env["worker_process_setup_hook"] = hook
             on_main_thread = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if on_main_thread else None
+            self._start_reaper()  # before ray.init: every Ray process of the run inherits the token
             phase(self.say, "starting Ray")
             if os.environ.get("RAY_ADDRESS"):
                 self.say(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is ignored: a golden run starts its own "
@@ -182,6 +187,28 @@ class Session:
             actual = ray.get(ref)
             if actual != path:
                 raise ValueError(f"data plane actor {name!r} already serves {actual}, not {path}")
+
+    def _start_reaper(self) -> None:
+        """A reaper that SIGKILLs the run's processes once this driver is gone (runner/reaper.py)."""
+        import uuid
+
+        from harness.runner.reaper import TOKEN_VAR, Reaper
+
+        self._reaper = Reaper(f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        self._token_before = os.environ.get(TOKEN_VAR)
+        os.environ[TOKEN_VAR] = self._reaper.token
+
+    def _stop_reaper(self) -> None:
+        from harness.runner.reaper import TOKEN_VAR
+
+        if self._reaper is None:
+            return
+        if self._token_before is None:
+            os.environ.pop(TOKEN_VAR, None)
+        else:
+            os.environ[TOKEN_VAR] = self._token_before
+        self._reaper.close()  # sweeps whatever ray.shutdown left behind
+        self._reaper = None
 
     def _start_capture(self):
         self._dataplane_check = None
@@ -277,6 +304,7 @@ class Session:
                 errors.append(f"data plane shutdown: {e!r}")
         if self._started_ray:
             ray.shutdown()
+        self._stop_reaper()
         if errors:
             self.say("teardown problems: " + "; ".join(errors))
 

@@ -29,8 +29,10 @@ warm runtime's Ray so the cold run starts its own instance with its own job
 ``runtime_env``; the runtime starts again on its next use.
 
 The runtime never outlives its owner's Ray: actors are ordinary (not
-detached) actors of the driver's job, so whatever tears down the driver's Ray
-(``close``, a SIGKILLed driver) takes the pool with it.
+detached) actors of the driver's job, and the runtime starts a reaper
+(``harness.runner.reaper``, as a cold ``Session`` does) before its ``ray.init``,
+so ``close`` or a driver that dies, even SIGKILLed, leaves no process of its
+Ray, pool included.
 
 Imports of ray happen inside the methods (the pytest plugin is gate half).
 """
@@ -104,6 +106,8 @@ class WarmRuntime:
     def __init__(self) -> None:
         self._idle: dict[str, list] = {k: [] for k in KINDS}
         self._owns_ray = False
+        self._reaper = None
+        self._token_before: str | None = None
         self.started = 0   # warm processes started
         self.reused = 0    # acquisitions answered by an idle process
         self.ray_starts = 0
@@ -126,11 +130,39 @@ class WarmRuntime:
             if ray.is_initialized():
                 raise RuntimeError("a warm golden runtime needs this process's Ray, but another Ray instance is up")
             self._idle = {k: [] for k in KINDS}
-            start_local_ray({"env_vars": dict(BASE_ENV)}, say)
+            self._start_reaper()  # before ray.init: every process of this Ray inherits the token
+            try:
+                start_local_ray({"env_vars": dict(BASE_ENV)}, say)
+            except BaseException:
+                self._stop_reaper()
+                raise
             self._owns_ray = True
             self.ray_starts += 1
             _current = self
             return True
+
+    def _start_reaper(self) -> None:
+        """The runtime's reaper (``harness.runner.reaper``, as a cold ``Session`` has one): a
+        driver that dies, even SIGKILLed, leaves no process of this Ray, pool included."""
+        import uuid
+
+        from harness.runner.reaper import TOKEN_VAR, Reaper
+
+        self._reaper = Reaper(f"{os.getpid()}-warm-{uuid.uuid4().hex[:12]}")
+        self._token_before = os.environ.get(TOKEN_VAR)
+        os.environ[TOKEN_VAR] = self._reaper.token
+
+    def _stop_reaper(self) -> None:
+        from harness.runner.reaper import TOKEN_VAR
+
+        if self._reaper is None:
+            return
+        if self._token_before is None:
+            os.environ.pop(TOKEN_VAR, None)
+        else:
+            os.environ[TOKEN_VAR] = self._token_before
+        self._reaper.close()  # sweeps whatever ray.shutdown left behind
+        self._reaper = None
 
     # -- the pool ----------------------------------------------------------------------------
     def _actor_class(self, kind: str):
@@ -195,5 +227,6 @@ class WarmRuntime:
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
             self._owns_ray = False
+            self._stop_reaper()
             if _current is self:
                 _current = None

@@ -218,6 +218,10 @@ RULES: tuple[Rule, ...] = (
          lambda s: _m(s)["vocab"] % _r(s)["tp"] == 0 and _m(s)["hidden"] % _r(s)["tp"] == 0,
          lambda s: (f"vocab={_m(s)['vocab']} and hidden={_m(s)['hidden']} must be divisible by "
                     f"rollout tp={_r(s)['tp']}")),
+    Rule("rollout.tp", "model.moe_intermediate % rollout.tp == 0",
+         lambda s: _m(s)["moe_intermediate"] % _r(s)["tp"] == 0,
+         lambda s: (f"moe_intermediate={_m(s)['moe_intermediate']} (one expert's width) cannot be split over "
+                    f"rollout tp={_r(s)['tp']}: each rollout TP rank holds a slice of every expert")),
     # --- placement ---------------------------------------------------------
     Rule("rollout.engines", "not rollout.colocated or rollout_world <= policy_world",
          lambda s: not _r(s)["colocated"] or rollout_world(s) <= policy_world(s),

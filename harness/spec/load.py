@@ -8,8 +8,11 @@ harness reads a spec. The returned ``dict`` has every schema field present
 
 Workload resolution: a value that names an existing file, or ends in
 ``.yaml``/``.yml``, or contains a path separator is a path; anything else is
-a workload name, read from ``<goldens_root>/<name>/workload.yaml``.
-``goldens_root`` defaults to ``default_goldens_root()``.
+a workload name, read from ``<goldens_root>/<name>/workload.yaml``, else
+(no such file) from the built-in spec of that name, package data under
+``harness/data/workloads/<name>/workload.yaml`` (so an installed wheel runs a
+built-in workload for a consumer whose goldens root has no spec for it).
+``goldens_root`` defaults to ``default_goldens_root()`` (``harness.spec.roots``).
 """
 
 from __future__ import annotations
@@ -24,33 +27,39 @@ from typing import Any
 from harness.spec import schema
 from harness.spec.errors import SpecError
 from harness.spec.overrides import apply_overrides
+from harness.spec.roots import goldens_config
 from harness.spec.yaml_io import load_yaml_file
 
 __all__ = [
     "SpecError",
+    "BUILTIN_WORKLOADS",
     "apply_overrides",
+    "builtin_workload_path",
     "default_goldens_root",
     "list_workloads",
     "load_spec",
     "resolve_workload_path",
     "spec_digest",
+    "check_runnable",
 ]
 
 WORKLOAD_FILE = "workload.yaml"
-GOLDEN_ROOT_ENV = "GOLDEN_ROOT"
+# Package data (pyproject [tool.setuptools.package-data]); in a checkout a link to goldens/.
+BUILTIN_WORKLOADS = Path(__file__).resolve().parents[1] / "data" / "workloads"
 
 
 def default_goldens_root() -> Path:
-    """Where goldens live: ``$GOLDEN_ROOT`` if set; else the ``goldens/``
-    folder next to the package (a source checkout or editable install);
-    else ``./goldens``."""
-    env = os.environ.get(GOLDEN_ROOT_ENV)
-    if env:
-        return Path(env)
-    beside_package = Path(__file__).resolve().parents[2] / "goldens"
-    if beside_package.is_dir():
-        return beside_package
-    return Path.cwd() / "goldens"
+    """Where goldens live when no folder is given: ``$GOLDEN_ROOT``, else the
+    nearest ``pyproject.toml`` ``[tool.golden] goldens-root`` above the cwd, else
+    the harness checkout's ``goldens/`` (a source checkout only), else ``./goldens``
+    (``harness.spec.roots.goldens_config``)."""
+    return goldens_config().root
+
+
+def builtin_workload_path(name: str) -> Path | None:
+    """The packaged spec of built-in workload ``name``; None when there is none."""
+    path = BUILTIN_WORKLOADS / name / WORKLOAD_FILE
+    return path if path.is_file() else None
 
 
 def golden_platform(spec: dict[str, Any]) -> str:
@@ -77,15 +86,20 @@ def _looks_like_path(value: str) -> bool:
 
 
 def resolve_workload_path(path_or_name: str | Path, goldens_root: str | Path | None = None) -> tuple[Path, str | None]:
-    """(file to read, workload name if it was given by name)."""
+    """(file to read, workload name if it was given by name): the root's spec, else the built-in one."""
     if isinstance(path_or_name, Path) or _looks_like_path(str(path_or_name)):
         return Path(path_or_name), None
     name = str(path_or_name)
     root = Path(goldens_root) if goldens_root is not None else default_goldens_root()
     path = root / name / WORKLOAD_FILE
     if not path.is_file():
+        builtin = builtin_workload_path(name)
+        if builtin is not None:
+            return builtin, name
         known = ", ".join(list_workloads(root)) or "none"
-        raise SpecError("name", f"no workload named {name!r} under {root} (known: {known})")
+        builtins = ", ".join(list_workloads(BUILTIN_WORKLOADS)) or "none"
+        raise SpecError("name", f"no workload named {name!r} under {root} (known: {known}) "
+                                f"nor a built-in one (built-in: {builtins})")
     return path, name
 
 
@@ -134,3 +148,48 @@ def spec_digest(spec: dict[str, Any]) -> str:
     normalises both before this is called.
     """
     return hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()
+
+
+def check_runnable(spec: dict[str, Any], *, check_trace_settings: bool = True) -> None:
+    """Refuse (``SpecError`` naming the field) what a worker or the run's driver would
+    refuse only after Ray started: an unknown ``env.task``, a plugin class path that
+    does not name a class with the contract's methods, and (``check_trace_settings``)
+    ``plugins.env`` values the built-in trace profilers cannot parse.
+
+    Plugin class paths are resolved as ``golden doctor`` does, per worker
+    environment (``harness.plugins.environments``): in this interpreter without
+    importing the plugin's module (``probe.static_probe``), in another worker
+    interpreter (``HARNESS_WORKER_PYTHON_<BACKEND>``) by running the probe there.
+    The trace settings are parsed by the profiler's own parser, which imports
+    torch: call this where the workload half runs (``flows.execute`` does, before
+    ``run_workload``), or pass ``check_trace_settings=False``.
+    """
+    import sys
+
+    from harness.envs.tasks import TASKS  # standard library only
+    from harness.plugins.environments import check_import, worker_environments
+    from harness.plugins.probe import static_probe
+
+    if spec["env"]["task"] not in TASKS:
+        raise SpecError("env.task", f"unknown task {spec['env']['task']!r}; known: {', '.join(sorted(TASKS))}")
+    plugins = spec["plugins"]
+    for env in worker_environments(spec):
+        class_path = plugins.get(env.plugin_key)
+        if not class_path:
+            continue
+        if env.python == sys.executable:
+            ok, error = (lambda r: (r["ok"], r["error"]))(static_probe(class_path, env.required_methods))
+        else:
+            check = check_import(env, class_path)
+            ok, error = check.ok, check.error
+        if not ok:
+            raise SpecError(f"plugins.{env.plugin_key}",
+                            f"{error} (checked for the {env.label}; the workers would refuse it at start-up)")
+    traced = [plugins.get(k) for k in ("policy_profiler", "rollout_profiler")
+              if str(plugins.get(k) or "").startswith("harness.profiler.trace.")]
+    if check_trace_settings and traced:
+        from harness.profiler.phase import settings_problems  # torch: the workload half
+
+        problems = settings_problems(dict(plugins.get("env") or {}))
+        if problems:
+            raise SpecError("plugins.env", "; ".join(problems) + " (the trace profilers would fail every worker)")

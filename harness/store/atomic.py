@@ -35,20 +35,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.docio import Limits, parse_json, read_bytes, short
 from harness.manifest.build import SCHEMA_VERSION
 from harness.manifest.validate import validate_manifest
 from harness.store import layout
 from harness.store.provenance import provenance_errors
-from harness.surfaces.canonical import loads_strict, surface_file_bytes
+from harness.surfaces.canonical import StrictJSONError, surface_file_bytes
 from harness.surfaces.digest import sha256_hex
 from harness.surfaces.portability import absolute_paths, describe
-from harness.surfaces.registry import validate_surface
+from harness.surfaces.registry import GATED_SURFACES, SURFACES, validate_surface
 
-__all__ = ["Golden", "GoldenStoreError", "write_golden", "read_golden", "read_golden_dir", "recover", "workload_lock"]
+__all__ = ["ANY", "Golden", "GoldenChanged", "GoldenStoreError", "write_golden", "read_golden", "read_golden_dir",
+           "recover", "workload_lock", "golden_digest", "golden_problems"]
 
 
 class GoldenStoreError(ValueError):
     """A golden cannot be written or read; the message names the file or field."""
+
+
+class GoldenChanged(GoldenStoreError):
+    """``write_golden(expect=...)``: the stored golden is not the one the writer compared against
+    (another capture/refresh wrote it meanwhile); nothing was written."""
+
+
+ANY = object()  # write_golden(expect=ANY): replace whatever is stored (no compare-and-swap)
 
 
 @dataclass
@@ -63,6 +73,13 @@ class Golden:
     provenance: dict
     tolerances_path: Path | None = None
     files: dict[str, bytes] = field(default_factory=dict, repr=False)
+    digest: str = ""  # files_digest(files): what write_golden(expect=...) compares
+
+
+def files_digest(files: Mapping[str, bytes]) -> str:
+    """sha256 over every (relative path, sha256 of bytes) of a golden, sorted by path."""
+    listing = "".join(f"{rel}\0{sha256_hex(data)}\n" for rel, data in sorted(files.items()))
+    return sha256_hex(listing.encode("utf-8", "surrogateescape"))
 
 
 # --- low-level file system helpers -------------------------------------------------
@@ -186,19 +203,34 @@ def _golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[
 
 def write_golden(root: str | Path, workload: str, platform: str, manifest: Mapping[str, Any],
                  surfaces: Mapping[str, Mapping[str, Any]], provenance: Mapping[str, Any], *,
-                 tolerances: str | None = None) -> Path:
+                 tolerances: str | None = None, expect: object = ANY) -> Path:
     """Atomically create or replace ``<root>/<workload>/<platform>/``; returns its path.
 
     The stored manifest's ``surfaces`` list is rewritten to describe the stored
     surface files (canonical bytes + newline, sha256 of the file). ``tolerances``
     is the text of a tolerances.yaml (kept verbatim). Inputs are validated before
     anything touches the disk; GoldenStoreError names the failing file/field.
+
+    ``expect`` is a compare-and-swap on the previous golden, checked under the
+    workload lock: ``None`` means "no golden may exist", a digest (``Golden.digest``
+    or ``golden_digest``) means "the stored golden is still that one". Otherwise
+    ``GoldenChanged`` is raised and nothing is written. ``ANY`` (default) replaces
+    whatever is stored.
     """
     target = layout.golden_dir(root, workload, platform)
     files = _golden_files(workload, manifest, surfaces, provenance, tolerances)
     workload_dir = target.parent
     with workload_lock(workload_dir):
         _recover_locked(workload_dir, platform)
+        if expect is not ANY:
+            current = _digest_locked(target)
+            if current != expect:
+                seen = "no golden" if expect is None else f"golden {str(expect)[:12]}"
+                now = "none" if current is None else f"golden {current[:12]}"
+                raise GoldenChanged(
+                    f"{target}: changed while this command ran (it compared against {seen}, the store now holds "
+                    f"{now}: another capture/refresh wrote it); nothing stored. Rerun to compare against the "
+                    "current golden")
         tmp = Path(tempfile.mkdtemp(prefix=layout.temp_prefix(platform), dir=workload_dir))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a golden is a normal checked-in folder
         (tmp / layout.SURFACES_DIR).mkdir()
@@ -224,35 +256,115 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
 
 # --- read ----------------------------------------------------------------------------
 
+def _read_tree(target: Path, limits: Limits) -> dict[str, bytes]:
+    """Relative path -> bytes of every file under ``target``. A golden holds regular
+    files and directories only: a symlink, a device or a file over the size limit
+    is refused (GoldenStoreError), and nothing outside ``target`` is opened."""
+    files: dict[str, bytes] = {}
+    for folder, dirs, names in os.walk(target, followlinks=False):
+        for name in sorted(dirs):
+            if os.path.islink(os.path.join(folder, name)):
+                raise GoldenStoreError(f"{os.path.join(folder, name)}: is a symlink (a golden stores regular "
+                                       "files only)")
+        for name in sorted(names):
+            path = Path(folder) / name
+            if path.is_symlink():
+                raise GoldenStoreError(f"{path}: is a symlink (a golden stores regular files only)")
+            try:
+                files[path.relative_to(target).as_posix()] = read_bytes(path, limits=limits, what="golden file")
+            except StrictJSONError as exc:
+                raise GoldenStoreError(str(exc)) from None
+    return files
+
+
+def _digest_locked(target: Path) -> str | None:
+    if not target.is_dir():
+        return None
+    try:
+        return files_digest(_read_tree(target, Limits.from_env()))
+    except GoldenStoreError as exc:  # a damaged golden still has an identity
+        return sha256_hex(str(exc).encode("utf-8", "surrogateescape"))
+
+
+def golden_digest(root: str | Path, workload: str, platform: str) -> str | None:
+    """The digest of the stored golden (``write_golden(expect=...)``), None when there is none."""
+    target = layout.golden_dir(root, workload, platform)
+    if not target.parent.is_dir():
+        return None
+    with workload_lock(target.parent):
+        _recover_locked(target.parent, platform)
+        return _digest_locked(target)
+
+
 def read_golden(root: str | Path, workload: str, platform: str) -> Golden:
     """Read a complete golden (after recovering from any interrupted write).
 
-    Raises FileNotFoundError if there is no golden, GoldenStoreError if a file is
-    unparsable, the manifest is not schema v2, or a surface file is missing,
-    unlisted or differs from the sha256 the manifest records. Full content
-    validation (schemas, provenance) is ``golden validate``'s job.
+    Raises FileNotFoundError if there is no golden, GoldenStoreError for anything
+    ``golden_problems`` finds (the first few, each naming its file and pointer): a
+    symlink or over-limit file, a document that is not strict JSON, a manifest that
+    is not schema v2, surface files missing, unlisted or differing from the sha256
+    the manifest records, a gated surface missing, a surface failing its schema.
+    Provenance and tolerances are ``golden validate``'s and lint's job.
     """
     target = layout.golden_dir(root, workload, platform)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"no golden for workload {workload!r}: {target.parent} does not exist")
+    limits = Limits.from_env()
     with workload_lock(target.parent):
         _recover_locked(target.parent, platform)
-        if not target.is_dir():
+        if not target.is_dir() or target.is_symlink():
+            if target.is_symlink():
+                raise GoldenStoreError(f"{target}: is a symlink (a golden is a directory of regular files)")
             raise FileNotFoundError(f"no golden for {workload} on platform {platform!r}: {target} does not exist")
-        files = {p.relative_to(target).as_posix(): p.read_bytes() for p in sorted(target.rglob("*")) if p.is_file()}
+        files = _read_tree(target, limits)
     try:
-        manifest = load_strict_bytes(files, layout.MANIFEST, target)
-        provenance = load_strict_bytes(files, layout.PROVENANCE, target)
+        manifest = load_strict_bytes(files, layout.MANIFEST, target, limits)
+        provenance = load_strict_bytes(files, layout.PROVENANCE, target, limits)
         surfaces = {}
         for rel in files:
             if rel.startswith(layout.SURFACES_DIR + "/") and rel.endswith(".json"):
-                surfaces[rel[len(layout.SURFACES_DIR) + 1: -5]] = load_strict_bytes(files, rel, target)
+                surfaces[rel[len(layout.SURFACES_DIR) + 1: -5]] = load_strict_bytes(files, rel, target, limits)
     except ValueError as exc:
         raise GoldenStoreError(str(exc)) from None
-    _check_integrity(target, manifest, files)
+    problems = golden_problems(target, manifest, files, surfaces)
+    if problems:
+        more = f" (and {len(problems) - 3} more problem(s): golden lint lists them)" if len(problems) > 3 else ""
+        raise GoldenStoreError("; ".join(problems[:3]) + more)
     tolerances = target / layout.TOLERANCES if layout.TOLERANCES in files else None
     return Golden(path=target, workload=workload, platform=platform, manifest=manifest, surfaces=surfaces,
-                  provenance=provenance, tolerances_path=tolerances, files=files)
+                  provenance=provenance, tolerances_path=tolerances, files=files, digest=files_digest(files))
+
+
+def golden_problems(target: Path, manifest: Any, files: Mapping[str, bytes],
+                    surfaces: Mapping[str, Any]) -> list[str]:
+    """Everything that makes a stored golden unusable for a verdict, in words naming the
+    file (and JSON pointer): the integrity of the manifest's ``surfaces`` list
+    (``_check_integrity``), every gated surface present, every surface document
+    valid against its schema and naming its workload. ``[]`` when usable."""
+    try:
+        _check_integrity(target, manifest, files)
+    except GoldenStoreError as exc:
+        return [str(exc)]
+    problems = []
+    where = target / layout.MANIFEST
+    listed = {e.get("name") for e in manifest["surfaces"] if isinstance(e, dict)}
+    for name in GATED_SURFACES:
+        if name not in listed or name not in surfaces:
+            problems.append(f"{where}#/surfaces: gated surface {name!r} is missing (every golden stores all of "
+                            f"{', '.join(GATED_SURFACES)})")
+    for name in sorted(surfaces):
+        path = target / layout.SURFACES_DIR / f"{name}.json"
+        if name not in SURFACES:
+            problems.append(f"{path}: unknown surface {short(name, 60)!r}")
+            continue
+        errors = validate_surface(surfaces[name], name=name)
+        if errors:
+            pointer, message = errors[0]
+            problems.append(f"{path}#{pointer}: {short(message, 300)} ({len(errors)} schema error(s))")
+        elif surfaces[name].get("workload") != target.parent.name:
+            problems.append(f"{path}#/workload: {short(repr(surfaces[name].get('workload')), 80)}, expected "
+                            f"{target.parent.name!r}")
+    return problems
 
 
 def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) -> None:
@@ -266,7 +378,7 @@ def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) ->
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION:
         raise GoldenStoreError(
-            f"{where}#/schema_version: golden has schema_version {version!r}, this harness reads "
+            f"{where}#/schema_version: golden has schema_version {short(repr(version), 40)}, this harness reads "
             f"{SCHEMA_VERSION}; recapture it with: golden refresh {target.parent.name} "
             f"--platform {target.name} --reason TEXT")
     entries = manifest.get("surfaces")
@@ -279,7 +391,7 @@ def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) ->
             raise GoldenStoreError(f"{where}#/surfaces/{i}/path: missing")
         listed.add(rel)
         if rel not in files:
-            raise GoldenStoreError(f"{target / rel}: missing (listed in {where}#/surfaces/{i})")
+            raise GoldenStoreError(f"{target / short(rel, 200)}: missing (listed in {where}#/surfaces/{i})")
         if sha256_hex(files[rel]) != entry.get("sha256"):
             raise GoldenStoreError(
                 f"{target / rel}: sha256 does not match {where}#/surfaces/{i}/sha256 "
@@ -289,10 +401,10 @@ def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) ->
             raise GoldenStoreError(f"{target / rel}: not listed in {where}#/surfaces")
 
 
-def load_strict_bytes(files: Mapping[str, bytes], rel: str, base: Path) -> Any:
+def load_strict_bytes(files: Mapping[str, bytes], rel: str, base: Path, limits: Limits | None = None) -> Any:
     if rel not in files:
         raise GoldenStoreError(f"{base / rel}: missing")
-    return loads_strict(files[rel], source=str(base / rel))
+    return parse_json(files[rel], source=str(base / rel), limits=limits)
 
 
 def read_golden_dir(path: str | Path) -> Golden:

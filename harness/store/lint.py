@@ -8,13 +8,17 @@ Findings (kind):
 * ``leftover_temp``: ``.<platform>.tmp-*`` / ``.old-*`` left by an interrupted write;
 * ``bad_provenance``: PROVENANCE.json missing, unparsable or invalid;
 * ``missing_manifest``: a golden dir without manifest.json;
-* ``damaged_golden``: the manifest is not schema v2, or a surface file is missing,
-  unlisted or differs from the sha256 the manifest records (edited by hand,
-  truncated): ``read_golden`` refuses such a golden, so every check of it would fail;
+* ``damaged_golden``: whatever ``read_golden`` refuses (``atomic.golden_problems``),
+  so every check of it would fail: a symlink or over-limit file, a document that
+  is not strict JSON (NaN, duplicate key, too deep: ``harness.docio``), a manifest
+  that is not schema v2, a surface file missing, unlisted or differing from the
+  sha256 the manifest records, a gated surface missing, a surface failing its
+  schema; one finding per problem;
 * ``machine_specific``: a stored surface holds an absolute path after normalisation
   (``harness.surfaces.portability``), so the golden passes only where it was captured
   (the store refuses to write such a surface; this catches goldens written before).
-Lint only reads; it never repairs.
+Lint only reads; it never repairs, and it never crashes on what it reads (any
+problem of a stored file is a finding).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.docio import read_json, short
 from harness.store import layout
 from harness.store.provenance import provenance_errors
-from harness.surfaces.canonical import StrictJSONError, load_strict
+from harness.surfaces.canonical import StrictJSONError
 
 __all__ = ["LintFinding", "lint", "scheduled_platforms"]
 
@@ -61,6 +66,8 @@ def _golden_dirs(workload_dir: Path) -> list[Path]:
 
 def _check_golden(golden: Path, root: Path) -> list[LintFinding]:
     rel = golden.relative_to(root).as_posix()
+    if golden.is_symlink():
+        return [LintFinding("damaged_golden", rel, "is a symlink (a golden is a directory of regular files)")]
     out = []
     if not (golden / layout.MANIFEST).is_file():
         out.append(LintFinding("missing_manifest", rel, f"no {layout.MANIFEST}"))
@@ -71,25 +78,34 @@ def _check_golden(golden: Path, root: Path) -> list[LintFinding]:
         out.append(LintFinding("bad_provenance", rel, f"no {layout.PROVENANCE}"))
     else:
         try:
-            problems = provenance_errors(load_strict(prov))
-        except (StrictJSONError, UnicodeDecodeError) as exc:
+            problems = provenance_errors(read_json(prov, what="provenance"))
+        except StrictJSONError as exc:
             problems = [f"unparsable: {exc}"]
         out.extend(LintFinding("bad_provenance", f"{rel}/{layout.PROVENANCE}", p) for p in problems)
     return out
 
 
 def _damage(golden: Path, rel: str) -> list[LintFinding]:
-    """What ``read_golden``'s integrity check would refuse (see atomic._check_integrity)."""
-    from harness.store.atomic import GoldenStoreError, _check_integrity
+    """What ``read_golden`` would refuse (``atomic.golden_problems``), one finding each."""
+    from harness.docio import Limits, parse_json
+    from harness.store.atomic import GoldenStoreError, _read_tree, golden_problems
 
+    limits = Limits.from_env()
     try:
-        manifest = load_strict(golden / layout.MANIFEST)
-        files = {p.relative_to(golden).as_posix(): p.read_bytes()
-                 for p in sorted((golden / layout.SURFACES_DIR).rglob("*")) if p.is_file()}
-        _check_integrity(golden, manifest, files)
-    except (StrictJSONError, UnicodeDecodeError, GoldenStoreError) as exc:
+        files = _read_tree(golden, limits)
+    except GoldenStoreError as exc:
         return [LintFinding("damaged_golden", rel, str(exc))]
-    return []
+    docs, problems = {}, []
+    for name in sorted(files):
+        if name == layout.MANIFEST or (name.startswith(layout.SURFACES_DIR + "/") and name.endswith(".json")):
+            try:
+                docs[name] = parse_json(files[name], source=str(golden / name), limits=limits)
+            except StrictJSONError as exc:
+                problems.append(str(exc))
+    if layout.MANIFEST in docs and not problems:
+        surfaces = {n[len(layout.SURFACES_DIR) + 1: -5]: d for n, d in docs.items() if n != layout.MANIFEST}
+        problems = golden_problems(golden, docs[layout.MANIFEST], files, surfaces)
+    return [LintFinding("damaged_golden", rel, short(p, 600)) for p in problems]
 
 
 def _machine_specific(golden: Path, rel: str) -> list[LintFinding]:
@@ -98,7 +114,11 @@ def _machine_specific(golden: Path, rel: str) -> list[LintFinding]:
 
     out = []
     for path in sorted((golden / layout.SURFACES_DIR).glob("*.json")):
-        doc = load_strict(path)
+        try:
+            doc = read_json(path, what="surface")
+        except StrictJSONError as exc:  # cannot happen after _damage passed, unless it changed since
+            out.append(LintFinding("damaged_golden", rel, str(exc)))
+            continue
         found = absolute_paths(doc) if isinstance(doc, dict) and "surface" in doc else []
         if found:
             out.append(LintFinding("machine_specific", f"{rel}/{layout.SURFACES_DIR}/{path.name}",

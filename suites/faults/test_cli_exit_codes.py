@@ -66,9 +66,13 @@ def test_interrupted_capture_exits_130_and_stores_nothing(root, tmp_path, sig):
 
 
 def test_a_run_that_crashes_exits_3_not_1(root, tmp_path):
-    """Exit 1 means "the surfaces differ"; a run that never finished has no verdict."""
-    cmd = [sys.executable, "-m", "harness.cli", "check", SMOKE, "plugins.policy_profiler=no.such.Profiler",
+    """Exit 1 means "the surfaces differ"; a run that never finished has no verdict.
+
+    The workers die at start-up: their setup hook does not import (a plugin class path
+    that does not import is now refused before Ray starts, exit 2)."""
+    cmd = [sys.executable, "-m", "harness.cli", "check", SMOKE,
            "--goldens-root", str(REPO / "goldens"), "--run-dir", str(tmp_path / "run"), "-q"]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    env = {**_env(), "GOLDEN_WORKER_SETUP_HOOK": "harness.mutations.no_such_hook"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 3, proc.stderr
     assert "FAIL run_completed" in proc.stderr and "no verdict" in proc.stderr

@@ -74,6 +74,13 @@ def test_dead_policy_worker_fails_the_run_with_its_rank(tmp_path):
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "failed"
     assert "policy worker 1 (rank 1, coords" in run["error"] and "died during train" in run["error"], run["error"]
+    # its own exit, not Ray's wrapper text; the peers come after it as consequences
+    assert "worker process exited (" in run["error"] and "There are some potential root causes" not in run["error"]
+    assert "\x1b[" not in run["error"], run["error"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (completed,) = [c for c in manifest["checks"] if c["name"] == "run_completed"]
+    assert completed["outcome"] == "fail" and "policy worker 1" in completed["detail"]
+    assert "\x1b[" not in completed["detail"] and str(tmp_path) not in completed["detail"], completed["detail"]
     print(f"death noticed and run ended {ended - float(stamp.read_text()):.1f} s after the worker died")
     deadline = time.monotonic() + 30
     while (left := _alive(_session_members(proc.pid))) and time.monotonic() < deadline:

@@ -12,7 +12,12 @@ short) is compared with runs that each carry one planted regression:
 * topology     a changed expert-parallel layout
 
 Each must produce findings on its surface, whose section and coordinates name
-the affected rank. Worker-side mutations go through the runner's
+the affected rank. Four of them (a debug barrier in the DP path, one extra
+all-gather on one TP rank, one changed sampled token in step 2, a changed EP
+layout) must also come out as exactly one cause on top of the first-divergence
+list (harness.parity.divergence), naming rank, step and position, with every
+other gated finding grouped under it; the barrier's HTML report shows it first in
+headless Chromium (a screenshot is taken; the DOM it rendered is checked). Worker-side mutations go through the runner's
 ``GOLDEN_WORKER_SETUP_HOOK`` (see ``harness.mutations``); driver-side ones are
 applied with monkeypatch in this process, where the trainer runs.
 """
@@ -42,6 +47,28 @@ def _run(tmp_path_factory, name: str, overrides=()):
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
     return _run(tmp_path_factory, "baseline")
+
+
+def _verdict(baseline, mutated):
+    return compare(flows.gated_only(baseline.postflight.surfaces), flows.gated_only(mutated.postflight.surfaces))
+
+
+def _one_cause(verdict):
+    """The single cause, after checking that every gated finding is it or grouped under it."""
+    assert not verdict.ok
+    gated = [f for f in verdict.findings if f.status in ("fail", "stale")]
+    assert len(verdict.divergences) == 1, [(d.cause.surface, d.cause.section, d.cause.phase, d.cause.key)
+                                           for d in verdict.divergences]
+    (cause,) = verdict.divergences
+    assert 1 + len(cause.consequences) == len(gated)
+    return cause
+
+
+@pytest.fixture(scope="module")
+def barrier_run(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.dp_debug_barrier")
+        return _run(tmp_path_factory, "barrier")
 
 
 def _findings(baseline, mutated, surface):
@@ -93,6 +120,70 @@ def test_changed_loss_coefficient(baseline, tmp_path_factory):
     assert any(f.section == "step0002" and f.key.endswith("loss") for f in found)
 
 
-def test_changed_group_layout(baseline, tmp_path_factory):
-    found = _findings(baseline, _run(tmp_path_factory, "topology", ["policy.ep=1"]), "topology")
-    assert any(f.section == "policy" for f in found)
+
+
+def test_debug_barrier_in_dp_path_is_one_inserted_collective(baseline, barrier_run):
+    cause = _one_cause(_verdict(baseline, barrier_run))
+    f = cause.cause
+    assert (f.surface, f.section, f.phase, f.kind) == ("collectives", "policy/rank00000", "train/step1", "added")
+    assert f.actual[0] == "barrier" and f.golden == "<absent>"
+    pos = f.position
+    assert isinstance(pos["actual"], int) and pos["golden_at"] == pos["actual"] and pos["before"] and pos["after"]
+    assert f.key == f"/collectives/{pos['actual']}"
+    # the same insertion on the other rank and in step 2, nothing reported as "changed"
+    repeats = [c for rule, c in cause.consequences if rule == "same change"]
+    assert {(c.section, c.phase) for c in repeats} == {
+        ("policy/rank00001", "train/step1"), ("policy/rank00000", "train/step2"), ("policy/rank00001", "train/step2")}
+    assert all(c.kind == "added" for _, c in cause.consequences if c.surface == "collectives")
+
+
+def test_extra_all_gather_on_one_tp_rank_is_one_cause(baseline, tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.extra_all_gather_on_tp_rank1")
+    cause = _one_cause(_verdict(baseline, _run(tmp_path_factory, "allgather")))
+    f = cause.cause
+    assert (f.surface, f.section, f.phase, f.kind) == ("collectives", "policy/rank00001", "train/step1", "added")
+    assert f.actual[:2] == ["all_gather_into_tensor", "debug"] and f.coords["tp"] == 1
+    assert isinstance(f.position["actual"], int)
+    assert not [c for _, c in cause.consequences if c.section == "policy/rank00000"]   # rank 0 is unchanged
+
+
+def test_changed_sampled_token_in_step2_is_one_cause(baseline, tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.rollout_token_changed_in_step2")
+    verdict = _verdict(baseline, _run(tmp_path_factory, "token"))
+    cause = _one_cause(verdict)
+    f = cause.cause
+    assert f.surface == "rollouts" and f.section.startswith("step0002-attempt1-row"), f
+    assert f.key.startswith("/calls/0") and f.position is not None and f.position["golden"] == 0
+    # the EP all-to-all split sizes and the step's metrics follow the data: grouped, not on top
+    follow = {c.surface for rule, c in cause.consequences if rule == "follows the data"}
+    assert "training" in follow
+    assert all(c.fields == ("numel",) for _, c in cause.consequences if c.surface == "collectives")
+
+
+def test_changed_ep_layout_is_one_topology_cause(baseline, tmp_path_factory):
+    verdict = _verdict(baseline, _run(tmp_path_factory, "topology", ["policy.ep=1"]))
+    assert any(f.section == "policy" for f in verdict.findings if f.surface == "topology")
+    cause = _one_cause(verdict)
+    f = cause.cause
+    assert (f.surface, f.section, f.key) == ("topology", "policy", "/layout/ep")
+    assert (f.golden, f.actual) == (2, 1)
+    assert {rule for rule, _ in cause.consequences} == {"after topology"}
+    # coordinates are the run's, with the golden's where they differ (rank 1: ep=0 in the run, ep=1 before)
+    rank1 = [c for _, c in cause.consequences if c.section == "policy/rank00001" and c.coords is not None]
+    assert rank1 and all(c.coords["ep"] == 0 and c.golden_coords["ep"] == 1 for c in rank1)
+
+
+def test_barrier_is_the_first_finding_in_the_html_report(baseline, barrier_run, tmp_path):
+    from harness.parity.render import render_html
+    from suites.browser import render_in_chromium
+
+    verdict = _verdict(baseline, barrier_run)
+    page = tmp_path / "report.html"
+    page.write_text(render_html(verdict, title="barrier", provenance={"commit": "abc", "reason": "t"},
+                                run={"run_id": "r1"}))
+    png, dom = render_in_chromium(page, tmp_path)
+    assert png.stat().st_size > 10_000
+    first = dom.split('<li class="cause', 1)[1].split("</li>", 1)[0]
+    assert 'data-surface="collectives"' in first and 'data-kind="added"' in first and "barrier" in first
+    assert 'data-section="policy/rank00000"' in first and 'data-phase="train/step1"' in first
+    assert dom.index('id="causes"') < dom.index('id="maps"') < dom.index('id="findings"')

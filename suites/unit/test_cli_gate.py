@@ -166,7 +166,8 @@ def test_diff_by_workload_name_takes_the_golden_platform_from_the_runs_spec(tmp_
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["environment"]["platform"] = "linux-x86_64"
     (run / "manifest.json").write_text(json.dumps(manifest))
-    (run / "run.json").write_text(json.dumps({"spec": {"platform": {"device": "cpu"}, "rollout": {"backend": "vllm"}}}))
+    (run / "run.json").write_text(json.dumps({"status": "completed",
+                                              "spec": {"platform": {"device": "cpu"}, "rollout": {"backend": "vllm"}}}))
     write_golden(tmp_path / "goldens", "w", "cpu-vllm", manifest, docs,
                  new_provenance(commit=None, reason="test", command="pytest", environment={}))
     assert main(["diff", str(run), "w", "--goldens-root", str(tmp_path / "goldens")]) == 0

@@ -118,7 +118,11 @@ def test_goldens_root_env_is_the_default_everywhere(tmp_path, monkeypatch, capsy
     assert main(["list"]) == 0
     assert f"0 workloads in {empty}" in capsys.readouterr().out
     assert main(["lint"]) == 0
-    assert main(["plan", SMOKE]) == EXIT_USAGE          # not in $GOLDEN_ROOT
+    assert main(["plan", "mine"]) == EXIT_USAGE          # not in $GOLDEN_ROOT (nor a built-in workload)
+    (empty / "mine").mkdir()
+    (empty / "mine" / "workload.yaml").write_text(
+        (REPO / "goldens" / SMOKE / "workload.yaml").read_text().replace(f"name: {SMOKE}", "name: mine"))
+    assert main(["plan", "mine"]) == 0                  # found in $GOLDEN_ROOT
 
 
 @pytest.mark.parametrize("fmt,output,expected", [

@@ -32,8 +32,8 @@ def test_identical_documents_are_parity(docs):
 
 def test_fast_path_diffs_only_sections_whose_digest_differs(docs, monkeypatch):
     seen = []
-    real = engine._deepdiff_paths
-    monkeypatch.setattr(engine, "_deepdiff_paths", lambda g, a: seen.append(1) or real(g, a))
+    real = engine.diff_section
+    monkeypatch.setattr(engine, "diff_section", lambda s, g, a: seen.append(1) or real(s, g, a))
     actual = copy.deepcopy(docs)
     actual["operators"]["sections"]["policy/rank00001"]["phases"]["train/step2"]["operators"]["aten::op_003"] += 7
     verdict = compare(docs, actual)

@@ -111,6 +111,23 @@ def test_failed_run_is_marked_failed(tmp_path):
     assert postflight(tmp_path).status == "failed"
 
 
+def test_failed_run_detail_in_the_manifest_has_no_colour_codes_or_machine_paths(tmp_path):
+    run = _write_run(tmp_path, status="failed")
+    run["error"] = ("RuntimeError: policy worker 1 (rank 1) died during train: "
+                    "\x1b[31mworker process exited\x1b[0m; "
+                    "its log: see /tmp/ray/session_2026/logs/worker-ab-01-4242.err; "
+                    f"trace {tmp_path}/artifacts/x.jsonl;"
+                    " gloo [../third_party/gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:5555")
+    (tmp_path / layout.RUN_JSON).write_text(json.dumps(run))
+    postflight(tmp_path)
+    manifest = json.loads((tmp_path / layout.MANIFEST).read_text())
+    (check,) = [c for c in manifest["checks"] if c["name"] == "run_completed"]
+    detail = check["detail"]
+    assert "\x1b" not in detail and "/tmp/" not in detail and str(tmp_path) not in detail, detail
+    assert "worker process exited; its log: see …/worker-ab-01-4242.err; trace artifacts/x.jsonl" in detail
+    assert "[../third_party/gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:5555" in detail
+
+
 @pytest.mark.parametrize(
     "events,problem",
     [

@@ -25,6 +25,7 @@ from harness.parity.synthetic import synthetic_manifest, synthetic_surfaces
 from harness.postflight.run import PostflightResult
 from harness.store import read_golden
 from harness.store.provenance import describe, package_versions, provenance_errors, repository_state
+from suites.run_dirs import make_run
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = "qwen3_moe_tiny_smoke"
@@ -214,9 +215,7 @@ def test_diff_reports_carry_the_goldens_provenance(tmp_path, capsys):
     root = tmp_path / "goldens"
     shutil.copytree(REPO / "goldens" / SMOKE / "cpu", root / SMOKE / "cpu")
     golden = read_golden(root, SMOKE, "cpu")
-    run = tmp_path / "run"
-    shutil.copytree(root / SMOKE / "cpu", run)
-    (run / "PROVENANCE.json").unlink()
+    run = make_run(tmp_path / "run", golden.surfaces)  # a complete run whose surfaces equal the golden's
     out = tmp_path / "r.json"
     assert main(["diff", str(run), str(root / SMOKE / "cpu"), "--output", str(out)]) == 0
     shown = json.loads(out.read_text())["golden_provenance"]

@@ -57,13 +57,15 @@ def test_xdist_keeps_a_workload_on_one_worker_and_the_controller_writes_the_summ
     _workload(root, "wl_b", golden=False)
     summary = pytester.path / "summary.md"
     result = pytester.runpytest_subprocess("-n", "2", "-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
-                                           "--golden-root", str(root), f"--golden-summary={summary}", "-rf")
+                                           "--goldens-root", str(root), f"--golden-summary={summary}", "-rf")
     result.assert_outcomes(failed=12)
     out = result.stdout.str()
     assert "test_golden_surface[wl_a-training]@wl_a" in out and "test_golden_surface[wl_b-topology]@wl_b" in out
     text = summary.read_text()
     assert "| wl_a | cpu | missing |" in text and "| wl_b | cpu | missing |" in text
     assert "golden capture wl_a --platform cpu" in out
+    # the pytest hint repeats the goldens root this session was given (a rerun must act on these goldens)
+    assert f"pytest -m golden -k wl_a --golden-capture-missing --golden-platform cpu --goldens-root {root})" in out
 
 
 def test_a_damaged_golden_fails_every_surface_without_running(inner):
@@ -71,7 +73,7 @@ def test_a_damaged_golden_fails_every_surface_without_running(inner):
     _workload(root, SMOKE, golden=True)
     (root / SMOKE / "cpu" / "surfaces" / "rollouts.json").write_text("{}\n")
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
-                                           "--golden-root", str(root))
+                                           "--goldens-root", str(root))
     result.assert_outcomes(failed=6)
     out = result.stdout.str()
     # One failure body per surface. Lines of pytest's short summary start with
@@ -89,11 +91,12 @@ def test_failure_says_how_to_refresh(inner):
     pytester, root = inner
     _workload(root, SMOKE, golden=True, seed=1235)
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
-                                           "--golden-root", str(root), "-k", "training or topology")
+                                           "--goldens-root", str(root), "-k", "training or topology")
     result.assert_outcomes(failed=1, passed=1)
     out = result.stdout.str()
     assert f"{SMOKE}/training: fail" in out and "/metrics/loss" in out
     assert f"golden refresh {SMOKE} --platform cpu --goldens-root {root} --reason TEXT" in out  # the root given
+    assert f"--golden-refresh --golden-platform cpu --goldens-root {root} --golden-reason TEXT" in out
     assert out.count(f"{SMOKE:<36} cpu      fail") == 1
 
 
@@ -108,8 +111,8 @@ def test_golden_surface(golden, workload, surface):
 """
 
 
-def test_golden_root_and_platform_options_select_the_parameters(pytester: pytest.Pytester, monkeypatch):
-    """golden_params() with no arguments follows --golden-root and --golden-platform
+def test_goldens_root_and_platform_options_select_the_parameters(pytester: pytest.Pytester, monkeypatch):
+    """golden_params() with no arguments follows --goldens-root and --golden-platform
     (it used to list the repository's goldens for the host's platform whatever was asked)."""
     monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
     monkeypatch.delenv("GOLDEN_ROOT", raising=False)
@@ -119,7 +122,7 @@ def test_golden_root_and_platform_options_select_the_parameters(pytester: pytest
         (root / "cpu_only" / "workload.yaml").read_text().replace("platforms: [cpu, cuda]", "platforms: [cpu]"))
     _workload(root, "both", golden=False)
     pytester.makepyfile(test_inner=PLAIN_TEST_FILE)
-    base = ["-m", "golden", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "--golden-root", str(root)]
+    base = ["-m", "golden", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "--goldens-root", str(root)]
     cpu = pytester.runpytest_subprocess(*base).stdout.str()
     assert "cpu_only-topology" in cpu and "both-topology" in cpu and "qwen3_moe" not in cpu
     cuda = pytester.runpytest_subprocess(*base, "--golden-platform", "cuda").stdout.str()
@@ -133,7 +136,7 @@ def test_a_broken_spec_fails_its_own_tests_not_the_collection(inner):
     spec.write_text(spec.read_text().replace("policy: {tp: 1", "policy: {tpp: 1"))
     _workload(root, "fine", golden=False)
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
-                                           "--golden-root", str(root))
+                                           "--goldens-root", str(root))
     result.assert_outcomes(failed=12)
     out = result.stdout.str()
     # Failure bodies only (anchored): with CI=1 pytest's short summary repeats each message, so a
@@ -153,3 +156,100 @@ def test_loadgroup_breakage_is_recognised(monkeypatch, pytest_version, xdist_ver
     monkeypatch.setattr(plugin.pytest, "__version__", pytest_version)
     monkeypatch.setattr(plugin, "_xdist_version", lambda: xdist_version)
     assert plugin._loadgroup_broken() is broken
+
+
+# -- fail closed (issue 17): every case below used to be an empty parameter set, a skip, or a
+# collection error under --strict-markers, and is now a failing test (or a usage error) that names
+# what is missing. Inner runs use --strict-markers and no ini file of this repository, so every
+# marker they meet must be registered by the plugin itself.
+
+STRICT = ["-m", "golden", "--strict-markers", "-p", "no:cacheprovider", "-p", "no:benchmark"]
+
+
+def _plain(pytester: pytest.Pytester, monkeypatch) -> pytest.Pytester:
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    monkeypatch.delenv("GOLDEN_ROOT", raising=False)
+    pytester.makepyfile(test_inner=PLAIN_TEST_FILE)
+    return pytester
+
+
+def test_no_goldens_root_is_one_failure_naming_it(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    pytester.makefile(".toml", pyproject='[tool.golden]\ngoldens-root = "gate/goldens"\n')
+    result = pytester.runpytest_subprocess(*STRICT, "-rf")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    missing = pytester.path / "gate" / "goldens"
+    assert f"goldens root {missing} does not exist (from {pytester.path / 'pyproject.toml'} [tool.golden]" in out
+    assert "--golden-capture-missing" in out and "skipped" not in out
+
+
+def test_a_root_given_by_option_that_does_not_exist_fails(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    result = pytester.runpytest_subprocess(*STRICT, "--goldens-root", "nowhere")
+    result.assert_outcomes(failed=1)
+    assert f"goldens root {pytester.path / 'nowhere'} does not exist (from --goldens-root)" in result.stdout.str()
+
+
+def test_an_empty_root_is_no_workload_selected(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    (pytester.path / "goldens").mkdir()
+    result = pytester.runpytest_subprocess(*STRICT, "--goldens-root", "goldens")
+    result.assert_outcomes(failed=1)
+    assert "no workload selected: no " in result.stdout.str()
+
+
+def test_the_old_option_spelling_is_refused_naming_the_new_one(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    result = pytester.runpytest_subprocess(*STRICT, "--golden-root", "goldens")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--golden-root was renamed --goldens-root" in result.stderr.str()
+    both = pytester.runpytest_subprocess(*STRICT, "--golden-capture-missing", "--golden-refresh",
+                                         "--golden-reason", "x")
+    assert both.ret == pytest.ExitCode.USAGE_ERROR and "give one of them" in both.stderr.str()
+
+
+def test_backend_workloads_collect_under_strict_markers_and_a_missing_backend_fails(pytester, monkeypatch):
+    """A megatron and a vllm workload: collected with --strict-markers (and without xdist, whose
+    xdist_group mark the plugin registers too); megatron-core made unimportable (sys.modules entry
+    None, Python's own "not importable" mark, as a stand-in for an install without it) fails its
+    tests naming the package and the install command, before any worker starts; -m deselects."""
+    pytester = _plain(pytester, monkeypatch)
+    root = pytester.path / "goldens"
+    name = "qwen3_moe_tiny_megatron_tp2pp2ep2"
+    (root / name).mkdir(parents=True)
+    (root / name / "workload.yaml").write_text((REPO / "goldens" / name / "workload.yaml").read_text())
+    pytester.makeconftest("import sys\nsys.modules['megatron'] = None\n")
+    collected = pytester.runpytest_subprocess(*STRICT, "-p", "no:xdist", "--co", "-q", "--goldens-root", str(root))
+    assert collected.ret == 0, collected.stdout.str()
+    result = pytester.runpytest_subprocess(*STRICT, "-p", "no:xdist", "--goldens-root", str(root))
+    result.assert_outcomes(failed=6)
+    out = result.stdout.str()
+    assert len(re.findall(r"^workload .*: BackendMissing: .*policy\.backend: megatron needs the package "
+                          r"megatron-core .*pip install 'grpo-golden-harness\[megatron\]'", out, re.MULTILINE)) == 6
+    assert "golden-runs" not in out and "skipped" not in out
+    deselected = pytester.runpytest_subprocess("-m", "golden and not megatron", "--strict-markers", "-p",
+                                               "no:cacheprovider", "--goldens-root", str(root))
+    assert deselected.ret == pytest.ExitCode.NO_TESTS_COLLECTED and "6 deselected" in deselected.stdout.str()
+
+
+def test_unused_goldens_are_reported_and_fail_under_the_strict_flag(pytester: pytest.Pytester, monkeypatch):
+    pytester = _plain(pytester, monkeypatch)
+    pytester.makepyfile(test_other="def test_other():\n    pass\n")
+    root = pytester.path / "goldens"
+    _workload(root, "kept", golden=True)
+    shutil.copytree(REPO / "goldens" / SMOKE / "cpu", root / "removed_workload" / "cpu")  # its spec is gone
+    shutil.copytree(REPO / "goldens" / SMOKE / "cuda", root / "kept" / "cuda")  # another platform: not this session's
+    base = ["-m", "not golden", "--strict-markers", "-p", "no:cacheprovider", "--goldens-root", str(root)]
+    lenient = pytester.runpytest_subprocess(*base)
+    assert lenient.ret == 0
+    out = lenient.stdout.str()
+    assert f"{root}/removed_workload/cpu: no test targets this golden" in out and "1 unused golden(s)" in out
+    assert "kept/cpu: no test" not in out and "kept/cuda" not in out
+    strict = pytester.runpytest_subprocess(*base, "--golden-strict-unused")
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    assert "they fail the session (--golden-strict-unused)" in strict.stdout.str()
+    # under xdist the workers collect, and the controller reports and decides
+    spread = pytester.runpytest_subprocess(*base, "--golden-strict-unused", "-n", "2", "-p", "no:benchmark")
+    assert spread.ret == pytest.ExitCode.TESTS_FAILED
+    assert f"{root}/removed_workload/cpu: no test targets this golden" in spread.stdout.str()

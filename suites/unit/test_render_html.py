@@ -273,3 +273,44 @@ def test_golden_diff_format_html_plots_both_sides(tmp_path, golden):
     tree = parse(out.read_text())
     assert [a["class"] for t, a in tree.tags if t == "polyline"] == ["actual", "golden"] * 3
     assert "/metrics/grad_norm" in "".join(tree.text)
+
+
+def test_gated_findings_first_informational_collapsed_causes_and_maps(failing):
+    _, _, verdict = failing
+    text = render_html(verdict, title="t")
+    tree = parse(text)
+    # causes before maps before findings; the informational memory table sits in a closed <details> after them
+    assert text.index('id="causes"') < text.index('id="maps"') < text.index('id="findings"')
+    (info,) = [a for t, a in tree.tags if t == "details" and a.get("id") == "informational"]
+    assert "open" not in info and text.index('id="informational"') < text.index('id="surface-memory"')
+    assert all(text.index('id="surface-memory"') > text.index(f'id="surface-{n}"')
+               for n in ("lifecycle", "operators", "training"))
+    causes = [a for t, a in tree.tags if t == "li" and "cause" in a.get("class", "").split()]
+    assert [c["data-surface"] for c in causes] == [d.cause.surface for d in verdict.divergences]
+    # one map per surface with findings; each coloured cell links to an existing finding row
+    maps = [a["data-surface"] for t, a in tree.tags if t == "table" and a.get("class") == "rankmap"]
+    assert maps == ["lifecycle", "operators", "training", "memory"]
+    cells = [a for t, a in tree.tags if t == "td" and "data-step" in a]
+    assert {c["class"].split()[0] for c in cells} == {"fail", "stale", "info"}
+    ops = [c for c in cells if c["data-row"] == "policy/rank00001"]
+    assert [c["data-step"] for c in ops] == ["2"]
+    ids = {a["id"] for t, a in tree.tags if "id" in a}
+    assert {a["href"][1:] for t, a in tree.tags if t == "a"} <= ids
+
+
+def test_provenance_block_shows_every_field_it_is_given(failing):
+    _, _, verdict = failing
+    prov = {"commit": "bf8f1ca", "date": "2026-11-29T10:44:46+00:00", "reason": "1F1B " + HOSTILE,
+            "command": "golden refresh w", "consumer_repo_commit": "c0ffee", "versions": {"torch": "2.13.0"}}
+    text = render_html(verdict, title="t", provenance=prov, run={"run_id": "w-1234abcd"})
+    tree = parse(text)
+    # the golden's described provenance (repository, date, reason, versions), then every other
+    # recorded field and the run's id, near the top of the page
+    assert text.index('<section id="provenance">') < text.index('id="run-provenance"') < text.index('id="summary"')
+    fields = [a["data-field"] for t, a in tree.tags if t == "dd"]
+    assert fields == ["commit", "command", "consumer_repo_commit", "run_id"]
+    body = "".join(tree.text)
+    assert "w-1234abcd" in body and "c0ffee" in body and "2.13.0" in body and "2026-11-29T10:44:46" in body
+    assert HOSTILE not in text and "&lt;script&gt;" in text
+    plain = render_html(verdict, title="t")
+    assert 'id="provenance"' not in plain and 'id="run-provenance"' not in plain

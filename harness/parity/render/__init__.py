@@ -5,7 +5,9 @@ Every renderer is a pure function ``render_<format>(verdict, *, title=...) -> st
 per surface (``limit``) and say how many were left out; JSON is always complete.
 HTML also plots the training curves when given the surface documents
 (``surfaces_actual`` / ``surfaces_golden``, {name: document}); the other formats ignore them.
-Given the golden's provenance, every format adds a provenance block (``render.provenance``).
+Given the golden's provenance, every format adds a provenance block (``render.provenance``);
+HTML also shows the ``run``'s fields (``run_id``). Every format lists the causes first, in
+execution order (``harness.parity.divergence``), with full values.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ __all__ = ["FORMATS", "render", "render_html", "render_json", "render_junit", "r
 
 def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: bool | None = None,
            surfaces_actual: dict | None = None, surfaces_golden: dict | None = None, show_info: bool = False,
-           provenance: dict | None = None) -> str:
-    """``provenance``: the golden's PROVENANCE.json; every format then shows what produced it."""
+           provenance: dict | None = None, run: dict | None = None) -> str:
+    """``provenance``: the golden's PROVENANCE.json; every format then shows what produced it.
+    ``run``: the run's fields for the HTML provenance block (``run_id``)."""
     if fmt == "terminal":
         return render_terminal(verdict, title=title, color=color, show_info=show_info, provenance=provenance)
     if fmt == "markdown":
@@ -36,5 +39,5 @@ def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: b
         return render_junit(verdict, title=title, provenance=provenance)
     if fmt == "html":
         return render_html(verdict, title=title, surfaces_actual=surfaces_actual, surfaces_golden=surfaces_golden,
-                           provenance=provenance)
+                           provenance=provenance, run=run)
     raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")

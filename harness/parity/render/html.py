@@ -4,11 +4,16 @@ Inline CSS and inline SVG only: no external URL, no script (a Content-Security-P
 meta tag forbids both, so a value that slipped through escaping still could not run
 or fetch anything). Every value taken from the verdict or the surfaces is escaped.
 
-Layout: a header (verdict status, counts, lane mode), a per-surface summary table,
-training curves (``loss``, ``reward``, ``grad_norm`` per step from the ``training``
-surface's ``stepNNNN`` -> ``metrics``; golden dashed, actual solid, points with a
-training finding ringed red) when surface documents are given, then one findings
-table per surface (capped at ``limit`` rows; the JSON verdict is complete).
+Layout: a header (verdict status, counts, lane mode), the provenance block (the
+golden's provenance and the run's id, when given; ``html_provenance``), a per-surface
+summary table, the causes in execution order (first divergence first, each with its
+consequences counted and listed collapsed), a section x step map per surface with
+findings (``html_map``), training curves (``loss``, ``reward``, ``grad_norm`` per step
+from the ``training`` surface's ``stepNNNN`` -> ``metrics``; golden dashed, actual solid,
+points with a training finding ringed red) when surface documents are given, then one
+findings table per surface: gated surfaces first and open, informational ones after
+them and collapsed (capped at ``limit`` rows; the JSON verdict is complete). Values are
+full and wrapped; a long list shows a window around the differing element, marked.
 A parity verdict has no findings tables.
 
 The output is a pure function of the arguments (no timestamps), like the other renderers.
@@ -24,15 +29,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.parity.findings import Finding, Verdict
-from harness.parity.render.common import STATUS_WORD, VERDICT_WORD, coords_cell, number_cell, summary_line
-from harness.parity.render.provenance import provenance_html
+from harness.parity.render.common import (
+    STATUS_WORD,
+    VERDICT_WORD,
+    consequences_text,
+    coords_cell,
+    location,
+    number_cell,
+    position_text,
+    segments,
+    summary_line,
+)
+from harness.parity.render.html_map import MAP_CSS, rank_step_maps
+from harness.parity.render.html_provenance import provenance_block
 
 __all__ = ["render_html", "CURVE_METRICS"]
 
 CURVE_METRICS = ("loss", "reward", "grad_norm")
 
-_SHORT = 80          # values longer than this fold into a <details>
-_LONG = 20_000       # ... and are cut at this length inside it
 _MARKERS = 120       # point markers on a curve up to this many steps
 
 _CSS = """
@@ -61,7 +75,7 @@ th,td{border:1px solid var(--line);padding:4px 8px;text-align:left;vertical-alig
 th{background:var(--bg-alt);position:sticky;top:0}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.val,td.key,td.sec{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-td.val{max-width:360px;word-break:break-all}
+td.val{min-width:9em;max-width:420px}
 td.key{overflow-wrap:anywhere;min-width:12em}
 td.sec{white-space:nowrap}
 tr.fail td:first-child{border-left:4px solid var(--fail)}
@@ -72,8 +86,22 @@ td.st{font-weight:700;white-space:nowrap}
 tr.fail td.st{color:var(--fail)}tr.stale td.st{color:var(--stale)}tr.info td.st{color:var(--info)}
 tr.parity td.st{color:var(--parity)}
 table.summary-table{width:auto;min-width:640px}
-details.values summary{cursor:pointer}
-details.values pre{white-space:pre-wrap;word-break:break-all;margin:4px 0 0;max-height:320px;overflow:auto}
+div.v{white-space:pre-wrap;overflow-wrap:anywhere;max-height:320px;overflow:auto}
+mark{background:#ffe08a;color:inherit;font-weight:700;padding:0 1px}
+.coords-golden{color:var(--muted)}
+section.causes ol{padding-left:24px}
+li.cause{margin:0 0 14px;padding:8px 10px;border:1px solid var(--line);border-left:5px solid var(--fail);
+border-radius:4px;background:#fff}
+li.cause.stale{border-left-color:var(--stale)}
+li.cause .loc{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-weight:600;overflow-wrap:anywhere}
+li.cause .pos{margin:4px 0}
+li.cause table{width:auto;margin:4px 0}
+li.cause details summary{cursor:pointer;color:var(--muted)}
+li.cause details ul{margin:4px 0;font-family:ui-monospace,monospace;font-size:12px}
+.prov-cols{display:flex;flex-wrap:wrap;gap:24px}
+dl.prov{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:4px 0;font-size:13px}
+dl.prov dt{font-weight:600}dl.prov dd{margin:0;font-family:ui-monospace,monospace;overflow-wrap:anywhere}
+details.info-surfaces>summary{cursor:pointer;font-size:16px;font-weight:600;padding:6px 0;color:var(--info)}
 details.surface{margin:0 0 16px}
 details.surface>summary{cursor:pointer;font-size:16px;font-weight:600;padding:6px 0}
 .note{color:var(--muted);font-size:13px;margin:6px 0}
@@ -92,7 +120,7 @@ svg circle.actual{fill:var(--actual);stroke:none}
 svg circle.differs{fill:none;stroke:var(--fail);stroke-width:2}
 svg circle.differs.stale{stroke:var(--stale)}svg circle.differs.info{stroke:var(--info)}
 footer{color:var(--muted);font-size:12px;margin-top:32px}
-"""
+""" + MAP_CSS
 
 
 def _e(value: Any) -> str:
@@ -104,13 +132,10 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
 
-def _value_html(value: Any) -> str:
-    text = _text(value)
-    if len(text) <= _SHORT:
-        return _e(text)
-    cut = text if len(text) <= _LONG else text[:_LONG] + f"… ({len(text) - _LONG} more characters)"
-    return (f'<details class="values"><summary>{_e(text[:_SHORT - 1])}…</summary>'
-            f"<pre>{_e(cut)}</pre></details>")
+def _value_html(value: Any, other: Any = None) -> str:
+    """The full value, wrapped; a long list as a window around its differing element (marked)."""
+    parts = "".join(f"<mark>{_e(t)}</mark>" if marked else _e(t) for t, marked in segments(value, other))
+    return f'<div class="v">{parts}</div>'
 
 
 def _tolerance_text(f: Finding) -> str:
@@ -129,19 +154,28 @@ _FINDING_HEADER = ["status", "section", "coords", "phase/step", "key", "kind", "
                    "abs err", "rel err", "lane"]
 
 
-def _finding_row(f: Finding) -> str:
+def _coords_html(f: Finding) -> str:
+    text = _e(coords_cell(f.coords))
+    if f.golden_coords:
+        text += f'<div class="coords-golden">golden: {_e(coords_cell(f.golden_coords))}</div>'
+    return text
+
+
+def _finding_row(f: Finding, anchor: str) -> str:
     tol = _tolerance_text(f)
     lane_title = f' title="{_e(tol)}"' if tol else ""
     note = f'<div class="note">{_e(f.note)}</div>' if f.note else ""
+    pos = position_text(f)
+    pos_html = f'<div class="note">{_e(pos)}</div>' if pos else ""
     cells = [
-        f'<td class="st">{_e(STATUS_WORD.get(f.status, f.status))}</td>',
+        f'<td class="st" id="{_e(anchor)}">{_e(STATUS_WORD.get(f.status, f.status))}</td>',
         f'<td class="sec">{_e(f.section or "(surface)")}</td>',
-        f"<td>{_e(coords_cell(f.coords))}</td>",
+        f"<td>{_coords_html(f)}</td>",
         f"<td>{_e(f.phase or '')}</td>",
-        f'<td class="key">{_e(f.key or "/")}{note}</td>',
+        f'<td class="key">{_e(f.key or "/")}{pos_html}{note}</td>',
         f"<td>{_e(f.kind)}</td>",
-        f'<td class="val">{_value_html(f.golden)}</td>',
-        f'<td class="val">{_value_html(f.actual)}</td>',
+        f'<td class="val">{_value_html(f.golden, f.actual)}</td>',
+        f'<td class="val">{_value_html(f.actual, f.golden)}</td>',
         f'<td class="num">{_e(number_cell(f.abs_err))}</td>',
         f'<td class="num">{_e(number_cell(f.rel_err))}</td>',
         f"<td{lane_title}>{_e(f.lane)}</td>",
@@ -149,11 +183,72 @@ def _finding_row(f: Finding) -> str:
     return f'<tr class="finding {_e(f.status)}">' + "".join(cells) + "</tr>"
 
 
+def _link(anchors: Mapping[int, str], f: Finding, text: str) -> str:
+    """``text`` linked to the finding's row, or plain when the row is beyond the limit."""
+    target = anchors.get(id(f))
+    return f'<a href="#{_e(target)}">{_e(text)}</a>' if target else _e(text)
+
+
+def _causes(verdict: Verdict, anchors: Mapping[int, str], limit: int) -> list[str]:
+    """The causes in execution order, each with both values and its consequences (collapsed)."""
+    if not verdict.divergences:
+        return []
+    out = ['<section id="causes" class="causes"><h2>First divergence</h2>',
+           ('<p class="note">Gated findings in execution order (step, phase, rank); findings that follow from '
+            "an earlier one are listed under it as consequences (docs/gate.md, First divergence first).</p><ol>")]
+    for n, d in enumerate(verdict.divergences[:limit], 1):
+        f = d.cause
+        pos = position_text(f)
+        out.append(f'<li class="cause {_e(f.status)}" id="cause-{n}" data-surface="{_e(f.surface)}" '
+                   f'data-section="{_e(f.section or "")}" data-phase="{_e(f.phase or "")}" data-key="{_e(f.key)}" '
+                   f'data-kind="{_e(f.kind)}">')
+        out.append(f'<div class="loc">{_link(anchors, f, STATUS_WORD.get(f.status, f.status))} '
+                   f"{_e(location(f))}</div>")
+        if pos:
+            out.append(f'<div class="pos">{_e(pos)}</div>')
+        out.append(f"<table><tbody><tr><th>golden</th><td class=\"val\">{_value_html(f.golden, f.actual)}</td></tr>"
+                   f"<tr><th>actual</th><td class=\"val\">{_value_html(f.actual, f.golden)}</td></tr></tbody></table>")
+        if d.consequences:
+            out.append(f"<details><summary>{_e(consequences_text(d))}</summary><ul>")
+            for rule, c in d.consequences[:limit]:
+                out.append(f"<li>{_link(anchors, c, rule)}: {_e(location(c))}</li>")
+            if len(d.consequences) > limit:
+                out.append(f"<li>… and {len(d.consequences) - limit} more</li>")
+            out.append("</ul></details>")
+        else:
+            out.append('<div class="note">no consequences</div>')
+        out.append("</li>")
+    out.append("</ol>")
+    if len(verdict.divergences) > limit:
+        out.append(f'<p class="note">… and {len(verdict.divergences) - limit} more cause(s).</p>')
+    out.append("</section>")
+    return out
+
+
 def _surface_status(s) -> tuple[str, str]:
     """(text, css class) of a surface's status; a parity surface with informational findings says so."""
     if s.status == "parity" and s.findings:
         return "parity (info)", "info"
     return s.status, s.status
+
+
+def _surface_table(s, name: str, anchors: Mapping[int, str], limit: int, is_open: bool) -> list[str]:
+    findings = s.findings
+    out = [(f'<details class="surface" id="{_anchor(name)}"{" open" if is_open else ""}><summary>{_e(name)}: '
+            f"{len(findings)} finding(s) in {s.sections_differing} section(s) "
+            f'<span class="badge {_e(_surface_status(s)[1])}">{_e(_surface_status(s)[0])}</span></summary>')]
+    stale = next((f for f in findings if f.status == "stale"), None)
+    if stale is not None:
+        out.append(f'<p class="note">Stale-golden findings fail the exact lane but are inside their '
+                   f"tolerance band ({_e(_tolerance_text(stale))}): probable stale golden.</p>")
+    out.append('<table class="findings"><thead><tr>' + "".join(f"<th>{h}</th>" for h in _FINDING_HEADER)
+               + "</tr></thead><tbody>")
+    out.extend(_finding_row(f, anchors[id(f)]) for f in findings[:limit])
+    out.append("</tbody></table>")
+    if len(findings) > limit:
+        out.append(f'<p class="note">… and {len(findings) - limit} more (the JSON verdict lists all).</p>')
+    out.append("</details>")
+    return out
 
 
 def _anchor(name: str) -> str:
@@ -346,8 +441,11 @@ def _curves(verdict: Verdict, surfaces_actual: Any, surfaces_golden: Any, metric
 
 def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actual: Mapping | None = None,
                 surfaces_golden: Mapping | None = None, limit: int = 500,
-                metrics: Sequence[str] = CURVE_METRICS, provenance: Mapping | None = None) -> str:
-    """The report as one HTML document (a string). Surfaces are {name: document} mappings."""
+                metrics: Sequence[str] = CURVE_METRICS, provenance: Mapping | None = None,
+                run: Mapping | None = None) -> str:
+    """The report as one HTML document (a string). Surfaces are {name: document} mappings;
+    ``provenance`` is the golden's PROVENANCE.json and ``run`` the run's fields (``run_id``),
+    shown near the top (``html_provenance.provenance_block``)."""
     status = verdict.status
     counts = verdict.counts()
     names = sorted(verdict.surfaces)
@@ -372,6 +470,7 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
         "</ul>",
         f'<p class="summary">{_e(summary_line(verdict))}</p>',
         "</header><main>",
+        provenance_block(provenance, run),
         ('<section id="summary"><h2>Surfaces</h2><table class="summary-table"><thead><tr>'
          "<th>surface</th><th>gated</th><th>status</th><th>sections</th><th>differing</th><th>findings</th>"
          "</tr></thead><tbody>"),
@@ -384,31 +483,28 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
                    f'<td class="st">{_e(shown)}</td><td class="num">{s.sections_compared}</td>'
                    f'<td class="num">{s.sections_differing}</td><td class="num">{len(s.findings)}</td></tr>')
     out.append("</tbody></table></section>")
+    anchors = {id(f): f"f-{_anchor(name)[len('surface-'):]}-{i}"
+               for name in names for i, f in enumerate(verdict.surfaces[name].findings[:limit])}
+    out.extend(_causes(verdict, anchors, limit))
+    out.extend(rank_step_maps(verdict, anchors))
     out.extend(_curves(verdict, surfaces_actual, surfaces_golden, metrics))
     out.append('<section id="findings"><h2>Findings</h2>')
     if not verdict.findings:
         out.append('<p class="ok">No findings: every compared section matches the golden.</p>')
-    for name in names:
-        findings = verdict.surfaces[name].findings
-        if not findings:
+    gated = [n for n in names if verdict.surfaces[n].findings and verdict.surfaces[n].gated]
+    informational = [n for n in names if verdict.surfaces[n].findings and not verdict.surfaces[n].gated]
+    for group, is_open in ((gated, True), (informational, False)):
+        if not group:
             continue
-        s = verdict.surfaces[name]
-        out.append(f'<details class="surface" id="{_anchor(name)}" open><summary>{_e(name)}: '
-                   f"{len(findings)} finding(s) in {s.sections_differing} section(s) "
-                   f'<span class="badge {_e(_surface_status(s)[1])}">{_e(_surface_status(s)[0])}</span></summary>')
-        stale = next((f for f in findings if f.status == "stale"), None)
-        if stale is not None:
-            out.append(f'<p class="note">Stale-golden findings fail the exact lane but are inside their '
-                       f"tolerance band ({_e(_tolerance_text(stale))}): probable stale golden.</p>")
-        out.append('<table class="findings"><thead><tr>' + "".join(f"<th>{h}</th>" for h in _FINDING_HEADER)
-                   + "</tr></thead><tbody>")
-        out.extend(_finding_row(f) for f in findings[:limit])
-        out.append("</tbody></table>")
-        if len(findings) > limit:
-            out.append(f'<p class="note">… and {len(findings) - limit} more (the JSON verdict lists all).</p>')
-        out.append("</details>")
+        if not is_open:
+            total = sum(len(verdict.surfaces[n].findings) for n in group)
+            out.append(f'<details class="info-surfaces" id="informational"><summary>Informational (not gated): '
+                       f"{total} finding(s) on {_e(', '.join(group))}</summary>")
+        for name in group:
+            out.extend(_surface_table(verdict.surfaces[name], name, anchors, limit, is_open))
+        if not is_open:
+            out.append("</details>")
     out.append("</section>")
-    out.extend(provenance_html(dict(provenance) if provenance is not None else None))
     out.append('<footer>Static report of the golden regression gate (harness.parity.render.html); '
                "JSON verdict: <code>--format json</code>.</footer>")
     out.append("</main></body></html>")

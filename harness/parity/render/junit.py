@@ -1,7 +1,11 @@
 """JUnit XML renderer: one testcase per surface; failures carry their findings.
 
 Failing and stale-golden surfaces are ``<failure>`` (stale with type
-``probable-stale-golden``); informational findings go to ``<system-out>``.
+``probable-stale-golden``); informational findings go to ``<system-out>``. Values are
+full (a long list: a window around the differing element, marked ``>>x<<``). The
+suite's ``<system-out>`` lists the causes in execution order with their consequences
+counted (first divergence first); a failing surface's message names the first cause
+found on it.
 """
 
 from __future__ import annotations
@@ -9,12 +13,23 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from harness.parity.findings import Verdict
-from harness.parity.render.common import HEADER, finding_row
+from harness.parity.render.common import HEADER, consequences_text, finding_row, location, position_text
 from harness.parity.render.provenance import provenance_properties
 
 
 def _finding_lines(findings) -> str:
     return "\n".join("; ".join(f"{h}={c}" for h, c in zip(HEADER, finding_row(f)) if c) for f in findings)
+
+
+def _cause_lines(verdict: Verdict) -> str:
+    out = []
+    for n, d in enumerate(verdict.divergences, 1):
+        f = d.cause
+        pos = position_text(f)
+        out.append(f"{n}. {location(f)}" + (f"; {pos}" if pos else ""))
+        out.append("   " + "; ".join(f"{h}={c}" for h, c in zip(HEADER, finding_row(f)) if c))
+        out.append(f"   {consequences_text(d)}")
+    return "\n".join(out)
 
 
 def render_junit(verdict: Verdict, *, title: str = "golden parity", provenance: dict | None = None) -> str:
@@ -30,12 +45,17 @@ def render_junit(verdict: Verdict, *, title: str = "golden parity", provenance: 
         gating = [f for f in s.findings if f.status in ("fail", "stale")]
         if gating:
             kind = "parity-failure" if s.status == "fail" else "probable-stale-golden"
-            failure = ET.SubElement(case, "failure", type=kind,
-                                    message=f"{name}: {len(gating)} finding(s) in {s.sections_differing} section(s)")
+            first = next((d.cause for d in verdict.divergences if d.cause.surface == name), None)
+            message = f"{name}: {len(gating)} finding(s) in {s.sections_differing} section(s)"
+            if first is not None:
+                message += f"; first cause: {location(first)}"
+            failure = ET.SubElement(case, "failure", type=kind, message=message)
             failure.text = _finding_lines(gating)
         info = [f for f in s.findings if f.status == "info"]
         if info:
             ET.SubElement(case, "system-out").text = _finding_lines(info)
+    if verdict.divergences:
+        ET.SubElement(suite, "system-out").text = "first divergence (execution order):\n" + _cause_lines(verdict)
     root = ET.Element("testsuites")
     root.append(suite)
     ET.indent(root)

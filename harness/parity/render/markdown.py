@@ -1,10 +1,26 @@
-"""Markdown renderer for a CI job summary (GitHub ``$GITHUB_STEP_SUMMARY`` and alike)."""
+"""Markdown renderer for a CI job summary (GitHub ``$GITHUB_STEP_SUMMARY`` and alike).
+
+The causes come first, in execution order, each with its consequences counted; then
+one collapsible table per surface. Values are full (the page wraps them); a long list
+shows a window around the element that differs, in bold.
+"""
 
 from __future__ import annotations
 
 from harness.parity.findings import Verdict
-from harness.parity.render.common import HEADER, finding_row, summary_line
+from harness.parity.render.common import (
+    HEADER,
+    STATUS_WORD,
+    consequences_text,
+    finding_row,
+    location,
+    position_text,
+    summary_line,
+    value_text,
+)
 from harness.parity.render.provenance import provenance_markdown
+
+_MARK = ("**", "**")
 
 
 def _cell(text: str) -> str:
@@ -13,6 +29,10 @@ def _cell(text: str) -> str:
 
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def _code(text: str) -> str:
+    return "`` " + text.replace("`", "'") + " ``"
 
 
 def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: int = 50,
@@ -24,13 +44,26 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
         s = verdict.surfaces[name]
         lines.append(_row([name, "yes" if s.gated else "info", f"**{s.status}**" if s.status != "parity" else s.status,
                            str(s.sections_compared), str(s.sections_differing), str(len(s.findings))]))
+    if verdict.divergences:
+        lines += ["", "#### First divergence (execution order: step, phase, rank)", ""]
+        for n, d in enumerate(verdict.divergences[:limit], 1):
+            f = d.cause
+            lines.append(f"{n}. **{STATUS_WORD[f.status]}** {_code(location(f))}")
+            pos = position_text(f)
+            if pos:
+                lines.append(f"   - {_code(pos)}")
+            lines.append(f"   - golden: {_code(value_text(f.golden, f.actual))}")
+            lines.append(f"   - actual: {_code(value_text(f.actual, f.golden))}")
+            lines.append(f"   - {consequences_text(d)}")
+        if len(verdict.divergences) > limit:
+            lines += ["", f"... and {len(verdict.divergences) - limit} more cause(s) (see the JSON verdict)"]
     for name in sorted(verdict.surfaces):
         findings = verdict.surfaces[name].findings
         if not findings:
             continue
         lines += ["", f"<details><summary>{name}: {len(findings)} finding(s)</summary>", "",
                   _row(HEADER), _row(["---"] * len(HEADER))]
-        lines.extend(_row(finding_row(f)) for f in findings[:limit])
+        lines.extend(_row(finding_row(f, _MARK)) for f in findings[:limit])
         if len(findings) > limit:
             lines += ["", f"... and {len(findings) - limit} more (see the JSON verdict)"]
         lines += ["", "</details>"]

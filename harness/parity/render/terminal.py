@@ -1,16 +1,32 @@
-"""Terminal renderer: aligned plain-text tables; ANSI colour only on a TTY without NO_COLOR."""
+"""Terminal renderer: the first divergence first, full values wrapped; ANSI colour only on a TTY without NO_COLOR.
+
+Layout: summary line, per-surface table, then the causes in execution order (each
+with its location, position, both values and its consequences counted), then the
+findings per surface. Values are wrapped, never cut; a long list shows a window
+around the element that differs, marked ``>>x<<``.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+import textwrap
 
-from harness.parity.findings import Verdict
-from harness.parity.render.common import HEADER, finding_row, summary_line
+from harness.parity.findings import Finding, Verdict
+from harness.parity.render.common import (
+    STATUS_WORD,
+    consequences_text,
+    location,
+    number_cell,
+    position_text,
+    summary_line,
+    value_text,
+)
 from harness.parity.render.provenance import provenance_lines
 
 _COLORS = {"fail": "\x1b[31m", "stale": "\x1b[33m", "info": "\x1b[36m", "parity": "\x1b[32m"}
 _RESET = "\x1b[0m"
+WIDTH = 110
 
 
 def use_color(stream=None) -> bool:
@@ -24,11 +40,35 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
 
 
+def _wrap(label: str, text: str, indent: str) -> list[str]:
+    return textwrap.wrap(text, width=WIDTH, initial_indent=f"{indent}{label}", subsequent_indent=indent + "    ",
+                         break_long_words=True, break_on_hyphens=False) or [indent + label]
+
+
+def finding_block(f: Finding, indent: str = "    ") -> list[str]:
+    """The lines of one finding below its heading: position, both values, errors, lane."""
+    lines = []
+    pos = position_text(f)
+    if pos:
+        lines += _wrap("", pos, indent)
+    lines += _wrap("golden: ", value_text(f.golden, f.actual), indent)
+    lines += _wrap("actual: ", value_text(f.actual, f.golden), indent)
+    extra = [f"lane {f.lane}"]
+    if f.abs_err is not None:
+        extra.append(f"abs err {number_cell(f.abs_err)}")
+    if f.rel_err is not None:
+        extra.append(f"rel err {number_cell(f.rel_err)}")
+    lines.append(indent + ", ".join(extra))
+    if f.note:
+        lines += _wrap("note: ", f.note, indent)
+    return lines
+
+
 def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bool | None = None,
                     limit: int = 25, show_info: bool = False, provenance: dict | None = None) -> str:
-    """The verdict as a terminal report. Findings of a surface whose findings are
-    all informational (not gated: memory, timings) are summarised in one line
-    unless ``show_info``; gated findings are always listed (up to ``limit``)."""
+    """The verdict as a terminal report. Causes first (up to ``limit``), then findings per
+    surface; a surface whose findings are all informational (not gated: memory, timings)
+    is summarised in one line unless ``show_info``."""
     color = use_color() if color is None else color
 
     def paint(text: str, status: str) -> str:
@@ -45,6 +85,18 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
     table = _table(surface_rows)
     lines.append(table[0])
     lines.extend(paint(row, status) for row, status in zip(table[1:], statuses))
+    causes = verdict.divergences
+    if causes:
+        gated = sum(1 + len(d.consequences) for d in causes)
+        lines += ["", (f"first divergence: {len(causes)} cause(s) of {gated} gated finding(s), in execution order "
+                       "(step, phase, rank)")]
+        for n, d in enumerate(causes[:limit], 1):
+            f = d.cause
+            lines.append(paint(f" {n}. {STATUS_WORD[f.status]} {location(f)}", f.status))
+            lines += finding_block(f)
+            lines.append(f"    {consequences_text(d)}")
+        if len(causes) > limit:
+            lines.append(f"  ... and {len(causes) - limit} more cause(s) (--format json lists all)")
     for name in sorted(verdict.surfaces):
         findings = verdict.surfaces[name].findings
         if not findings:
@@ -55,9 +107,9 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
             continue
         lines += ["", f"{name}: {len(findings)} finding(s)"]
         shown = findings[:limit]
-        table = _table([HEADER] + [finding_row(f) for f in shown])
-        lines.append("  " + table[0])
-        lines.extend("  " + paint(row, f.status) for row, f in zip(table[1:], shown))
+        for f in shown:
+            lines.append(paint(f"  {STATUS_WORD[f.status]} {location(f)}", f.status))
+            lines += finding_block(f, indent="      ")
         for f in shown:
             if f.status == "stale":
                 lines.append(

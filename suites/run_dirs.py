@@ -1,0 +1,38 @@
+"""Run directories as postflight leaves them, for gate tests (no workload runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.manifest import artifact_entry, surface_entry
+from harness.parity.synthetic import synthetic_manifest
+from harness.surfaces import surface_file_bytes
+
+
+def make_run(run: Path, docs: dict, *, status: str = "complete", run_status: str | None = "completed",
+             checks: list | None = None) -> Path:
+    """A run directory as postflight leaves it (artifact, surfaces, manifest, run.json)."""
+    (run / "artifacts/policy").mkdir(parents=True)
+    (run / "artifacts/policy/rank00000.trace.jsonl").write_text('{"seq":0}\n')
+    (run / "surfaces").mkdir()
+    for name, doc in docs.items():
+        (run / "surfaces" / f"{name}.json").write_bytes(surface_file_bytes(doc))
+    manifest = synthetic_manifest("w")
+    manifest["status"] = status
+    manifest["checks"] = checks if checks is not None else manifest["checks"]
+    manifest["artifacts"] = [artifact_entry(run, "artifacts/policy/rank00000.trace.jsonl", role="policy", rank=0)]
+    manifest["surfaces"] = [surface_entry(run, name) for name in sorted(docs)]
+    write_manifest(run, manifest)
+    if run_status is not None:
+        (run / "run.json").write_text(json.dumps({"status": run_status, "error": None if run_status == "completed"
+                                                  else "interrupted (Ctrl-C or SIGTERM)"}))
+    return run
+
+
+def write_manifest(run: Path, manifest: dict) -> None:
+    (run / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def read_manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
