@@ -83,7 +83,7 @@ def mlp_step(hidden: int, layers: int, batch: int) -> Callable[[], object]:
     return train
 
 
-# A medium Qwen3-MoE for GPUs (qwen3_moe_and_parallelism.md 5.2, "tokenizer-free" variant, 8 layers).
+# A medium Qwen3-MoE for GPUs ("tokenizer-free", 8 layers).
 MEDIUM = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "head_dim": 128, "experts": 64, "top_k": 8,
           "moe_intermediate": 384, "vocab": 32768, "rope_theta": 1e6, "max_position": 8192}
 
@@ -113,8 +113,8 @@ def model_step(device: str, batch: int, seq: int, medium: bool) -> Callable[[], 
 
 
 def engine_step(requests: int, new_tokens: int) -> Callable[[], object]:
-    from harness.rollout.engine import Engine
     from harness.rollout.engine_worker import initial_weights
+    from harness.rollout.native.engine import Engine
     from harness.spec import load_spec
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,7 +22,7 @@ import torch
 
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model, hf_fused_state_dict
-from harness.rollout.engine import Engine
+from harness.rollout.native.engine import Engine
 
 CONFIGS = {
     "tiny": ModelConfig(layers=4, hidden=64, heads=8, kv_heads=2, head_dim=16, experts=8, top_k=2,

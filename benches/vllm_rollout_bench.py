@@ -16,12 +16,12 @@ import statistics
 import tempfile
 import time
 
-from harness.rollout.engine import Engine
 from harness.rollout.engine_worker import (
     configure_determinism,
     initial_weights,
     resolve_eos_token_id,
 )
+from harness.rollout.native.engine import Engine
 from harness.rollout.vllm.engine import VllmEngineProcesses, VllmEngineWorker
 from harness.spec.load import load_spec
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
+import io
 import json
+import os
 from pathlib import Path
 
 from harness.manifest import artifact_entry, surface_entry
@@ -36,3 +39,53 @@ def write_manifest(run: Path, manifest: dict) -> None:
 
 def read_manifest(run: Path) -> dict:
     return json.loads((run / "manifest.json").read_text())
+
+
+class OpenLog:
+    """Every path opened (``os.open``, ``open``, ``io.open``) while recording, resolved.
+
+    ``with OpenLog() as log:`` records inside the block (hypothesis tests, which must not
+    share a function-scoped fixture across examples); ``OpenLog().install(monkeypatch)``
+    records from then on until the test ends."""
+
+    def __init__(self):
+        self.paths: list[str] = []
+
+    def _hooks(self):
+        real_os_open, real_open = os.open, builtins.open
+
+        def note(path):
+            try:
+                self.paths.append(os.path.realpath(os.fsdecode(path)))
+            except (TypeError, ValueError):
+                pass
+
+        def os_open(path, *a, **kw):
+            note(path)
+            return real_os_open(path, *a, **kw)
+
+        def b_open(file, *a, **kw):
+            if not isinstance(file, int):
+                note(file)
+            return real_open(file, *a, **kw)
+
+        return os_open, b_open
+
+    def __enter__(self):
+        self._saved = os.open, builtins.open, io.open
+        os_open, b_open = self._hooks()
+        os.open, builtins.open, io.open = os_open, b_open, b_open
+        return self
+
+    def __exit__(self, *exc):
+        os.open, builtins.open, io.open = self._saved
+
+    def install(self, monkeypatch) -> OpenLog:
+        os_open, b_open = self._hooks()
+        monkeypatch.setattr(os, "open", os_open)
+        monkeypatch.setattr(builtins, "open", b_open)
+        monkeypatch.setattr(io, "open", b_open)
+        return self
+
+    def opened(self, path: Path) -> bool:
+        return os.path.realpath(path) in self.paths

@@ -1,4 +1,4 @@
-"""Capture records and their validation rules (reference §3.2).
+"""Capture records and their validation rules (docs/capture.md).
 
 Every record validates itself on construction and raises
 `CaptureValidationError` naming the record type and field. `from_dict`

@@ -1,6 +1,6 @@
 """Prefix splicing: keep the model's exact earlier tokens in a re-rendered prompt.
 
-`replace_prefix_tokens` follows NeMo RL's algorithm (reference §3.1): the splice
+`replace_prefix_tokens` follows NeMo RL's algorithm: the splice
 boundary is found by *counting* EOS tokens, not by position, because chat
 templates may rewrite earlier turns (Qwen3 strips earlier `<think>` blocks),
 which shifts positions but keeps one EOS per finished message.

@@ -2,7 +2,8 @@
 
 Transport (``rollout.refit.transport``): ``zmq`` for colocated engines (policy
 rank 0 binds one REQ socket per engine TP rank, each engine rank connects a
-REP socket; two ping-pong buffers, COMPLETE/ACK), ``broadcast`` for separate
+REP socket; two ping-pong buffers, COMPLETE/ACK; on ``platform.device: cuda``
+the buffers are GPU memory sent as CUDA IPC handles), ``broadcast`` for separate
 engines (a side process group of policy rank 0 + every engine rank that never
 touches the default world); ``auto`` picks by placement. After a refit every
 engine reports the same new weight version, or the step fails.
@@ -19,6 +20,7 @@ down) stops serving the store, last.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -26,6 +28,8 @@ from pathlib import Path
 import ray
 
 from harness.refit.engine_offsets import derive_engine_gpu_offsets
+
+STAGING_ENV = "HARNESS_REFIT_STAGING"
 
 
 def choose_transport(spec: dict) -> str:
@@ -42,6 +46,10 @@ class Refitter:
         self.workers = workers
         self.transport = choose_transport(spec)
         self.buffer_size = int(spec["rollout"]["refit"]["buffer_size_bytes"])
+        # zmq on cuda: stage in GPU memory and send CUDA IPC handles (colocated on the GPUs)
+        # ($HARNESS_REFIT_STAGING=host keeps host staging there: the before/after measurement)
+        on_cuda = spec.get("platform", {}).get("device", "cpu") == "cuda" and os.environ.get(STAGING_ENV) != "host"
+        self.zmq_extra = {"staging_device": "cuda"} if on_cuda else {}
         tp = int(spec["rollout"]["tp"])
         self.prefixes = derive_engine_gpu_offsets([tp] * len(workers))
         self.history: list[dict] = []
@@ -68,7 +76,8 @@ class Refitter:
         receiving = worker.receive_weights.remote("zmq", addresses=addresses)
         try:
             for address in addresses:
-                self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size)
+                self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size,
+                                           **self.zmq_extra)
         except BaseException:
             ray.cancel(receiving, force=False)
             raise

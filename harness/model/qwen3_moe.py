@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.model import functional as Fn
+from harness import ops
 from harness.model.config import ModelConfig
 
 
@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return Fn.rms_norm(x, self.weight, self.eps)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -60,8 +60,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, s, -1, d)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = Fn.apply_rope(q, cos, sin), Fn.apply_rope(k, cos, sin)
-        out = Fn.causal_attention(q, k, v, positions, positions)
+        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        out = ops.causal_attention(q, k, v, positions, positions)
         return self.o_proj(out.reshape(b, s, -1))
 
 
@@ -73,7 +73,7 @@ class Expert(nn.Module):
         self.down_proj = nn.Linear(cfg.moe_intermediate, cfg.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return Fn.swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        return ops.swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
 
 
 class SparseMoE(nn.Module):
@@ -90,8 +90,8 @@ class SparseMoE(nn.Module):
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         router_logits = self.gate(tokens)
-        _, weights, indices = Fn.route(router_logits, self.cfg.top_k, self.cfg.norm_topk_prob)
-        order, counts = Fn.moe_dispatch_order(indices, self.cfg.experts)
+        _, weights, indices = ops.route(router_logits, self.cfg.top_k, self.cfg.norm_topk_prob)
+        order, counts = ops.moe_dispatch_order(indices, self.cfg.experts)
         token_of_slot = order // self.cfg.top_k
         slot_weight = weights.reshape(-1)[order]
         out = torch.zeros_like(tokens)
@@ -160,7 +160,7 @@ class Qwen3MoeForCausalLM(nn.Module):
         s = input_ids.shape[1]
         if positions is None:
             positions = torch.arange(s, device=input_ids.device)
-        cos, sin = Fn.rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.lm_head.weight.dtype)
+        cos, sin = ops.rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.lm_head.weight.dtype)
         x = self.model.embed_tokens(input_ids)
         router_logits = []
         for layer in self.model.layers:
@@ -172,15 +172,15 @@ class Qwen3MoeForCausalLM(nn.Module):
     def logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Per-token logprobs `[B, S]` aligned with input_ids (column 0 is 0)."""
         logits, _ = self.forward(input_ids)
-        return Fn.token_logprobs(logits, input_ids)
+        return ops.token_logprobs(logits, input_ids)
 
     def aux_loss(self, router_logits: list[torch.Tensor]) -> torch.Tensor:
         """HF's pooled load-balancing statistic over all layers (minimum = top_k)."""
-        stats = [Fn.aux_loss_statistics(rl, self.cfg.top_k) for rl in router_logits]
+        stats = [ops.aux_loss_statistics(rl, self.cfg.top_k) for rl in router_logits]
         counts = sum(s[0] for s in stats)
         probs = sum(s[1] for s in stats)
         rows = sum(s[2] for s in stats)
-        return Fn.aux_loss_from_statistics(counts, probs, rows)
+        return ops.aux_loss_from_statistics(counts, probs, rows)
 
 
 def build_reference_model(cfg: ModelConfig, seed: int) -> Qwen3MoeForCausalLM:

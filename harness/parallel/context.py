@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from harness import ops
 from harness.devices import moved
-from harness.model import functional as Fn
 from harness.parallel import comm
 
 SEQ_DIM = 1
@@ -45,7 +45,7 @@ def cp_attention(
     keys. q `[b, s, hq, d]`, k/v `[b, s, hkv, d]` (local chunk)."""
     k_all = comm.all_gather(k, cp_group, SEQ_DIM)
     v_all = comm.all_gather(v, cp_group, SEQ_DIM)
-    return Fn.causal_attention(q, k_all, v_all, q_positions, moved(gathered_positions(seq_len, cp), q.device))
+    return ops.causal_attention(q, k_all, v_all, q_positions, moved(gathered_positions(seq_len, cp), q.device))
 
 
 def unchunk(values: torch.Tensor, seq_len: int, cp_group, cp: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.model import functional as Fn
+from harness import ops
 from harness.parallel import comm
 
 
@@ -39,8 +39,8 @@ def moe_forward(
     """tokens `[T, H]`; `experts` = this rank's local (gate, up, down) weights in
     expert order. Returns (output `[T, H]`, router logits `[T, E]`)."""
     router_logits = F.linear(tokens, router_weight)
-    _, weights, indices = Fn.route(router_logits, top_k, norm_topk_prob)
-    order, counts = Fn.moe_dispatch_order(indices, num_experts)
+    _, weights, indices = ops.route(router_logits, top_k, norm_topk_prob)
+    order, counts = ops.moe_dispatch_order(indices, num_experts)
     token_of_slot = order // top_k
     slot_weight = weights.reshape(-1)[order]
     n_local = num_experts // ep
@@ -59,7 +59,7 @@ def moe_forward(
     outs = []
     start = 0
     for (gate_w, up_w, down_w), n in zip(experts, per_expert):
-        outs.append(Fn.swiglu(grouped[start : start + n], gate_w, up_w, down_w))
+        outs.append(ops.swiglu(grouped[start : start + n], gate_w, up_w, down_w))
         start += n
     y_grouped = torch.cat(outs) if outs else grouped
     inverse = torch.empty_like(perm)

@@ -1,6 +1,6 @@
 """Loading a profiler plugin from a class path in the environment.
 
-Contract (reference section 2.2):
+Contract (docs/plugins.md section 1):
 
 * the variable unset or empty -> ``None`` and nothing is imported;
 * the value is a dotted ``pkg.module.ClassName`` split at the last dot; any

@@ -1,4 +1,4 @@
-"""Driving a policy profiler around training updates (reference section 2.3).
+"""Driving a policy profiler around training updates (docs/plugins.md section 3).
 
 :class:`PolicyProfilerHooks` sits between a policy worker and its (optional)
 profiler. The worker routes its train entry points through it; with no

@@ -1,4 +1,4 @@
-"""The two profiler plugin contracts (NeMo RL PR #3573, reference section 2.3-2.4).
+"""The two profiler plugin contracts (NeMo RL PR #3573; docs/plugins.md section 2).
 
 A plugin is any class with these methods; it is built once per worker
 process as ``cls(rank=rank)``. The harness never subclasses-checks plugins:

@@ -12,7 +12,7 @@ Train contract (NeMo RL):
   counts (summed over microbatches and DP ranks), so gradients add up to the
   whole-batch gradient; gradients are then summed over DP (`parallel.data`),
   clipped by the global norm (reported pre-clip as `grad_norm`);
-- split API state machine (reference 1.8): one open step per worker;
+- split API state machine (`split_step.py`): one open step per worker;
   `begin_train_step` while open -> RuntimeError("a train step is already open ...");
   `train_microbatch` / `finish_train_step` without an open step ->
   RuntimeError("no train step open ..."); `abort_train_step` is idempotent.
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,7 +39,6 @@ from harness.algos.loss import (
 )
 from harness.devices import local_device, moved
 from harness.model.config import ModelConfig
-from harness.model.parallel_model import ParallelQwen3Moe
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
 from harness.parallel import settle
@@ -55,6 +53,8 @@ from harness.parallel.pipeline import run_pipeline, stage_info
 from harness.parallel.rendezvous import join_store
 from harness.policy.checkpoint import CHECKPOINT_MARKER, ShardedCheckpoint  # noqa: F401
 from harness.policy.common import TRAIN_KEYS, EngineCommon  # noqa: F401
+from harness.policy.parallel_model import ParallelQwen3Moe
+from harness.policy.seeding import seed_rank
 from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, SplitTrainStep  # noqa: F401
 
 
@@ -78,19 +78,6 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
         timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESS_COLLECTIVE_TIMEOUT_S", "300")))
         store = join_store(master_addr, master_port, timeout.total_seconds())
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-
-
-def seed_rank(seed: int, rank: int) -> None:
-    """Seed every RNG of this process from (spec seed, rank)."""
-    s = int(seed) * 1000 + int(rank)
-    torch.manual_seed(s)
-    random.seed(s)
-    try:
-        import numpy as np
-
-        np.random.seed(s % (2**32))
-    except ImportError:  # pragma: no cover
-        pass
 
 
 def _cpu_copy(t: torch.Tensor) -> torch.Tensor:

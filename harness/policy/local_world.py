@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from harness.model import functional as Fn
+from harness import ops
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel.rendezvous import HeldStore
@@ -112,7 +112,7 @@ def synthetic_batch(spec: Mapping[str, Any], batch_size: int, seed: int) -> dict
     adv = torch.randn(batch_size, generator=g)
     with torch.no_grad():
         ref = build_reference_model(cfg, spec["seed"])
-        lp = Fn.token_logprobs(ref(ids)[0], ids)
+        lp = ops.token_logprobs(ref(ids)[0], ids)
     return {
         "input_ids": ids,
         "input_lengths": lengths,

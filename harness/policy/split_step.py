@@ -1,7 +1,7 @@
 """The split train API's state machine, shared by every policy backend.
 
 ``begin_train_step -> train_microbatch (N x) -> finish_train_step`` or
-``abort_train_step`` (NeMo RL's contract, reference section 1.8):
+``abort_train_step`` (NeMo RL's contract):
 
 * one open step per worker: ``begin`` while open raises ``STEP_ALREADY_OPEN``;
   ``train_microbatch`` / ``finish`` without an open step raise ``NO_STEP_OPEN``;

@@ -1,4 +1,4 @@
-"""Aggregation of per-sample IPC handles across policy workers (reference 4.1).
+"""Aggregation of per-sample IPC handles across policy workers (docs/refit.md).
 
 Pure Python (no torch): the driver collects one result per policy worker,
 ``{"dp_rank": int, "per_sample_handles": list}``, and regroups them per

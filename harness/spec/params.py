@@ -3,7 +3,7 @@
 Counts match transformers' ``Qwen3MoeForCausalLM`` (untied embeddings, no
 biases, no shared expert, every layer MoE): the tiny CPU config gives
 314,048 total / 166,592 active and Qwen3-235B-A22B gives 235,093,634,560 /
-22,190,763,520 (reference §1.6, §5.1). *Active* = everything except the
+22,190,763,520. *Active* = everything except the
 experts, plus ``top_k`` experts per layer.
 """
 

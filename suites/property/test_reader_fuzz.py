@@ -18,9 +18,7 @@ Hypothesis draws; one example = one document or one directory tree.
 
 from __future__ import annotations
 
-import builtins
 import copy
-import io
 import json
 import os
 import tempfile
@@ -34,7 +32,7 @@ from harness.docio import DocumentError, Limits, parse_json
 from harness.parity.synthetic import synthetic_surfaces
 from harness.postflight.read import RunRefused, load_run
 from harness.surfaces.canonical import json_pointer
-from suites.run_dirs import make_run, read_manifest, write_manifest
+from suites.run_dirs import OpenLog, make_run, read_manifest, write_manifest
 
 DOCS = settings(max_examples=max(300, settings().max_examples), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -163,36 +161,6 @@ def test_memory_stays_bounded_on_hostile_shapes(n, opener, shape):
 BASE = synthetic_surfaces("w", seed=3)
 VARIANTS = ["absolute", "dotdot", "link_out", "link_in", "dangling", "directory", "fifo", "big", "deep",
             "latin1", "empty", "manifest_field", "manifest_type", "loop"]
-
-
-class OpenLog:
-    def __init__(self):
-        self.paths: list[str] = []
-
-    def __enter__(self):
-        self._saved = os.open, builtins.open, io.open
-        real_os_open, real_open = os.open, builtins.open
-
-        def note(path):
-            try:
-                self.paths.append(os.path.realpath(os.fsdecode(path)))
-            except (TypeError, ValueError):
-                pass
-
-        def os_open(path, *a, **kw):
-            note(path)
-            return real_os_open(path, *a, **kw)
-
-        def b_open(file, *a, **kw):
-            if not isinstance(file, int):
-                note(file)
-            return real_open(file, *a, **kw)
-
-        os.open, builtins.open, io.open = os_open, b_open, b_open
-        return self
-
-    def __exit__(self, *exc):
-        os.open, builtins.open, io.open = self._saved
 
 
 def mutate(run: Path, outside: Path, variant: str, name: str, depth: int) -> str | None:

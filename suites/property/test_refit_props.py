@@ -1,4 +1,4 @@
-"""Hypothesis properties of refit (reference section 4.1 list, PR #3612 helpers).
+"""Hypothesis properties of refit (docs/refit.md; PR #3612 helpers).
 
 The stream-order properties run the real sender against a recording fake
 socket (it plays the REP side: it snapshots each payload's staged bytes and
@@ -162,7 +162,7 @@ def test_engine_offsets_properties(counts):
         assert offsets == sorted(offsets)
 
 
-# -- per-sample handle aggregation (reference 4.1) ---------------------------------------
+# -- per-sample handle aggregation ---------------------------------------------------
 
 
 import pytest  # noqa: E402

@@ -1,4 +1,4 @@
-"""Property tests for `replace_prefix_tokens` (reference §3.1 invariants 1-7)
+"""Property tests for `replace_prefix_tokens` (its invariants 1-7)
 and `PrefixCache`, plus a Qwen3-style chat template that strips earlier
 reasoning blocks (positions shift, the EOS count does not).
 

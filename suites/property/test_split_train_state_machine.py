@@ -7,7 +7,7 @@ drives ``begin_train_step`` / ``train_microbatch`` / ``finish_train_step`` /
 :class:`RecordingPolicyProfiler` (with injected profiler failures), exactly as
 ``PolicyWorker`` routes them.
 
-Invariants (reference 1.8 and 2.3):
+Invariants (harness/policy/split_step.py, docs/plugins.md section 3):
 
 * at most one open step; the engine's ``step_open`` matches the model;
 * begin while open -> ``RuntimeError(STEP_ALREADY_OPEN)``; microbatch / finish

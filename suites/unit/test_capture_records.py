@@ -1,4 +1,4 @@
-"""Validation rules of the capture records (reference §3.2)."""
+"""Validation rules of the capture records (docs/capture.md)."""
 
 from __future__ import annotations
 

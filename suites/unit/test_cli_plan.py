@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.parity.synthetic import synthetic_manifest, synthetic_surfaces
+from harness.store import new_provenance, write_golden
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -66,9 +69,9 @@ def test_list_shows_platforms_and_stored_goldens(tmp_path):
         (tmp_path / name / "workload.yaml").write_text(
             f"name: {name}\nmodel: {{layers: 4, hidden: 64, heads: 8, kv_heads: 2, head_dim: 16, experts: 8,"
             f" top_k: 2, moe_intermediate: 32, vocab: 256}}\nplatform: {{platforms: {platforms}}}\n")
-    smoke = REPO / "goldens" / "qwen3_moe_tiny_smoke" / "cpu"
-    shutil.copytree(smoke, tmp_path / "alpha" / "cpu")
-    shutil.copytree(smoke, tmp_path / "beta" / "cpu")
+    for name in ("alpha", "beta"):  # a stored golden holds its own workload's name in every document
+        write_golden(tmp_path, name, "cpu", synthetic_manifest(name), synthetic_surfaces(name),
+                     new_provenance(commit=None, reason="test", command="test", environment={}))
     (tmp_path / "gamma" / "cpu").mkdir()  # folder without a manifest: no golden
     proc = golden("list", "--json", root=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -7,12 +7,9 @@ directory is never opened record every path opened while the command runs.
 
 from __future__ import annotations
 
-import builtins
 import copy
 import hashlib
-import io
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -22,7 +19,7 @@ from harness.cli import main
 from harness.parity.synthetic import synthetic_surfaces
 from harness.store import new_provenance, write_golden
 from harness.surfaces import surface_file_bytes
-from suites.run_dirs import make_run, read_manifest, write_manifest
+from suites.run_dirs import OpenLog, make_run, read_manifest, write_manifest
 
 
 @pytest.fixture
@@ -32,36 +29,6 @@ def world(tmp_path):
     golden = write_golden(tmp_path / "goldens", "w", "cpu", read_manifest(run), docs,
                           new_provenance(commit=None, reason="test", command="pytest", environment={}))
     return tmp_path, run, golden, docs
-
-
-class OpenLog:
-    """Every path opened (os.open, open, io.open) while active, resolved."""
-
-    def __init__(self, monkeypatch):
-        self.paths: list[str] = []
-        real_os_open, real_open = os.open, builtins.open
-
-        def note(path):
-            try:
-                self.paths.append(os.path.realpath(os.fsdecode(path)))
-            except (TypeError, ValueError):
-                pass
-
-        def os_open(path, *a, **kw):
-            note(path)
-            return real_os_open(path, *a, **kw)
-
-        def b_open(file, *a, **kw):
-            if not isinstance(file, int):
-                note(file)
-            return real_open(file, *a, **kw)
-
-        monkeypatch.setattr(os, "open", os_open)
-        monkeypatch.setattr(builtins, "open", b_open)
-        monkeypatch.setattr(io, "open", b_open)
-
-    def opened(self, path: Path) -> bool:
-        return os.path.realpath(path) in self.paths
 
 
 def outside_copy(tmp_path: Path, run: Path, name: str = "operators") -> Path:
@@ -110,13 +77,14 @@ def test_escaping_surface_paths_are_refused_and_never_opened(world, monkeypatch,
         (run / "surfaces/operators.json").symlink_to(outside)
         manifest["surfaces"][index]["sha256"] = digest
     write_manifest(run, manifest)
-    log = OpenLog(monkeypatch)
+    log = OpenLog().install(monkeypatch)
     assert main(["validate", str(run)]) == 1
     out = capsys.readouterr().out
     assert f"#/surfaces/{index}/path: " in out
     assert main(["diff", str(run), str(golden)]) == 2  # main: 1 with the planted section compared
     err = capsys.readouterr().err
     assert f"#/surfaces/{index}/path: " in err and "nothing was compared" in err
+    assert log.opened(run / "manifest.json"), "the open log recorded nothing (the check below would be vacuous)"
     assert not log.opened(outside), f"{outside} was opened"
 
 
@@ -126,7 +94,7 @@ def test_a_symlinked_manifest_pointing_outside_is_not_read(world, monkeypatch, c
     elsewhere.mkdir()
     shutil.move(run / "manifest.json", elsewhere / "manifest.json")
     (run / "manifest.json").symlink_to(elsewhere / "manifest.json")
-    log = OpenLog(monkeypatch)
+    log = OpenLog().install(monkeypatch)
     assert main(["validate", str(run)]) == 1
     assert "resolves outside" in capsys.readouterr().out
     assert main(["diff", str(run), str(golden)]) == 2

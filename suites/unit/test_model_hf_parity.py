@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.model import functional as Fn
+from harness import ops as Fn
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model, hf_fused_state_dict
 from suites.torch_state import torch_settings

@@ -1,4 +1,4 @@
-"""Loader contract (reference section 2.2), policy and rollout variants.
+"""Loader contract (docs/plugins.md section 1), policy and rollout variants.
 
 Upstream names: test_profiler_is_disabled_without_class_path,
 test_profiler_loads_class_with_distributed_rank,

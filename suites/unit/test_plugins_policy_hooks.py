@@ -1,4 +1,4 @@
-"""Policy lifecycle driver (reference section 2.3 / 2.4a upstream test list)."""
+"""Policy lifecycle driver (docs/plugins.md section 3)."""
 
 from __future__ import annotations
 

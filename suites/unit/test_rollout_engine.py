@@ -7,8 +7,8 @@ import torch
 
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
-from harness.rollout.engine import Engine
-from harness.rollout.sampling import sample_token
+from harness.rollout.native.engine import Engine
+from harness.rollout.native.sampling import sample_token
 from harness.rollout.sharding import ShardPlan, hf_weight_shapes
 from suites.torch_state import torch_settings
 
@@ -173,7 +173,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from harness.rollout.sampling import sample_rows  # noqa: E402
+from harness.rollout.native.sampling import sample_rows  # noqa: E402
 
 # Dims that exercise every fallback: K*N < 400 products (router: per-row F.linear), I = 24
 # (silu scalar tails), top_k 3 of 5 experts, vocab 100 (per-row sampling fallback).
@@ -245,7 +245,7 @@ def test_batched_equals_per_request_on_the_bench_shapes():
     reqs = [dict(request_id=i, prompt_ids=[(11 * i + j) % 256 for j in range(4 + i % 5)], max_new_tokens=12,
                  seed=i, temperature=1.0 if i % 3 else 0.0, top_p=1.0) for i in range(10)]
     fast = Engine(cfg, w, max_batch_size=8)
-    layer = fast._layers[0]
+    layer = fast.packed.layers[0]
     assert (layer.qkv_proj.mode, layer.o_proj.mode, layer.router_proj.mode, layer.experts.mode) == ("fused",) * 4
     assert fast.generate(reqs) == Engine(cfg, w, max_batch_size=8, batched_decode=False).generate(reqs)
 

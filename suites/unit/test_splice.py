@@ -1,5 +1,5 @@
 """Example tests for `replace_prefix_tokens`: the edge cases NeMo RL pins
-(reference §3.1), with a Qwen3-like token layout (EOS = <|im_end|>)."""
+(docs/capture.md), with a Qwen3-like token layout (EOS = <|im_end|>)."""
 
 from __future__ import annotations
 

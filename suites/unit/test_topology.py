@@ -29,7 +29,7 @@ def _layout(tp, pp, cp, dp, ep, etp):
     return plan(make_spec({"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "etp": etp}))
 
 
-# Reference qwen3_moe_and_parallelism.md §3.1 (validated there against Megatron).
+# Expected layouts (Megatron's rank order).
 def test_layout_a_tp2_pp2_cp2_ep2_etp1():
     g = _layout(2, 2, 2, 1, 2, 1).policy.groups
     assert g["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]

@@ -24,12 +24,12 @@ import torch
 from harness.parallel.rendezvous import HeldStore
 from harness.refit.broadcast import SideGroupSlot, broadcast_weights
 from harness.refit.zmq_stream import ipc_address, send_weights_zmq
-from harness.rollout.engine import Engine
 from harness.rollout.engine_worker import (
     configure_determinism,
     initial_weights,
     resolve_eos_token_id,
 )
+from harness.rollout.native.engine import Engine
 from suites.tcp_connections import established, settles_to
 from suites.vllm_backend.conftest import vllm_spec
 

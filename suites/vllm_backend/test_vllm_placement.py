@@ -1,4 +1,4 @@
-"""Rollout profiler placement with the vLLM backend (reference 2.4).
+"""Rollout profiler placement with the vLLM backend (docs/vllm.md, "Placement").
 
 * sync TP=1: the profiler lives in the actor (trace header pid == actor pid);
 * async engine: the substituted worker class builds the profiler inside

@@ -27,8 +27,8 @@ import torch
 
 from harness.artifacts.trace import read_trace
 from harness.refit.zmq_stream import send_weights_zmq
-from harness.rollout.engine import Engine
 from harness.rollout.engine_worker import initial_weights, resolve_eos_token_id
+from harness.rollout.native.engine import Engine
 from harness.rollout.worker import RolloutWorker
 from suites.vllm_backend.conftest import vllm_spec
 

@@ -6,8 +6,7 @@ applied only by the megatron policy backend, only when
 `platform.device == "cpu"`, and only for the versions in SUPPORTED; it is
 idempotent and process-wide (every policy rank is its own process).
 
-Patch points (documented in ../shared/reference/environment_notes.md §3.3;
-the numbers below are that list's):
+Patch points (docs/megatron.md refers to them by these numbers):
 
 1. `torch.cuda.current_device` -> CPU device, `torch.cuda.synchronize` -> no-op
    (RoPE `get_emb`, the global memory buffer).

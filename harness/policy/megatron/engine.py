@@ -29,17 +29,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness import ops
 from harness.algos.loss import (
     global_valid_counts,
 )
-from harness.model import functional as Fn
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
 from harness.parallel.groups import stage_layers
 from harness.policy.checkpoint import ShardedCheckpoint
 from harness.policy.common import EngineCommon
-from harness.policy.engine import seed_rank
 from harness.policy.megatron import compat
 from harness.policy.megatron.groups import harness_group_names
 from harness.policy.megatron.model import (
@@ -48,6 +47,7 @@ from harness.policy.megatron.model import (
     is_expert,
     is_tp_sharded,
 )
+from harness.policy.seeding import seed_rank
 from harness.policy.split_step import SplitTrainStep
 
 
@@ -195,7 +195,7 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         self.model.train()
 
         def on_output(m: int, logits: torch.Tensor):
-            lp = Fn.token_logprobs(logits, mbs[m]["input_ids"].to(logits.device)).cpu()
+            lp = ops.token_logprobs(logits, mbs[m]["input_ids"].to(logits.device)).cpu()
             return self.loss_fn(lp, mbs[m], global_seqs, global_toks)
 
         return self._schedule([mb["input_ids"] for mb in mbs], on_output, forward_only=False)
@@ -290,7 +290,7 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         self.model.eval()
 
         def on_output(m: int, logits: torch.Tensor):
-            lp = Fn.token_logprobs(logits, mbs[m].to(logits.device)).cpu()
+            lp = ops.token_logprobs(logits, mbs[m].to(logits.device)).cpu()
             return logits.new_zeros(()), lp
 
         outs = self._schedule(mbs, on_output, forward_only=True)

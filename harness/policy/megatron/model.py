@@ -1,7 +1,7 @@
 """megatron-core GPTModel with the Qwen3-MoE layout, built from the harness
 `ModelConfig`, loaded from (and exported to) Hugging Face parameter names.
 
-Layout flags (reference qwen3_moe_and_parallelism.md §1.5): RMSNorm, per-head
+Layout flags (docs/megatron.md, "Layout flags"): RMSNorm, per-head
 q/k layernorm, GQA (`num_query_groups = kv_heads`, `kv_channels = head_dim`),
 RoPE with `rotary_base = rope_theta`, SwiGLU (`gated_linear_unit` + silu), no
 linear biases, untied embeddings, softmax top-k router with

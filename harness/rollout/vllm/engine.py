@@ -1,6 +1,6 @@
 """The vLLM engine behind ``RolloutWorker`` (``rollout.backend: vllm``).
 
-Two owners, chosen by the profiler placement of reference 2.4:
+Two owners, chosen by the profiler placement (docs/vllm.md):
 
 * ``VllmEngineWorker`` -- sync engine with ``rollout.tp == 1``: ``vllm.LLM``
   runs *in the actor process* (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``uni``
@@ -29,6 +29,10 @@ Determinism: fp32, ``enforce_eager``, prefix caching off, one OpenMP thread
 per worker (``VLLM_CPU_OMP_THREADS_BIND=nobind`` at TP 1, one core per rank
 beyond), a seed per request. Sync batches are scheduled the same way on every
 rerun.
+
+On cuda (the official build) the same code runs with the GPU worker class;
+the engine gets a bounded share of the GPU (``cuda_memory_kwargs``: it is
+colocated with the policy) and ``VLLM_HOST_IP`` defaults to loopback.
 """
 
 from __future__ import annotations
@@ -82,7 +86,13 @@ def engine_env(spec: Mapping[str, Any], *, in_process: bool) -> dict[str, str]:
     except the multiprocessing switch, which the placement decides)."""
     tp = int(spec["rollout"]["tp"])
     ncpu = os.cpu_count() or 1
+    cuda = {} if spec.get("platform", {}).get("device", "cpu") != "cuda" else {
+        # on a machine whose interfaces do not route, the engine start waits forever
+        # for its own address (measured on the H200 machine); loopback always works
+        "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1"),
+    }
     return {
+        **cuda,
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
             "VLLM_CPU_OMP_THREADS_BIND", "nobind" if tp == 1 else "|".join(str(r % ncpu) for r in range(tp))
@@ -121,9 +131,44 @@ def engine_kwargs(spec: Mapping[str, Any], model_dir: str, *, worker_cls: str | 
         "additional_config": additional,
         "disable_log_stats": True,
     }
+    if spec.get("platform", {}).get("device", "cpu") == "cuda":
+        kw.update(cuda_memory_kwargs())
     if worker_cls is not None:
         kw["worker_cls"] = worker_cls
     return kw
+
+
+def cold_cache_env(directory: str) -> dict[str, str]:
+    """Kernel and compile caches of a GPU engine under ``directory`` (fresh per run dir).
+
+    The rollout profiler counts the operators of the engine-init window, and
+    what vLLM runs there depends on whether Triton / FlashInfer / vLLM find
+    their JIT caches warm: a capture on a fresh GPU machine and a check after
+    it differed there, and only there (measured on the H200: cold-cache init
+    ran ``randperm``, ``amax``, 400 more ``detach`` ... for kernel tuning).
+    So every engine starts from empty caches of its own.
+    """
+    return {name: os.path.join(directory, sub) for name, sub in (
+        ("TRITON_CACHE_DIR", "triton"), ("VLLM_CACHE_ROOT", "vllm"),
+        ("FLASHINFER_WORKSPACE_BASE", "flashinfer"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"))}
+
+
+GPU_MEMORY_UTILIZATION_ENV = "HARNESS_VLLM_GPU_MEMORY_UTILIZATION"
+KV_CACHE_BYTES_ENV = "HARNESS_VLLM_KV_CACHE_BYTES"
+
+
+def cuda_memory_kwargs() -> dict[str, Any]:
+    """GPU memory of a vLLM engine colocated with the policy on the same GPU.
+
+    ``gpu_memory_utilization`` (default 0.3, ``$HARNESS_VLLM_GPU_MEMORY_UTILIZATION``)
+    bounds what vLLM may take of the device, leaving the rest to the policy
+    process; ``kv_cache_memory_bytes`` (default 2 GiB, ``$HARNESS_VLLM_KV_CACHE_BYTES``)
+    sizes the KV cache directly, so vLLM skips its memory-profiling pass at start.
+    """
+    return {
+        "gpu_memory_utilization": float(os.environ.get(GPU_MEMORY_UTILIZATION_ENV, "0.3")),
+        "kv_cache_memory_bytes": int(os.environ.get(KV_CACHE_BYTES_ENV, str(2 << 30))),
+    }
 
 
 def write_initial_model(spec: Mapping[str, Any], directory: str) -> str:
@@ -164,6 +209,8 @@ class VllmEngine:
         from harness.rollout.engine_worker import resolve_eos_token_id
 
         os.environ.update(engine_env(spec, in_process=in_process))
+        if spec.get("platform", {}).get("device", "cpu") == "cuda":
+            os.environ.update(cold_cache_env(os.path.join(os.path.dirname(os.path.abspath(model_dir)), "jit-cache")))
         self.model = ModelConfig.from_spec(spec["model"])
         self.eos_token_id = resolve_eos_token_id(spec)
         self.is_async = is_async
@@ -228,16 +275,38 @@ class VllmEngine:
         return results  # type: ignore[return-value]
 
     async def _generate_async(self, todo: list) -> list:
-        async def one(request, params):
-            final = None
-            rid = f"{request['request_id']}#{next(_ids)}"
-            async for out in self.llm.generate(translate.prompt_of(request), params, rid):
-                final = out
-            if final is None or not final.finished:
-                raise RuntimeError(f"vLLM async engine returned no final output for request {request['request_id']!r}")
-            return final
+        """Submit the whole batch, then collect every request's final output.
 
-        return list(await asyncio.gather(*(one(r, sp) for _, r, sp in todo)))
+        The scheduler is paused (``mode="keep"``: new requests are queued, none
+        is scheduled) while the batch is added and resumed once all of it is
+        queued, so every request enters the same first step. Without that the
+        engine core starts stepping on the first arrivals, the batch
+        composition depends on timing, and on a GPU the sampled-token logprobs
+        (and the rollout window's operator counts) differed between reruns
+        (measured on the H200: same tokens, different low bits). A build
+        without ``pause_generation`` streams the requests as they are added.
+        """
+        pause = getattr(self.llm, "pause_generation", None)
+        queues = []
+        if pause is not None:
+            await pause(mode="keep", clear_cache=False)
+        try:
+            for _, request, params in todo:
+                rid = f"{request['request_id']}#{next(_ids)}"
+                queues.append((request, await self.llm.add_request(rid, translate.prompt_of(request), params)))
+        finally:
+            if pause is not None:
+                await self.llm.resume_generation()
+
+        async def final_of(request, queue):
+            out = None
+            while out is None or not out.finished:
+                out = queue.get_nowait() or await queue.get()
+            if out is None or not out.finished:
+                raise RuntimeError(f"vLLM async engine returned no final output for request {request['request_id']!r}")
+            return out
+
+        return list(await asyncio.gather(*(final_of(r, q) for r, q in queues)))
 
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:

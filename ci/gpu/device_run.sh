@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# On the GPU machine, from a copy of this tree: install the carried wheels
+# (ci/gpu/install.sh) and run the named phases in order, each under its own
+# time limit, with its log in $OUT/<phase>.log and one line per phase
+# (exit status, seconds) in $OUT/phases.log. docs/gpu.md lists the phases.
+#
+#   ci/gpu/device_run.sh env unit refit      # then: vllm; capture; check; before
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source ci/gpu/install.sh || exit 2
+export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 TOKENIZERS_PARALLELISM=false
+out=${OUT:-/tmp/device-out}
+keep=/tmp/golden-keep   # survives between calls while the machine stays warm
+mkdir -p "$out" "$keep"
+W=qwen3_moe_medium_vllm
+for phase in "$@"; do
+    start=$(date +%s)
+    case $phase in
+        env) timeout 120 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; df -h /dev/shm /tmp;
+             python3 -c "import torch, vllm, ray, zmq, jsonschema, deepdiff; from vllm import LLM;
+print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__version__, torch.cuda.get_device_name(0))"' ;;
+        unit) timeout 180 python3 -m pytest -q -p no:cacheprovider suites/unit/test_refit_cuda_ipc.py \
+                  suites/unit/test_refit_zmq.py suites/unit/test_vllm_cuda_config.py ;;
+        refit) timeout 300 python3 benches/refit_cuda_ipc_bench.py ;;
+        vllm) timeout 560 python3 benches/vllm_gpu_bench.py --batch 8 --new-tokens 32 --repeat 2 \
+                  --out "$out/vllm_gpu_bench.json" ;;
+        capture) timeout 580 python3 -m harness.cli capture $W --platform cuda \
+                     --reason "first capture on one H200: official vLLM 0.26.0 async engine, CUDA IPC refit (issue 24)" \
+                 && rm -rf "$keep/$W" && cp -r goldens/$W/cuda "$keep/$W" \
+                 && tar -C goldens/$W -cf "$out/golden_$W.tar" cuda ;;
+        check) { [ -d goldens/$W/cuda ] || cp -r "$keep/$W" goldens/$W/cuda; } \
+               && timeout 580 python3 -m harness.cli check $W --platform cuda ;;
+        before) { [ -d goldens/$W/cuda ] || cp -r "$keep/$W" goldens/$W/cuda; } \
+                && HARNESS_REFIT_STAGING=host timeout 330 python3 -m harness.cli check $W --platform cuda --run-dir /tmp/run-before;
+                find /tmp/run-before -name 'timings.json' -o -name 'manifest.json' | tar -cf "$out/before_run.tar" -T - ;;
+        *) echo "device_run.sh: unknown phase $phase"; false ;;
+    esac > "$out/$phase.log" 2>&1
+    rc=$?
+    echo "phase $phase: rc $rc, $(( $(date +%s) - start )) s" | tee -a "$out/phases.log"
+    tail -n 25 "$out/$phase.log"
+done

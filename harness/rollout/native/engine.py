@@ -1,0 +1,146 @@
+"""``Engine``: the native rollout backend's generation engine, composed of its parts.
+
+An ``Engine`` is the inference twin of the reference Qwen3-MoE (as vLLM is to
+Megatron): a separate implementation over HF-named tensors that computes with
+``harness.ops``, the pieces the reference model is built from, so both stacks
+compute the same math. Its results are batch-invariant: a request's tokens and
+logprobs never depend on what else is in the batch, on ``max_batch_size`` or on
+its KV slot (``forward`` says how).
+
+The parts, one job each (all in ``harness.rollout.native``):
+
+* ``weights.PackedWeights``: this TP rank's shards, packed per layer, HF-named views, refit;
+* ``forward.Forward``: one step's math, per request and batched decode, and the TP sum;
+* ``probe``: whether this machine's kernels may run the batched decode;
+* ``scheduler.Scheduler``: admission, steps, prefill dedup and sampling (``sampling``);
+* ``kv_cache.KVCachePool``: one KV slot per running request.
+
+The TP layout of the HF-named tensors (``harness.rollout.sharding``) is shared
+with ``RolloutWorker`` (unsharding) and the vLLM backend (weight loading).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from harness import ops
+from harness.model.config import ModelConfig
+from harness.rollout.native.forward import Forward
+from harness.rollout.native.kv_cache import KVCachePool
+from harness.rollout.native.probe import choose_batched_decode
+from harness.rollout.native.scheduler import Scheduler
+from harness.rollout.native.weights import PackedWeights
+from harness.rollout.sharding import ShardPlan
+
+
+def as_model_config(model_cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
+    """Accept a ``ModelConfig``, a spec ``model`` block or a whole spec dict."""
+    if isinstance(model_cfg, ModelConfig):
+        return model_cfg
+    return ModelConfig.from_spec(model_cfg)
+
+
+class Engine:
+    """Generation over HF-named weights with optional tensor parallelism.
+
+    ``weights`` are *full* tensors (the engine keeps its TP shard); ``None``
+    allocates zeros, to be filled by ``load_weights`` (a refit). With
+    ``tp_size > 1`` every TP rank constructs an engine with its ``tp_rank``
+    and the same ``tp_group`` and calls every method collectively.
+
+    ``batched_decode``: ``None`` (default) decodes the running requests
+    together when the start-up probe confirms this machine's kernels give the
+    per-request bits (``probe``); ``False`` forces the per-request decode;
+    ``True`` requires the batched one (ValueError if the dtype or device is not
+    supported or the probe fails). Either way the tokens and logprobs are the same.
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig | Mapping[str, Any],
+        weights: Mapping[str, torch.Tensor] | None,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        tp_group: Any = None,
+        max_batch_size: int = 8,
+        device: str | torch.device = "cpu",
+        eos_token_id: int | None = None,
+        batched_decode: bool | None = None,
+    ) -> None:
+        self.cfg = as_model_config(model_cfg)
+        if max_batch_size < 1:
+            raise ValueError(f"rollout.max_batch_size must be >= 1, got {max_batch_size}")
+        if tp_size > 1 and tp_group is None:
+            raise ValueError("an engine with tp_size > 1 needs its tp_group")
+        self.plan = ShardPlan(self.cfg, tp_rank, tp_size)
+        self.tp_group = tp_group
+        self.device = torch.device(device)
+        self.dtype = self.cfg.torch_dtype()
+        self.max_batch_size = max_batch_size
+        self.eos_token_id = eos_token_id
+        self.weight_version = 0
+        self.packed = PackedWeights(self.cfg, self.plan, self.dtype, self.device)
+        self.kv = KVCachePool(
+            layers=self.cfg.layers,
+            slots=max_batch_size,
+            max_position=self.cfg.max_position,
+            kv_heads=self.plan.local_kv_heads,
+            head_dim=self.cfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.forward = Forward(self.cfg, self.plan, self.packed, self.kv, tp_group, self.device, self.dtype)
+        if weights is not None:
+            missing = [n for n in self.packed.full_shapes if n not in weights]
+            if missing:
+                raise ValueError(f"engine weights are missing {len(missing)} tensor(s), first: {missing[:3]}")
+            self.load_weights(weights.items())
+        self.scheduler = Scheduler(
+            self.cfg, self.forward, self.kv, max_batch_size=max_batch_size, eos_token_id=eos_token_id,
+            batched_decode=choose_batched_decode(self.forward, max_batch_size, batched_decode),
+        )
+
+    @property
+    def batched_decode(self) -> bool:
+        """The decode path in use: True when decoding rows share one batched forward."""
+        return self.scheduler.batched_decode
+
+    # -- weights ---------------------------------------------------------------
+
+    def state_dict_info(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Full (unsharded) ``(shape, dtype)`` per HF name: what a refit must send."""
+        return self.packed.state_dict_info()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+        """Copy full tensors into this rank's shards (exactly); return the names loaded.
+        Unknown names, wrong shapes or dtypes raise ValueError naming the tensor."""
+        return self.packed.load(named_tensors)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's shards under HF names (``ShardPlan.unshard`` rebuilds full tensors)."""
+        return self.packed.state_dict()
+
+    # -- generation ---------------------------------------------------------------
+
+    @torch.no_grad()
+    def prompt_logprobs(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """``[S]`` fp32 logprobs of ``token_ids`` under the engine (column 0 is 0).
+
+        Uses (and frees) one KV slot; the design.md per-token convention.
+        """
+        slot = self.kv.allocate()
+        try:
+            _, (logits,) = self.forward.step([(slot, 0, list(token_ids))])
+        finally:
+            self.kv.release(slot)
+        ids = torch.tensor(list(token_ids), device=self.device).unsqueeze(0)
+        return ops.token_logprobs(logits.unsqueeze(0), ids)[0]
+
+    def generate(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Generate for every request; results in request order (``scheduler``), each
+        stamped with the current ``weight_version``."""
+        return self.scheduler.generate(requests, self.weight_version)

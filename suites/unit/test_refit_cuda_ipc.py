@@ -1,0 +1,173 @@
+"""Refit staging by CUDA IPC handle (colocated engines on a GPU).
+
+On the CPU box: the staging-device choice, the handle dispatch, the receiver
+opening each CUDA buffer once per stream, and that host staging keeps its old
+handle and message sequence. ``test_cuda_ipc_stream_between_processes``
+needs a GPU (marker ``gpu``): a real CUDA IPC stream from this process to a
+spawned receiver process, bit for bit.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+
+import pytest
+import torch
+
+from harness.refit import staging, zmq_stream
+from harness.refit.packing import pack
+from harness.refit.zmq_stream import ACK, COMPLETE, ipc_address, receive_weights_zmq, send_weights_zmq
+
+CUDA = torch.cuda.is_available()
+
+
+def _state(seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    sd = {f"layer{i}.w": torch.randn(i * 31 + 3, generator=gen) for i in range(12)}
+    sd["embed"] = torch.randn(40, 50, generator=gen)  # 8000 bytes: oversized for a 4 KiB budget
+    sd["half"] = torch.randn(17, generator=gen).to(torch.bfloat16)
+    return {k: v.to(device) for k, v in sd.items()}
+
+
+def _info(sd):
+    return {n: (tuple(t.shape), t.dtype) for n, t in sd.items()}
+
+
+# -- CPU box -------------------------------------------------------------------------------
+def test_staging_device_choice():
+    assert zmq_stream._staging_device(None) is None
+    assert zmq_stream._staging_device("cpu") is None
+    with pytest.raises(ValueError, match="cpu or cuda"):
+        zmq_stream._staging_device("meta")
+    if not CUDA:
+        with pytest.raises(ValueError, match="sees no CUDA device"):
+            zmq_stream._staging_device("cuda")
+        with pytest.raises(ValueError, match="sees no CUDA device"):
+            send_weights_zmq([("a", torch.zeros(2))], address="ipc://unused", buffer_size_bytes=1024,
+                             staging_device="cuda")
+
+
+def test_cuda_buffer_refuses_a_host_device():
+    with pytest.raises(ValueError, match="needs a cuda device"):
+        staging.CudaStagingBuffer.create(64, "cpu")
+    with pytest.raises(ValueError, match="must be positive"):
+        staging.CudaStagingBuffer.create(0, "cuda")
+
+
+def test_a_bad_cuda_handle_is_a_clear_error():
+    handle = {"kind": staging.CUDA_IPC, "nbytes": 4096, "id": "x", "ipc": ("not", "a", "handle")}
+    with pytest.raises(RuntimeError, match="CUDA IPC staging buffer of 4096 bytes could not be opened"):
+        staging.open_staging(handle)
+
+
+def test_host_handle_is_unchanged(tmp_path):
+    """Host staging keeps its two-key handle (no ``kind``), so the CPU stream is the old one."""
+    buf = staging.StagingBuffer.create(1024, str(tmp_path))
+    try:
+        assert set(buf.handle()) == {"path", "nbytes"}
+        buf.ready()  # a no-op for host buffers
+    finally:
+        buf.release()
+
+
+class _Script:
+    """A REP-side socket double that replays sender messages and records the ACKs."""
+
+    def __init__(self, messages):
+        self.messages = list(messages)
+        self.acks = 0
+
+    def recv_pyobj(self):
+        return self.messages.pop(0)
+
+    def send(self, frame):
+        assert frame == ACK
+        self.acks += 1
+
+
+def test_receiver_opens_each_cuda_buffer_once_per_stream(monkeypatch):
+    """Two ping-pong CUDA buffers used for four groups: two opens, four ACKs, every
+    tensor loaded from the right buffer. The IPC open itself is replaced by a host
+    tensor here (no GPU on this box); the GPU test below opens real handles."""
+    sd = _state()
+    names = list(sd)
+    groups = [names[0:3], names[3:6], names[6:9], names[9:14]]
+    packed = {g: pack([sd[n] for n in names_]) for g, names_ in enumerate(groups)}
+    opens = []
+
+    def fake_open(handle):
+        opens.append(handle["id"])
+        return buffers[handle["id"]]
+
+    buffers = {"A": torch.zeros(65536, dtype=torch.uint8), "B": torch.zeros(65536, dtype=torch.uint8)}
+    monkeypatch.setattr(zmq_stream, "open_staging", fake_open)
+
+    class Feed(_Script):
+        def recv_pyobj(self):
+            message = super().recv_pyobj()
+            if message != COMPLETE:  # the sender re-packs a buffer only after its ACK
+                handle, group_names, used = message
+                g = groups.index(list(group_names))
+                buffers[handle["id"]][:used].copy_(packed[g])
+            return message
+
+    messages = [({"kind": staging.CUDA_IPC, "id": "AB"[g % 2], "nbytes": 65536}, groups[g], packed[g].numel())
+                for g in range(4)] + [COMPLETE]
+    socket = Feed(messages)
+    received = {}
+    receive_weights_zmq(address="ipc://unused", state_dict_info=_info(sd), socket=socket,
+                        load_fn=lambda views: received.update({n: v.clone() for n, v in views}))
+    assert opens == ["A", "B"]
+    assert socket.acks == 5
+    assert set(received) == set(sd)
+    for name, t in sd.items():
+        assert torch.equal(received[name], t), name
+
+
+# -- GPU ------------------------------------------------------------------------------------
+def _receive_in_child(address: str, info: dict, queue) -> None:
+    try:
+        torch.cuda.set_device(0)
+        got: dict = {}
+        devices = set()
+
+        def load(views):
+            for name, view in views:
+                devices.add(view.device.type)
+                got[name] = view.clone()
+
+        receive_weights_zmq(address=address, state_dict_info=info, load_fn=load, timeout_ms=60_000)
+        queue.put({"devices": sorted(devices), "pid": os.getpid(),
+                   "digest": {n: bytes(t.cpu().contiguous().view(torch.uint8).reshape(-1).numpy()).hex()
+                              for n, t in got.items()}})
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        queue.put({"error": repr(exc)})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (L2: ci/l2.sh on a GPU machine)")
+def test_cuda_ipc_stream_between_processes(tmp_path):
+    sd = _state(3, "cuda")
+    address = ipc_address(str(tmp_path), "cuda")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_receive_in_child, args=(address, _info(sd), queue))
+    child.start()
+    outcome = {}
+
+    def sender():
+        outcome["stats"] = send_weights_zmq(sd.items(), address=address, buffer_size_bytes=4096,
+                                            timeout_ms=60_000, staging_device="cuda")
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    result = queue.get(timeout=120)
+    thread.join(60)
+    child.join(60)
+    assert "error" not in result, result
+    assert result["devices"] == ["cuda"] and result["pid"] != os.getpid()
+    assert outcome["stats"].oversized == 1 and outcome["stats"].groups > 2
+    for name, t in sd.items():
+        assert result["digest"][name] == bytes(t.cpu().contiguous().view(torch.uint8).reshape(-1).numpy()).hex()
