@@ -130,8 +130,12 @@ class Session:
         self.loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
         self.episode_env = make_episode_env(spec, task, self.tokenizer)
         capture = self._start_capture()
-        # The rollout actors start first, without waiting: they build their engines while the
-        # policy ranks start (nothing of one depends on the other; each records only itself).
+        phase(self.say, f"spawning {self.topology.policy.world} policy workers")
+        from harness.policy.group import PolicyGroup
+
+        self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars, pool=pool)
+        self._detail("policy workers", self.policy.ready_info)
+        phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
         if pool is None:
             from harness.rollout.worker import rollout_worker_actor
 
@@ -142,20 +146,13 @@ class Session:
                     capture_config=self._capture_config,
                 )
                 self.workers.append(w)
-            rollout_ready = [w.ready.remote() for w in self.workers]
+            ready = ray.get([w.ready.remote() for w in self.workers])
         else:
             self.workers = pool.acquire("rollout", len(self.topology.engines))
             self._warm_rollout = True
-            rollout_ready = [w.adopt.remote(self.env_vars, spec, engine.engine, engine.rank_prefix, str(self.run_dir),
+            ready = ray.get([w.adopt.remote(self.env_vars, spec, engine.engine, engine.rank_prefix, str(self.run_dir),
                                             capture_config=self._capture_config)
-                             for w, engine in zip(self.workers, self.topology.engines)]
-        phase(self.say, f"spawning {self.topology.policy.world} policy workers")
-        from harness.policy.group import PolicyGroup
-
-        self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars, pool=pool)
-        self._detail("policy workers", self.policy.ready_info)
-        phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
-        ready = ray.get(rollout_ready)
+                             for w, engine in zip(self.workers, self.topology.engines)])
         self._detail("rollout workers", ready)
         self._await_dataplane()
         self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir)
