@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.spec.constraints import POLICY_BACKEND_FIXED
+
 DENSE_AXES = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("etp", "ep", "edp", "pp")
 # Group kinds the policy needs; each is a tuple of axes of one grid.
@@ -78,7 +80,8 @@ def validate_policy_layout(policy: Mapping[str, Any], model: Mapping[str, Any]) 
         raise ValueError(f"policy.tp={tp} must divide model.kv_heads={model['kv_heads']} (no KV replication)")
     if model["vocab"] % tp:
         raise ValueError(f"policy.tp={tp} must divide model.vocab={model['vocab']}")
-    if tp > 1 and not policy.get("sp", True):
+    no_sp_backend = "sp" in POLICY_BACKEND_FIXED.get(policy.get("backend", "native"), {})  # dtensor: no SP
+    if tp > 1 and not policy.get("sp", True) and not no_sp_backend:
         raise ValueError("policy.sp must be true when policy.tp > 1 (MoE training needs sequence parallel)")
     seq = int(policy["seq_len"])
     if seq % (2 * cp * tp) if cp > 1 else seq % tp:

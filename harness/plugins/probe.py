@@ -24,6 +24,7 @@ import ast
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import json
 import sys
 
@@ -84,7 +85,13 @@ def _static_kind(module_name: str, name: str, hops: int = 0) -> tuple[str, objec
         obj = getattr(sys.modules[module_name], name, None)
         if isinstance(obj, type):
             return "object", obj
-        return ("missing" if obj is None else "notclass"), type(obj).__name__
+        if obj is None:
+            return "missing", None
+        if inspect.isroutine(obj):  # the same words as the source reading below, whatever was imported before
+            return "function", None
+        if inspect.ismodule(obj):
+            return "module", None
+        return "notclass", type(obj).__name__
     origin, error = _module_source(module_name)
     if error:
         return "error", error

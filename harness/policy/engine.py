@@ -263,12 +263,32 @@ class PolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
 
 
 
-def create_engine(spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> Any:
-    """The engine for `spec.policy.backend`: `PolicyEngine` (native) or
-    `harness.policy.megatron.engine.MegatronPolicyEngine` (megatron-core,
-    imported only when selected)."""
-    if spec["policy"].get("backend", "native") == "megatron":
-        from harness.policy.megatron.engine import MegatronPolicyEngine
+def _megatron_engine() -> type:
+    from harness.policy.megatron.engine import MegatronPolicyEngine
 
-        return MegatronPolicyEngine(spec, rank, topology=topology)
-    return PolicyEngine(spec, rank, topology=topology)
+    return MegatronPolicyEngine
+
+
+def _dtensor_engine() -> type:
+    from harness.policy.dtensor.engine import DTensorPolicyEngine
+
+    return DTensorPolicyEngine
+
+
+# policy.backend -> the engine class, imported only when selected
+ENGINES: dict[str, Any] = {
+    "native": lambda: PolicyEngine,
+    "megatron": _megatron_engine,
+    "dtensor": _dtensor_engine,
+}
+
+
+def create_engine(spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> Any:
+    """The engine for `spec.policy.backend` (`ENGINES`): `PolicyEngine` (native),
+    `harness.policy.megatron.engine.MegatronPolicyEngine` (megatron-core) or
+    `harness.policy.dtensor.engine.DTensorPolicyEngine` (torch DTensor); a
+    backend's module is imported only when selected."""
+    backend = spec["policy"].get("backend", "native")
+    if backend not in ENGINES:
+        raise ValueError(f"policy.backend={backend!r}: no policy engine (known: {sorted(ENGINES)})")
+    return ENGINES[backend]()(spec, rank, topology=topology)

