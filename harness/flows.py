@@ -90,9 +90,12 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
 
 
 def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,
-            goldens_root: Path | None = None, say: Say | None = None, platform: str | None = None) -> Execution:
+            goldens_root: Path | None = None, say: Say | None = None, platform: str | None = None,
+            warm=None) -> Execution:
     """Run + postflight (on ``platform``'s device, see :func:`spec_for_platform`).
-    Raises only for unusable input (spec/topology errors)."""
+    Raises only for unusable input (spec/topology errors). ``warm``: a
+    ``harness.runner.warm.WarmRuntime`` to reuse Ray and warm worker processes from
+    (docs/runner.md); None: a cold run with its own Ray instance."""
     from harness.runner.run import run_workload
     from harness.spec.load import check_runnable
 
@@ -100,7 +103,7 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
-    run_workload(spec, run_dir, progress=say)
+    run_workload(spec, run_dir, progress=say, warm=warm)
     phase(say, "postflight")
     result = postflight(run_dir)
     return Execution(spec, run_dir, result, time.perf_counter() - t)

@@ -57,6 +57,7 @@ import argparse
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -301,6 +302,22 @@ class GoldenSession:
         self._cache: dict[tuple[str, str], tuple] = {}
         self.stored_by_current_test: str | None = None
         self._progress_stream = None
+        self._warm = None  # harness.runner.warm.WarmRuntime, created on the first workload
+
+    def warm_runtime(self):
+        """This process's warm runtime (one Ray instance + warm worker processes shared by its
+        workloads, docs/runner.md); None with ``GOLDEN_WARM=0`` (every workload cold)."""
+        if os.environ.get("GOLDEN_WARM", "1").strip() == "0":
+            return None
+        if self._warm is None:
+            from harness.runner.warm import WarmRuntime  # ray is imported only when it starts
+
+            self._warm = WarmRuntime()
+        return self._warm
+
+    def close_warm(self) -> None:
+        if self._warm is not None:
+            self._warm.close()
 
     def root_of(self, workload: str) -> Path:
         """The goldens root ``golden_params`` found ``workload`` under, else this session's root."""
@@ -361,7 +378,7 @@ class GoldenSession:
         progress = self._progress(workload)
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
-                                      platform=self.platform_opt, say=progress)
+                                      platform=self.platform_opt, say=progress, warm=self.warm_runtime())
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
         finally:
@@ -462,9 +479,22 @@ def capture_missing_hint(workload: str, platform: str | None, root: Path | None)
 
 
 @pytest.fixture(scope="session")
-def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> GoldenSession:
+def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GoldenSession]:
     """The session-wide golden runner (see module docstring)."""
-    return GoldenSession(request.config, tmp_path_factory.mktemp("golden-runs"))
+    session = GoldenSession(request.config, tmp_path_factory.mktemp("golden-runs"))
+    request.config._golden_session = session  # type: ignore[attr-defined]
+    yield session
+    session.close_warm()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The warm runtime (Ray + warm processes) lives across consecutive golden tests only:
+    before a test that does not use the ``golden`` fixture it is shut down, so that test
+    finds no Ray instance of ours (it starts again for the next golden test)."""
+    session = getattr(item.config, "_golden_session", None)
+    if session is not None and (nextitem is None or "golden" not in getattr(nextitem, "fixturenames", ())):
+        session.close_warm()
 
 
 @pytest.hookimpl(wrapper=True)

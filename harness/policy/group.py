@@ -90,7 +90,11 @@ class PolicyGroup:
         *,
         env_vars: Mapping[str, str] | None = None,
         address: str | None = None,
+        pool: Any = None,
     ) -> None:
+        """``pool``: a ``harness.runner.warm.WarmRuntime`` whose warm policy processes the ranks
+        adopt (Ray must be up); shutdown hands them back when every rank retired cleanly,
+        else kills them. Without it every rank is a new actor (a cold start)."""
         policy = spec["policy"]
         if topology is None:
             from harness.spec.topology import plan
@@ -106,7 +110,9 @@ class PolicyGroup:
         if self.coords is None or len(self.coords) != self.world:
             raise ValueError(f"topology has no policy layout of {self.world} ranks")
         self._started_ray = False
-        if not ray.is_initialized():
+        self._pool = pool
+        self._clean = True  # pooled: no call failed, so the processes may be reused
+        if pool is None and not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             if address:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -116,15 +122,25 @@ class PolicyGroup:
             self._started_ray = True
         env = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", **(env_vars or {})}
         self._store = HeldStore()  # served here for the group's lifetime (ranks may create groups later)
-        self.workers = [
-            PolicyWorker.options(num_cpus=0, runtime_env={"env_vars": env}, name=None).remote(
-                dict(spec), r, self.world, self._store.host, self._store.port, run_dir, topology
-            )
-            for r in range(self.world)
-        ]
+        args = (self._store.host, self._store.port, run_dir, topology)
+        if pool is None:
+            self.workers = [
+                PolicyWorker.options(num_cpus=0, runtime_env={"env_vars": env}, name=None).remote(
+                    dict(spec), r, self.world, *args
+                )
+                for r in range(self.world)
+            ]
+        else:
+            self.workers = pool.acquire("policy", self.world)
         try:
-            self._gather([w.ready.remote() for w in self.workers], "ready")
+            if pool is None:
+                self.ready_info = self._gather([w.ready.remote() for w in self.workers], "ready")
+            else:
+                self.ready_info = self._gather(
+                    [w.adopt.remote(env, dict(spec), r, self.world, *args) for r, w in enumerate(self.workers)],
+                    "ready")
         except BaseException:
+            self._clean = False
             self.shutdown()
             raise
         last = policy["pp"] - 1
@@ -169,6 +185,7 @@ class PolicyGroup:
             except ray.exceptions.RayTaskError as exc:
                 errors[rank] = ("failed", exc)
         if errors or pending:
+            self._clean = False
             texts = {r: own_error_text(exc) for r, (_, exc) in errors.items()}
             first = first_failure(errors, texts)
             kind, exc = errors[first]
@@ -246,15 +263,20 @@ class PolicyGroup:
         """Close profilers and process groups, kill the actors, stop Ray if we
         started it. Safe to call twice."""
         workers, self.workers = getattr(self, "workers", []), []
+        pool = getattr(self, "_pool", None)
         refs = []
         for w in workers:
             try:
-                refs.append(w.shutdown.remote())
+                refs.append(w.retire.remote() if pool is not None else w.shutdown.remote())
             except Exception:  # noqa: BLE001 - best-effort shutdown
-                pass
+                self._clean = False
         try:  # one bound for all ranks (a dead raylet answers none of them)
-            ray.wait(refs, num_returns=len(refs), timeout=30)
-        except Exception:  # noqa: BLE001 - best-effort shutdown
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=30)
+            if pool is not None and self._clean and len(ready) == len(workers):
+                ray.get(ready)  # raises if a rank did not retire cleanly
+                pool.release("policy", workers)
+                workers = []
+        except Exception:  # noqa: BLE001 - best-effort shutdown; the processes are killed below
             pass
         for w in workers:
             try:

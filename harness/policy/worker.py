@@ -17,14 +17,20 @@ process group (gloo on CPU, nccl on cuda) over the policy world, seeds from
 
 from __future__ import annotations
 
+import gc
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
-import ray
-import torch
+_IMPORT_STARTED = time.time()  # start-up timings (``ready()["timings"]``): the heavy imports begin
 
-from harness.policy.engine import create_engine, init_distributed
+import ray  # noqa: E402 - after the import stamp
+import torch  # noqa: E402 - after the import stamp
+
+from harness.policy.engine import create_engine, init_distributed  # noqa: E402 - after the import stamp
+
+_IMPORTED = time.time()
 
 
 class PolicyWorkerImpl:
@@ -41,16 +47,24 @@ class PolicyWorkerImpl:
         self.rank = rank
         self.run_dir = run_dir
         device = spec.get("platform", {}).get("device", "cpu")
+        t0 = time.time()
         init_distributed(rank, world_size, master_addr, master_port, device)
+        t1 = time.time()
         self.engine = create_engine(spec, rank, topology=topology)
+        t2 = time.time()
         self.hooks = _load_hooks(rank)
+        self.timings = _start_timings(init_started=t0, process_groups=t1, engine=t2, profiler=time.time())
         from harness.refit.broadcast import SideGroupSlot
 
         self._side_group = SideGroupSlot()  # rank 0's refit side group, built by the first broadcast
         self._dataplane_clients: dict[Any, Any] = {}  # actor handle -> DataPlaneClient, closed on shutdown
 
     def ready(self) -> dict[str, Any]:
-        return {"rank": self.rank, "coords": dict(self.engine.coords), "pid": os.getpid()}
+        """Rank, coordinates, pid and ``timings``: wall-clock stamps of this rank's start-up
+        (``process``, ``import_started``, ``imported``, ``init_started``, ``process_groups``,
+        ``engine``, ``profiler``) for the phase bench; a reused process keeps its first three."""
+        return {"rank": self.rank, "coords": dict(self.engine.coords), "pid": os.getpid(),
+                "timings": dict(self.timings)}
 
     # -- training -------------------------------------------------------------------
 
@@ -188,6 +202,53 @@ class PolicyWorkerImpl:
         self.hooks.close(cleanup)
 
 
+def _start_timings(**stamps: float) -> dict[str, float | None]:
+    from harness.runner.process_state import process_start_time
+
+    return {"process": process_start_time(), "import_started": _IMPORT_STARTED, "imported": _IMPORTED, **stamps}
+
+
+class PolicyWorkerHost(PolicyWorkerImpl):
+    """A warm policy process (``harness.runner.warm``): started once with torch imported, then
+    adopted by one workload after another. Each ``adopt`` restores the fresh-process state
+    (``ProcessBaseline``), applies the workload's environment and builds the rank exactly as
+    ``PolicyWorkerImpl.__init__`` does (new process groups, model, optimizer, seeds, profiler);
+    ``retire`` shuts the rank down and drops every reference to it."""
+
+    def __init__(self) -> None:  # nothing of a workload yet
+        from harness.runner.process_state import ProcessBaseline
+
+        self._baseline = ProcessBaseline.capture()
+        self._adopted = False
+
+    def adopt(self, env_vars: Mapping[str, str], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self._adopted:
+            raise RuntimeError(f"warm policy process {os.getpid()} is still adopted by a workload")
+        self._baseline.restore(dict(env_vars))
+        self._adopted = True
+        PolicyWorkerImpl.__init__(self, *args, **kwargs)
+        return self.ready()
+
+    def retire(self) -> int:
+        """Shut the rank down (profiler, side group, data-plane clients, process group) and
+        forget it; returns this pid. Raises if the shutdown failed (the pool then kills it)."""
+        import torch.distributed as dist
+
+        try:
+            if hasattr(self, "hooks"):
+                self.shutdown()
+            if dist.is_initialized():  # an adopt that failed half-way: not reusable
+                dist.destroy_process_group()
+                raise RuntimeError(f"warm policy process {os.getpid()}: process group left from a failed start")
+        finally:
+            for name in ("engine", "hooks", "_side_group", "_dataplane_clients", "timings"):
+                self.__dict__.pop(name, None)
+            self._adopted = False
+            gc.collect()
+            self._baseline.restore()
+        return os.getpid()
+
+
 def _load_hooks(rank: int):
     from harness.plugins.loader import load_policy_profiler
     from harness.plugins.policy_hooks import PolicyProfilerHooks
@@ -196,3 +257,4 @@ def _load_hooks(rank: int):
 
 
 PolicyWorker = ray.remote(num_cpus=0)(PolicyWorkerImpl)
+PolicyHost = ray.remote(num_cpus=0)(PolicyWorkerHost)

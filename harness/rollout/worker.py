@@ -28,7 +28,9 @@ then stops the internal processes (no orphans), then the capture sink.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +44,7 @@ from harness.refit.zmq_stream import DEFAULT_TIMEOUT_MS, ipc_address
 from harness.rollout.sharding import ShardPlan
 
 CAPTURE_ABORT_REASON = "generation_error"
+_IMPORTED = time.time()  # start-up timings (``ready()["timings"]``)
 
 
 class RolloutWorker:
@@ -58,6 +61,7 @@ class RolloutWorker:
     ) -> None:
         """``capture_config``: the ``CaptureSink.from_config`` dict (the runner's
         data-plane actor and ledger); default: derived from the spec and run dir."""
+        init_started = time.time()
         self._capture_config = dict(capture_config) if capture_config else None
         if env_vars:
             os.environ.update({k: str(v) for k, v in env_vars.items()})
@@ -102,6 +106,10 @@ class RolloutWorker:
                 self.spec, tp_size=self.tp, rank_prefix=self.rank_prefix, label=self.label, env=dict(os.environ)
             )
             self._procs.call("end_engine_initialization")
+        from harness.runner.process_state import process_start_time
+
+        self.timings = {"process": process_start_time(), "imported": _IMPORTED, "init_started": init_started,
+                        "engine": time.time()}
 
     def _start_vllm(self, env_vars: Mapping[str, str] | None) -> None:
         """``rollout.backend: vllm`` (docs/vllm.md) with the same two placements: vLLM in
@@ -137,8 +145,11 @@ class RolloutWorker:
 
     # -- info ------------------------------------------------------------------------
     def ready(self) -> dict[str, Any]:
-        """Process ids: this actor and its internal engine processes (empty when in-actor)."""
+        """Process ids: this actor and its internal engine processes (empty when in-actor), and
+        ``timings``: wall-clock stamps of the start-up (``process``, ``imported``, ``init_started``,
+        ``engine`` = engine processes built and warmed up) for the phase bench."""
         return {
+            "timings": dict(self.timings),
             "actor_pid": os.getpid(),
             "engine_pids": [] if self._procs is None else list(self._procs.pids),
             "engine_index": self.engine_index,
@@ -379,8 +390,53 @@ class RolloutWorker:
             raise error
 
 
+class RolloutWorkerHost(RolloutWorker):
+    """A warm rollout actor process (``harness.runner.warm``), adopted by one workload after
+    another: ``adopt`` restores the fresh-process state (``ProcessBaseline``), applies the
+    workload's environment and builds the engine exactly as ``RolloutWorker.__init__`` does
+    (internal engine processes are new for every workload); ``retire`` shuts it down and
+    drops every reference to it."""
+
+    def __init__(self) -> None:  # nothing of a workload yet
+        from harness.runner.process_state import ProcessBaseline
+
+        self._baseline = ProcessBaseline.capture()
+        self._adopted = False
+
+    def adopt(self, env_vars: Mapping[str, str], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self._adopted:
+            raise RuntimeError(f"warm rollout process {os.getpid()} is still adopted by a workload")
+        self._baseline.restore(dict(env_vars))
+        self._adopted = True
+        RolloutWorker.__init__(self, *args, env_vars=env_vars, **kwargs)
+        return self.ready()
+
+    def retire(self) -> int:
+        """Shut the engine down and forget it; returns this pid (raises if the shutdown failed)."""
+        try:
+            if hasattr(self, "_closed"):
+                self.shutdown()
+            if getattr(self, "_pending", None) or getattr(self, "_waves", None):
+                raise RuntimeError(f"warm rollout process {os.getpid()}: requests still queued")
+        finally:
+            keep = {"_baseline"}
+            for name in [n for n in self.__dict__ if n not in keep]:
+                del self.__dict__[name]
+            self._adopted = False
+            gc.collect()
+            self._baseline.restore()
+        return os.getpid()
+
+
 def rollout_worker_actor():
     """The Ray actor class (``num_cpus=0``), created lazily so importing this module needs no Ray."""
     import ray
 
     return ray.remote(num_cpus=0)(RolloutWorker)
+
+
+def rollout_worker_host_actor():
+    """The warm-pool actor class (``RolloutWorkerHost``, ``num_cpus=0``)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(RolloutWorkerHost)

@@ -72,15 +72,19 @@ def worker_env(spec: dict, run_dir: Path, run_id: str) -> dict[str, str]:
     return env
 
 
-def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] | None = None) -> RunOutcome:
-    """Run ``spec`` into ``run_dir`` (must not exist or be empty)."""
+def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] | None = None,
+                 warm=None) -> RunOutcome:
+    """Run ``spec`` into ``run_dir`` (must not exist or be empty). ``warm``: a
+    ``harness.runner.warm.WarmRuntime`` whose Ray and warm processes the run reuses
+    (the pytest plugin's); None: a private Ray instance, started and torn down."""
     run_dir = Path(run_dir)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run directory {run_dir} is not empty")
     run_dir.mkdir(parents=True, exist_ok=True)
     topology = plan(spec)  # validates before anything starts
     run_id = f"{spec['name']}-{uuid.uuid4().hex[:8]}"
-    return _execute(spec, topology, run_dir, run_id, _new_run_doc(spec, topology, run_id), None, progress)
+    return _execute(spec, topology, run_dir, run_id, _new_run_doc(spec, topology, run_id), None, progress,
+                    warm=warm)
 
 
 def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = None) -> RunOutcome:
@@ -128,7 +132,8 @@ def _new_run_doc(spec: dict, topology, run_id: str) -> dict:
 
 
 def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, resume,
-             progress: Callable[[str], None] | None, trace_env: dict[str, str] | None = None) -> RunOutcome:
+             progress: Callable[[str], None] | None, trace_env: dict[str, str] | None = None,
+             warm=None) -> RunOutcome:
     say = progress or (lambda msg: None)
     _write_json(run_dir / layout.RUN_JSON, run_doc)
     t0 = time.perf_counter()
@@ -141,7 +146,7 @@ def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, re
         phase(say, "loading torch and ray")
         from harness.runner.session import Session  # torch + ray live behind this import
 
-        with Session(spec, topology, run_dir, env, say, resume=resume) as session:
+        with Session(spec, topology, run_dir, env, say, resume=resume, warm=warm) as session:
             session.run_iterations()
     except KeyboardInterrupt:
         error = "interrupted (Ctrl-C or SIGTERM)"

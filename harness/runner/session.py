@@ -38,9 +38,11 @@ SHUTDOWN_TIMEOUT_S = 60
 
 class Session:
     def __init__(self, spec: dict, topology, run_dir: Path, env_vars: dict[str, str],
-                 say: Callable[[str], None], resume: tuple[Path, dict] | None = None) -> None:
+                 say: Callable[[str], None], resume: tuple[Path, dict] | None = None, warm=None) -> None:
         """``resume``: (checkpoint dir, its state) from ``checkpoint.latest``; the
-        stores must already be restored (``checkpoint.restore_stores``)."""
+        stores must already be restored (``checkpoint.restore_stores``). ``warm``: a
+        ``harness.runner.warm.WarmRuntime`` to take Ray and warm processes from (ignored,
+        i.e. a cold start, when ``warm.cold_reason`` names one for this spec)."""
         self.spec = spec
         self.resume = resume
         self.first_step = 1 if resume is None else int(resume[1]["step"]) + 1
@@ -55,6 +57,9 @@ class Session:
         self.dataplane = None
         self.ledger = None
         self._started_ray = False
+        self.warm = warm
+        self._warm_rollout = False
+        self._dataplane_check = None
         self._reaper = None
         self._token_before: str | None = None
 
@@ -63,7 +68,7 @@ class Session:
         try:
             self._start()
         except BaseException:
-            self._stop()
+            self._stop(failed=True)
             raise
         return self
 
@@ -74,7 +79,26 @@ class Session:
             require_vllm()
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
-        if not ray.is_initialized():
+        from harness.runner import warm as warm_pool
+
+        pool = None  # the warm processes this run adopts (None: fresh ones)
+        shared = self.warm is not None and warm_pool.private_ray_reason(self.spec) is None
+        if self.warm is not None:
+            reason = warm_pool.cold_reason(self.spec)
+            if reason is None:
+                pool = self.warm
+            else:
+                self.say(f"cold start{' (fresh processes, shared Ray)' if shared else ''}: {reason}")
+        if shared:
+            t = time.perf_counter()
+            phase(self.say, "starting Ray (shared)" if not self.warm.ray_up() else "reusing Ray")
+            if self.warm.ensure_ray(self.say):
+                self.say(f"ray up in {time.perf_counter() - t:.1f}s (shared by the workloads of this process)")
+            else:
+                self.say(f"reusing Ray and {sum(self.warm.idle().values())} warm worker process(es)")
+        else:
+            warm_pool.step_aside()  # a warm runtime's Ray carries no job runtime_env of this run
+        if not shared and not ray.is_initialized():
             t = time.perf_counter()
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             runtime_env: dict = {"env_vars": self.env_vars}
@@ -109,18 +133,28 @@ class Session:
         phase(self.say, f"spawning {self.topology.policy.world} policy workers")
         from harness.policy.group import PolicyGroup
 
-        self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars)
+        self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars, pool=pool)
+        self._detail("policy workers", self.policy.ready_info)
         phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
-        from harness.rollout.worker import rollout_worker_actor
+        if pool is None:
+            from harness.rollout.worker import rollout_worker_actor
 
-        actor_cls = rollout_worker_actor()
-        for engine in self.topology.engines:
-            w = actor_cls.options(runtime_env={"env_vars": self.env_vars}).remote(
-                spec, engine.engine, engine.rank_prefix, str(self.run_dir), env_vars=self.env_vars,
-                capture_config=self._capture_config,
-            )
-            self.workers.append(w)
-        ray.get([w.ready.remote() for w in self.workers])
+            actor_cls = rollout_worker_actor()
+            for engine in self.topology.engines:
+                w = actor_cls.options(runtime_env={"env_vars": self.env_vars}).remote(
+                    spec, engine.engine, engine.rank_prefix, str(self.run_dir), env_vars=self.env_vars,
+                    capture_config=self._capture_config,
+                )
+                self.workers.append(w)
+            ready = ray.get([w.ready.remote() for w in self.workers])
+        else:
+            self.workers = pool.acquire("rollout", len(self.topology.engines))
+            self._warm_rollout = True
+            ready = ray.get([w.adopt.remote(self.env_vars, spec, engine.engine, engine.rank_prefix, str(self.run_dir),
+                                            capture_config=self._capture_config)
+                             for w, engine in zip(self.workers, self.topology.engines)])
+        self._detail("rollout workers", ready)
+        self._await_dataplane()
         self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir)
         if self.resume is not None:
             ckpt, state = self.resume
@@ -136,6 +170,23 @@ class Session:
         cls = trainer_class(spec["grpo"]["trainer"])
         self.trainer = cls(spec, self.policy, self.workers, self.driver, self.loader, self.tokenizer,
                            self.episode_env, self.refitter.refit, dataplane=self.dataplane)
+
+    def _detail(self, what: str, ready: list[dict]) -> None:
+        """The workers' ``ready()`` records (pids, start-up stamps in ``timings``) to a reporter
+        that records them (``say.detail(what, records)``: the phase bench, the warm-isolation
+        test); nothing otherwise."""
+        detail = getattr(self.say, "detail", None)
+        if detail is not None:
+            detail(what, list(ready))
+
+    def _await_dataplane(self) -> None:
+        """The data-plane actor started by ``_start_capture`` is up and serves this run's file."""
+        check, self._dataplane_check = self._dataplane_check, None
+        if check is not None:
+            ref, path, name = check
+            actual = ray.get(ref)
+            if actual != path:
+                raise ValueError(f"data plane actor {name!r} already serves {actual}, not {path}")
 
     def _start_reaper(self) -> None:
         """A reaper that SIGKILLs the run's processes once this driver is gone (runner/reaper.py)."""
@@ -160,6 +211,7 @@ class Session:
         self._reaper = None
 
     def _start_capture(self):
+        self._dataplane_check = None
         self._capture_config = None
         self.dataplane = None
         if not self.spec["capture"]["enabled"] and self.spec["grpo"]["trainer"] != "dataplane":
@@ -167,11 +219,15 @@ class Session:
         from harness.capture.admission import CaptureAdmitter
         from harness.capture.ledger import CaptureLedger
         from harness.capture.sink import capture_config_from_spec
-        from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
+        from harness.dataplane.actor import DataPlaneActor, DataPlaneClient
 
         phase(self.say, "starting the data plane")
         name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
-        self.dataplane_handle = start_dataplane_actor(name, str(self.run_dir / layout.DATAPLANE))
+        path = str(self.run_dir / layout.DATAPLANE)
+        # Not waited for here: the actor's process starts while the workers do; _await_dataplane
+        # checks it (as start_dataplane_actor would) once they are up, before the first refit.
+        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True).remote(path)
+        self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
         self.dataplane = DataPlaneClient(self.dataplane_handle)
         if not self.spec["capture"]["enabled"]:
             return None
@@ -204,14 +260,22 @@ class Session:
 
     # -- teardown --------------------------------------------------------------
     def __exit__(self, *exc) -> None:
-        self._stop()
+        self._stop(failed=exc[0] is not None)
 
-    def _stop(self) -> None:
+    def _stop(self, failed: bool = False) -> None:
+        """Tear down in reverse order. Warm processes (``warm``) go back to the pool only
+        when the run did not fail and each retired cleanly; any other is killed."""
         phase(self.say, "shutting down workers and Ray")
         errors = []
+        if failed and self.policy is not None:
+            self.policy._clean = False  # never pool a process of a failed run
         for w in self.workers:
             try:
-                ray.get(w.shutdown.remote(), timeout=SHUTDOWN_TIMEOUT_S)
+                if self._warm_rollout and not failed:
+                    ray.get(w.retire.remote(), timeout=SHUTDOWN_TIMEOUT_S)
+                    self.warm.release("rollout", [w])  # retired cleanly: reusable
+                    continue
+                ray.get((w.retire if self._warm_rollout else w.shutdown).remote(), timeout=SHUTDOWN_TIMEOUT_S)
             except Exception as e:  # noqa: BLE001 - keep tearing down
                 errors.append(f"rollout worker shutdown: {e!r}")
             try:

@@ -1,0 +1,194 @@
+"""Where the seconds of a golden check go, phase by phase, for every CPU golden.
+
+    python3 benches/golden_phases.py [--mode cold|warm|both] [--workloads W,W,...] [--json FILE]
+
+For each workload with a ``cpu`` golden (``golden list``) the bench runs what a
+check runs (``flows.execute``, then ``compare_with_golden``) with a progress
+sink that records when each phase of ``harness.progress`` begins (the same
+``phase`` / ``step`` calls the CLI shows) and the workers' own start-up stamps
+(``ready()["timings"]``, handed to the sink's ``detail``), and prints a table:
+
+* ``imports``  driver: loading the workload half (torch, ray);
+* ``ray``      ``ray.init`` (0 once a warm runtime's instance is up);
+* ``dataplane`` the SQLite data-plane actor;
+* ``policy``   spawning the policy ranks, split by the slowest rank's stamps into
+  ``spawn`` (driver request -> the actor's module starts importing: Ray's
+  worker boot, unless Ray had a prestarted worker with the same runtime env),
+  ``imports`` (torch and the harness in the rank), ``pg``
+  (``init_process_group`` and settle), ``engine`` (model, optimizer, seeds,
+  profiler) and the rest (waiting on the slowest);
+* ``rollout``  the rollout actors (internal engine processes, engine warm-up);
+* ``refit``    the initial refit; ``steps`` every GRPO step; ``shutdown``;
+* ``postflight`` and ``compare`` (gate half).
+
+``--mode cold`` (default) runs every workload as ``golden check`` does, with
+a private Ray instance; ``warm`` runs them in order through one
+``WarmRuntime``, as ``pytest -m golden`` does; ``both`` runs cold, then warm.
+The bench prints the load average before and after: the figures mean
+something only next to it (a loaded 2-core box stretches every phase).
+Informational only; no verdict. Stored goldens are only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PHASES = ("imports", "ray", "dataplane", "policy", "rollout", "refit", "steps", "shutdown", "postflight", "compare")
+POLICY_PARTS = ("spawn", "imports", "pg", "engine")
+
+
+def bucket(text: str) -> str | None:
+    """The table column of a phase line (None: a phase the table does not show separately)."""
+    t = text.lower()
+    for prefix, name in (("loading torch", "imports"), ("starting ray", "ray"), ("reusing ray", "ray"),
+                         ("starting the data plane", "dataplane"), ("initial refit", "refit"),
+                         ("step ", "steps"), ("shutting down", "shutdown"), ("postflight", "postflight"),
+                         ("compare", "compare")):
+        if t.startswith(prefix):
+            return name
+    if t.startswith("spawning") and "policy" in t:
+        return "policy"
+    if t.startswith("spawning") and "rollout" in t:
+        return "rollout"
+    return None
+
+
+class PhaseRecorder:
+    """A ``harness.progress`` reporter that records (wall time, phase) and the workers' ``detail``."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, str]] = []
+        self.details: dict[str, list[dict]] = {}
+        self.notes: list[str] = []
+
+    def phase(self, text: str) -> None:
+        self.marks.append((time.time(), text))
+
+    def step(self, index: int, total: int) -> None:
+        self.marks.append((time.time(), f"step {index}/{total}"))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def __call__(self, text: str) -> None:
+        self.note(text)
+
+    def detail(self, what: str, records: list[dict]) -> None:
+        self.details[what] = records
+
+    def durations(self, end: float) -> dict[str, float]:
+        out = dict.fromkeys(PHASES, 0.0)
+        for (t, text), nxt in zip(self.marks, [*self.marks[1:], (end, "")]):
+            name = bucket(text)
+            if name is not None:
+                out[name] += nxt[0] - t
+        return out
+
+    def policy_parts(self) -> dict[str, float]:
+        """Slowest rank's spawn / boot+imports / process groups / engine, from its stamps."""
+        spawned = next((t for t, text in self.marks if bucket(text) == "policy"), None)
+        parts = dict.fromkeys(POLICY_PARTS, 0.0)
+        for rec in self.details.get("policy workers", []):
+            st = rec.get("timings") or {}
+            if spawned is None or not st:
+                continue
+            reused = st["import_started"] < spawned  # a warm process: imported before this workload
+            cand = {
+                "spawn": 0.0 if reused else st["import_started"] - spawned,
+                "imports": 0.0 if reused else st["imported"] - st["import_started"],
+                "pg": st["process_groups"] - st["init_started"],
+                "engine": st["profiler"] - st["process_groups"],
+            }
+            for k, v in cand.items():
+                parts[k] = max(parts[k], v)
+        return parts
+
+
+def cpu_workloads() -> list[str]:
+    from harness.spec.load import default_goldens_root, list_workloads
+
+    root = default_goldens_root()
+    return [w for w in list_workloads(root) if (root / w / "cpu" / "manifest.json").is_file()]
+
+
+def run_one(workload: str, run_root: Path, warm) -> dict:
+    from harness import flows
+
+    rec = PhaseRecorder()
+    t0 = time.time()
+    execution = flows.execute(workload, run_dir=run_root / f"{workload}-{len(os.listdir(run_root))}",
+                              say=rec, platform="cpu", warm=warm)
+    rec.phase("compare")
+    verdict = flows.compare_with_golden(execution, "cpu") if execution.ok else None
+    end = time.time()
+    return {"workload": workload, "mode": "warm" if warm is not None else "cold", "total": end - t0,
+            "status": verdict.status if verdict is not None else "incomplete",
+            "phases": rec.durations(end), "policy_parts": rec.policy_parts(),
+            "cold_reason": next((n for n in rec.notes if n.startswith("cold start:")), None)}
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = [*PHASES, *POLICY_PARTS]
+    head = f"{'workload':<34} {'mode':<5} " + " ".join(f"{c:>9}" for c in cols) + f" {'total':>7}  result"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        vals = [r["phases"][c] for c in PHASES] + [r["policy_parts"][c] for c in POLICY_PARTS]
+        print(f"{r['workload']:<34} {r['mode']:<5} " + " ".join(f"{v:9.1f}" for v in vals)
+              + f" {r['total']:7.1f}  {r['status']}" + (f" ({r['cold_reason']})" if r["cold_reason"] else ""))
+    for mode in sorted({r["mode"] for r in rows}):
+        sel = [r for r in rows if r["mode"] == mode]
+        total = sum(r["total"] for r in sel)
+        startup = sum(sum(r["phases"][c] for c in ("imports", "ray", "dataplane", "policy", "rollout", "refit",
+                                                      "shutdown")) for r in sel)
+        steps = sum(r["phases"]["steps"] for r in sel)
+        print(f"{mode}: {total:.1f}s in all; start-up + teardown {startup:.1f}s ({100 * startup / total:.0f}%), "
+              f"steps {steps:.1f}s ({100 * steps / total:.0f}%)")
+    print(f"({' '.join(POLICY_PARTS)}: the slowest policy rank's share of 'policy'; "
+          "0 spawn/imports for a warm process)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("cold", "warm", "both"), default="cold")
+    ap.add_argument("--workloads", default=None, help="comma-separated (default: every workload with a cpu golden)")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    workloads = args.workloads.split(",") if args.workloads else cpu_workloads()
+    os.environ.setdefault("GOLDEN_PROGRESS", "off")
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} "
+          f"on {os.cpu_count()} cores (a loaded box stretches every phase)", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="golden-phases-") as tmp:
+        run_root = Path(tmp)
+        for mode in (("cold", "warm") if args.mode == "both" else (args.mode,)):
+            runtime = None
+            if mode == "warm":
+                from harness.runner.warm import WarmRuntime
+
+                runtime = WarmRuntime()
+            try:
+                for w in workloads:
+                    rows.append(run_one(w, run_root, runtime))
+                    print(f"  {mode} {w}: {rows[-1]['total']:.1f}s {rows[-1]['status']}", file=sys.stderr, flush=True)
+            finally:
+                if runtime is not None:
+                    runtime.close()
+    load_after = os.getloadavg()
+    print_table(rows)
+    print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"load_before": load_before, "load_after": load_after, "rows": rows},
+                                              indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""What a reused worker process must look like before each workload: the state a cold one starts with.
+
+A warm pool (``harness.runner.warm``) hands the same Ray worker processes to
+consecutive workloads. ``ProcessBaseline.capture()`` runs once, when such a
+process starts (torch already imported, nothing of any workload run yet);
+``restore(env_vars)`` runs before every workload adopts the process and puts
+back what a workload can change process-wide:
+
+* the environment (``os.environ`` = the start-up one + the workload's
+  ``env_vars``: ``HARNESS_TRACE_DIR``, ``HARNESS_RUN_ID``,
+  ``NRL_*_PROFILER_CLASS``, ``RANK``, ... of the previous workload are gone),
+  and the working directory;
+* torch's global CPU RNG state, Python's ``random`` and numpy's global RNG
+  (the workload seeds them again from (seed, rank); a draw before that sees
+  what a fresh process sees);
+* torch's intra- and inter-op thread counts, deterministic-algorithms mode
+  (and its warn-only flag), grad mode, default dtype and float32 matmul
+  precision.
+
+It does not (and cannot) undo monkeypatches of modules: the runner never
+pools a workload that installs a worker setup hook (``harness.mutations``).
+Module-level caches that stay are the idempotent, workload-independent ones
+(``harness.parallel.settle``'s install, the operator counter's compiled
+library, the collective recorder's dispatcher kernels, which record only
+while a recorder is active). ``suites/golden/test_warm_isolation.py`` proves
+the result: warm and cold runs give byte-identical gated surfaces.
+
+Standard library at import; torch is imported by ``capture``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def process_start_time(pid: int | None = None) -> float | None:
+    """Wall-clock start of process ``pid`` (default: this one) from ``/proc``; None elsewhere."""
+    try:
+        with open(f"/proc/{pid or os.getpid()}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 (starttime), counted after the ")" of the command
+        with open("/proc/stat") as fh:
+            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+@dataclass
+class ProcessBaseline:
+    """The process-wide state of a fresh worker process (see module docstring)."""
+
+    environ: dict[str, str]
+    cwd: str
+    torch_rng: Any
+    py_rng: Any
+    np_rng: Any
+    threads: int
+    interop_threads: int
+    deterministic: bool
+    deterministic_warn_only: bool
+    grad_enabled: bool
+    default_dtype: Any
+    matmul_precision: str
+    started: float = field(default_factory=time.time)
+
+    @classmethod
+    def capture(cls) -> ProcessBaseline:
+        import torch
+
+        try:
+            import numpy as np
+
+            np_rng = np.random.get_state()
+        except ImportError:  # pragma: no cover - numpy comes with torch here
+            np_rng = None
+        return cls(
+            environ=dict(os.environ), cwd=os.getcwd(), torch_rng=torch.get_rng_state(), py_rng=random.getstate(),
+            np_rng=np_rng, threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
+            grad_enabled=torch.is_grad_enabled(), default_dtype=torch.get_default_dtype(),
+            matmul_precision=torch.get_float32_matmul_precision(),
+        )
+
+    def restore(self, env_vars: dict[str, str] | None = None) -> None:
+        """Put the captured state back, then apply the next workload's ``env_vars``."""
+        import torch
+
+        os.environ.clear()
+        os.environ.update(self.environ)
+        os.environ.update({k: str(v) for k, v in (env_vars or {}).items()})
+        os.chdir(self.cwd)
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.py_rng)
+        if self.np_rng is not None:
+            import numpy as np
+
+            np.random.set_state(self.np_rng)
+        torch.set_num_threads(self.threads)
+        # set_num_interop_threads may only be called before the first inter-op use; it never changes here
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.deterministic_warn_only)
+        torch.set_grad_enabled(self.grad_enabled)
+        torch.set_default_dtype(self.default_dtype)
+        torch.set_float32_matmul_precision(self.matmul_precision)

@@ -1,0 +1,232 @@
+"""Start-up paid once per gate run: one Ray instance and a pool of warm worker processes.
+
+A cold golden run (the CLI's ``golden check``) starts Ray, spawns every policy
+rank and rollout actor as a new process that imports torch, and tears it all
+down again. A ``WarmRuntime`` (the pytest plugin holds one per pytest process,
+so one per xdist worker) keeps, between consecutive workloads of that process:
+
+* the Ray instance (started on first use, local, like the cold one, with no
+  workload's environment in its job ``runtime_env``);
+* idle *warm processes*: ``PolicyWorkerHost`` and ``RolloutWorkerHost`` actors
+  (torch imported, nothing of a workload in them). A workload's
+  ``PolicyGroup`` / rollout workers ``acquire`` as many as they need (new ones
+  are started when the pool has too few), ``adopt`` them (fresh-process state
+  restored by ``harness.runner.process_state``, the workload's environment
+  applied, then new process groups, model, optimizer, seeds and profilers), and
+  ``release`` them after every one retired cleanly. A process whose workload
+  failed in any way is killed, never pooled.
+
+What is not pooled: the data-plane actor, internal rollout engine processes
+(``rollout.tp > 1`` or async) and rendezvous stores (all per workload), and
+whole workloads that :func:`cold_reason` names. The megatron policy backend
+(megatron-core keeps its parallel state in module globals) gets fresh worker
+processes in the runtime's Ray. A worker setup hook (``GOLDEN_WORKER_SETUP_HOOK``:
+Ray's job-level ``worker_process_setup_hook``, the planted regressions of
+``harness.mutations``), a device other than the CPU or the vLLM rollout backend
+(:func:`private_ray_reason`) need a Ray instance of their own: such a run, like
+any run without a runtime, is cold, and :func:`step_aside` first shuts down a
+warm runtime's Ray so the cold run starts its own instance with its own job
+``runtime_env``; the runtime starts again on its next use.
+
+The runtime never outlives its owner's Ray: actors are ordinary (not
+detached) actors of the driver's job, and the runtime starts a reaper
+(``harness.runner.reaper``, as a cold ``Session`` does) before its ``ray.init``,
+so ``close`` or a driver that dies, even SIGKILLed, leaves no process of its
+Ray, pool included.
+
+Imports of ray happen inside the methods (the pytest plugin is gate half).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+BASE_ENV = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+KINDS = ("policy", "rollout")
+WARM_ENV = "GOLDEN_WARM"  # "0": the pytest plugin runs every workload cold
+
+_current: WarmRuntime | None = None  # the runtime whose Ray is up in this process
+_lock = threading.Lock()
+
+
+def private_ray_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None:
+    """Why ``spec`` needs a Ray instance of its own (job-level settings), or None."""
+    env = os.environ if environ is None else environ
+    if env.get("GOLDEN_WORKER_SETUP_HOOK"):
+        return "GOLDEN_WORKER_SETUP_HOOK is set (a job-level worker setup hook)"
+    if spec["platform"]["device"] != "cpu":
+        return f"platform.device is {spec['platform']['device']!r} (the warm runtime is CPU only)"
+    if spec["rollout"].get("backend", "native") != "native":
+        return f"rollout.backend is {spec['rollout']['backend']!r}"
+    return None
+
+
+def cold_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None:
+    """Why ``spec`` must run in fresh worker processes (not the pool's), or None when it may
+    run warm. Every :func:`private_ray_reason` is one; megatron shares Ray but not processes."""
+    private = private_ray_reason(spec, environ)
+    if private is not None:
+        return private
+    if spec["policy"].get("backend", "native") != "native":
+        return f"policy.backend is {spec['policy']['backend']!r} (module-global parallel state)"
+    return None
+
+
+def step_aside() -> None:
+    """Before a cold run: shut down the warm runtime that holds this process's Ray, if any."""
+    runtime = _current
+    if runtime is not None:
+        runtime.close()
+
+
+def start_local_ray(runtime_env: dict, say: Callable[[str], None] | None = None) -> None:
+    """A fresh local Ray instance (``address="local"``: ``RAY_ADDRESS`` is not followed), actors
+    at ``num_cpus=0`` on a ``num_cpus`` = cores node; the caller's SIGTERM handler survives."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if on_main_thread else None
+    if os.environ.get("RAY_ADDRESS") and say is not None:
+        say(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is ignored: a golden run starts its own "
+            "local Ray instance (no shared cluster, no other jobs' actors)")
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
+             log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")), runtime_env=runtime_env)
+    if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins
+        signal.signal(signal.SIGTERM, sigterm)
+
+
+class WarmRuntime:
+    """One Ray instance and the idle warm processes of one driver process (module docstring)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list] = {k: [] for k in KINDS}
+        self._owns_ray = False
+        self._reaper = None
+        self._token_before: str | None = None
+        self.started = 0   # warm processes started
+        self.reused = 0    # acquisitions answered by an idle process
+        self.ray_starts = 0
+
+    # -- Ray -------------------------------------------------------------------------------
+    def ray_up(self) -> bool:
+        """Whether this runtime's Ray instance is up."""
+        import ray
+
+        return self._owns_ray and ray.is_initialized()
+
+    def ensure_ray(self, say: Callable[[str], None] | None = None) -> bool:
+        """Start Ray unless this runtime's instance is up; True when it started it now."""
+        global _current
+        import ray
+
+        with _lock:
+            if self._owns_ray and ray.is_initialized():
+                return False
+            if ray.is_initialized():
+                raise RuntimeError("a warm golden runtime needs this process's Ray, but another Ray instance is up")
+            self._idle = {k: [] for k in KINDS}
+            self._start_reaper()  # before ray.init: every process of this Ray inherits the token
+            try:
+                start_local_ray({"env_vars": dict(BASE_ENV)}, say)
+            except BaseException:
+                self._stop_reaper()
+                raise
+            self._owns_ray = True
+            self.ray_starts += 1
+            _current = self
+            return True
+
+    def _start_reaper(self) -> None:
+        """The runtime's reaper (``harness.runner.reaper``, as a cold ``Session`` has one): a
+        driver that dies, even SIGKILLed, leaves no process of this Ray, pool included."""
+        import uuid
+
+        from harness.runner.reaper import TOKEN_VAR, Reaper
+
+        self._reaper = Reaper(f"{os.getpid()}-warm-{uuid.uuid4().hex[:12]}")
+        self._token_before = os.environ.get(TOKEN_VAR)
+        os.environ[TOKEN_VAR] = self._reaper.token
+
+    def _stop_reaper(self) -> None:
+        from harness.runner.reaper import TOKEN_VAR
+
+        if self._reaper is None:
+            return
+        if self._token_before is None:
+            os.environ.pop(TOKEN_VAR, None)
+        else:
+            os.environ[TOKEN_VAR] = self._token_before
+        self._reaper.close()  # sweeps whatever ray.shutdown left behind
+        self._reaper = None
+
+    # -- the pool ----------------------------------------------------------------------------
+    def _actor_class(self, kind: str):
+        if kind == "policy":
+            from harness.policy.worker import PolicyHost
+
+            return PolicyHost
+        if kind == "rollout":
+            from harness.rollout.worker import rollout_worker_host_actor
+
+            return rollout_worker_host_actor()
+        raise ValueError(f"unknown warm process kind {kind!r} (expected one of {KINDS})")
+
+    def acquire(self, kind: str, n: int) -> list:
+        """``n`` warm processes of ``kind``: idle ones first (in the order they were released),
+        then new ones. The caller must ``adopt`` each and later ``release`` or ``discard`` it."""
+        if not self._owns_ray:
+            raise RuntimeError("WarmRuntime.acquire before ensure_ray")
+        idle = self._idle[kind]
+        taken, self._idle[kind] = idle[:n], idle[n:]
+        self.reused += len(taken)
+        cls = self._actor_class(kind)
+        fresh = [cls.options(num_cpus=0, runtime_env={"env_vars": dict(BASE_ENV)}).remote()
+                 for _ in range(n - len(taken))]
+        self.started += len(fresh)
+        return taken + fresh
+
+    def release(self, kind: str, handles: list) -> None:
+        """Hand back processes whose workload retired them cleanly."""
+        if self._owns_ray:
+            self._idle[kind].extend(handles)
+        else:
+            self.discard(handles)
+
+    @staticmethod
+    def discard(handles: list) -> None:
+        import ray
+
+        for h in handles:
+            try:
+                ray.kill(h)
+            except Exception:  # noqa: BLE001 - best-effort: the actor may already be gone
+                pass
+
+    def idle(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self._idle.items()}
+
+    def stats(self) -> dict[str, Any]:
+        return {"ray_starts": self.ray_starts, "started": self.started, "reused": self.reused, "idle": self.idle()}
+
+    # -- teardown ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Kill the idle processes and shut down this runtime's Ray; idempotent. The runtime
+        can be used again (it starts a new instance)."""
+        global _current
+        import ray
+
+        with _lock:
+            for kind in KINDS:
+                handles, self._idle[kind] = self._idle[kind], []
+                self.discard(handles)
+            if self._owns_ray and ray.is_initialized():
+                ray.shutdown()
+            self._owns_ray = False
+            self._stop_reaper()
+            if _current is self:
+                _current = None

@@ -1,0 +1,77 @@
+"""Warm processes leak nothing into a workload: warm and cold runs give byte-identical gated surfaces.
+
+The warm runtime (``harness.runner.warm``) hands the policy and rollout
+processes of one workload to the next. This test runs the two cheapest CPU
+goldens in both orders through the ``golden`` fixture's runtime (A, B, B, A:
+each runs once right after the other one, in that one's processes; the very
+first run starts the processes), and checks for each run:
+
+* every gated surface file is byte-identical to the stored golden (a cold
+  capture), and so to the other run of the same workload;
+* the second workload of each order really reused processes of the first
+  (the pool's counters and the workers' pids).
+
+The other CPU goldens are proven warm by ``pytest -m golden`` itself: this file
+sorts before ``test_goldens.py``, whose workloads then all run in processes
+used before (the megatron golden runs in fresh processes by design: ``warm.cold_reason``).
+The cold side is the goldens, captured cold; no workload runs a second time
+cold here, so the gate's time does not double.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import flows
+from harness.pytest_plugin import GATED_SURFACES
+from harness.spec.load import default_goldens_root
+
+pytestmark = [pytest.mark.slow, pytest.mark.golden]
+
+CHEAP = ("qwen3_moe_tiny_smoke", "qwen3_moe_tiny_streaming")  # 1 and 2 policy ranks, TP1 engines
+
+
+class PidRecorder:
+    """A progress sink that keeps the workers' start-up records (``Session._detail``)."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, list[int]] = {}
+
+    def __call__(self, text: str) -> None:
+        pass
+
+    def detail(self, what: str, records: list[dict]) -> None:
+        self.pids[what] = [r.get("pid", r.get("actor_pid")) for r in records]
+
+
+def _run(golden, workload: str, tmp_path_factory) -> tuple[flows.Execution, PidRecorder]:
+    rec = PidRecorder()
+    execution = flows.execute(workload, run_dir=tmp_path_factory.mktemp(workload) / "run", say=rec,
+                              warm=golden.warm_runtime(), platform="cpu")
+    assert execution.ok, execution.problems()
+    return execution, rec
+
+
+def _assert_golden_bytes(execution: flows.Execution, label: str) -> None:
+    golden_dir = default_goldens_root() / execution.spec["name"] / "cpu" / "surfaces"
+    moved = [s for s in GATED_SURFACES
+             if (execution.run_dir / "surfaces" / f"{s}.json").read_bytes() != (golden_dir / f"{s}.json").read_bytes()]
+    assert not moved, f"{label}: gated surfaces {moved} differ from the cold golden"
+
+
+@pytest.mark.parametrize("order", [CHEAP, CHEAP[::-1]], ids=["smoke-then-streaming", "streaming-then-smoke"])
+def test_warm_run_equals_cold_golden(golden, order, tmp_path_factory):
+    if golden.warm_runtime() is None:
+        pytest.fail("GOLDEN_WARM=0: the warm runtime is off, nothing to compare", pytrace=False)
+    runtime = golden.warm_runtime()
+    first, first_rec = _run(golden, order[0], tmp_path_factory)
+    _assert_golden_bytes(first, f"{order[0]} in fresh processes")
+    before = runtime.stats()
+    second, second_rec = _run(golden, order[1], tmp_path_factory)
+    after = runtime.stats()
+    assert after["ray_starts"] == before["ray_starts"], "the second workload started another Ray instance"
+    assert after["reused"] > before["reused"], f"{order[1]} reused no warm process: {before} -> {after}"
+    reused_pids = set(first_rec.pids["policy workers"]) & set(second_rec.pids["policy workers"])
+    assert reused_pids, f"{order[1]}'s policy ranks ran in none of {order[0]}'s processes"
+    assert set(first_rec.pids["rollout workers"]) == set(second_rec.pids["rollout workers"])
+    _assert_golden_bytes(second, f"{order[1]} in processes {order[0]} used before")

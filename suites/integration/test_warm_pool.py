@@ -1,0 +1,106 @@
+"""The warm pool's contracts below a whole workload (``harness.runner.warm``, ``process_state``).
+
+* ``ProcessBaseline.restore`` undoes what a workload changes process-wide
+  (environment, RNGs, thread count, deterministic mode) and applies the next
+  workload's environment.
+* ``cold_reason`` / ``private_ray_reason``: which specs may adopt warm processes.
+* A real 1-rank ``PolicyGroup`` over Ray: a clean shutdown hands the process
+  back and the next group adopts the same pid, with the same freshly seeded
+  weights; a group whose call failed kills its processes instead of pooling them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+import torch
+
+from harness.runner.process_state import ProcessBaseline, process_start_time
+from harness.runner.warm import cold_reason, private_ray_reason
+from harness.spec import load_spec
+from harness.spec.load import default_goldens_root
+from harness.spec.topology import plan
+from suites.torch_state import torch_settings
+
+SMOKE = default_goldens_root() / "qwen3_moe_tiny_smoke" / "workload.yaml"
+
+
+def test_restore_undoes_process_wide_changes(monkeypatch):
+    monkeypatch.setenv("HARNESS_TRACE_DIR", "/tmp/before")  # monkeypatch restores the real env afterwards
+    with torch_settings(threads=1, deterministic=False):
+        baseline = ProcessBaseline.capture()
+        expected_draw = torch.rand(3)
+        torch.set_rng_state(baseline.torch_rng)
+        # a "workload" changes everything it can
+        os.environ["HARNESS_TRACE_DIR"] = "/tmp/previous-run"
+        os.environ["NRL_POLICY_PROFILER_CLASS"] = "some.Profiler"
+        torch.manual_seed(99)
+        random.seed(99)
+        torch.set_num_threads(2)
+        torch.use_deterministic_algorithms(True)
+        baseline.restore({"HARNESS_RUN_ID": "next"})
+        assert os.environ["HARNESS_TRACE_DIR"] == "/tmp/before"
+        assert "NRL_POLICY_PROFILER_CLASS" not in os.environ
+        assert os.environ["HARNESS_RUN_ID"] == "next"
+        assert torch.equal(torch.rand(3), expected_draw)
+        assert random.getstate() == baseline.py_rng
+        assert torch.get_num_threads() == 1
+        assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_process_start_time_is_in_the_past():
+    started = process_start_time()
+    assert started is not None and 0 < started <= time.time()
+
+
+def test_which_specs_run_warm():
+    spec = load_spec(str(SMOKE))
+    assert cold_reason(spec, environ={}) is None
+    hook = {"GOLDEN_WORKER_SETUP_HOOK": "harness.mutations.extra_operator"}
+    assert "GOLDEN_WORKER_SETUP_HOOK" in cold_reason(spec, environ=hook)
+    assert "GOLDEN_WORKER_SETUP_HOOK" in private_ray_reason(spec, environ=hook)
+    megatron = {**spec, "policy": {**spec["policy"], "backend": "megatron"}}
+    assert "megatron" in cold_reason(megatron, environ={})
+    assert private_ray_reason(megatron, environ={}) is None  # fresh processes, shared Ray
+    cuda = {**spec, "platform": {**spec["platform"], "device": "cuda"}}
+    assert "cuda" in private_ray_reason(cuda, environ={})
+
+
+@pytest.mark.slow
+def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path):
+    pytest.importorskip("ray")
+    from harness.policy.group import PolicyGroup
+    from harness.policy.local_world import synthetic_batch
+    from harness.runner.warm import WarmRuntime
+
+    spec = load_spec(str(SMOKE))
+    spec["plugins"] = {**spec["plugins"], "policy_profiler": None}
+    topology = plan(spec)
+    runtime = WarmRuntime()
+    try:
+        runtime.ensure_ray()
+
+        def group(name: str) -> PolicyGroup:
+            return PolicyGroup(spec, topology, str(tmp_path / name), env_vars={"HARNESS_RUN_ID": name}, pool=runtime)
+
+        first = group("a")
+        pid, sums = first.ready_info[0]["pid"], first.parameter_checksums()
+        first.train(synthetic_batch(spec, 4, seed=0))
+        assert first.parameter_checksums() != sums  # the step moved the weights the process holds
+        first.shutdown()
+        assert runtime.idle() == {"policy": 1, "rollout": 0}
+        second = group("b")
+        assert second.ready_info[0]["pid"] == pid  # the warm process was adopted again
+        assert second.parameter_checksums() == sums  # fresh model from the same seeds, not the old one
+        with pytest.raises(RuntimeError, match=r"policy worker 0 \(rank 0.*failed during load_checkpoint"):
+            second.load_checkpoint(str(tmp_path / "no-such-checkpoint"))
+        second.shutdown()
+        assert runtime.idle() == {"policy": 0, "rollout": 0}  # a failed group's process is killed
+        third = group("c")
+        assert third.ready_info[0]["pid"] != pid
+        third.shutdown()
+    finally:
+        runtime.close()
