@@ -82,7 +82,7 @@ class Finding:
 
 def natural_key(text: str) -> tuple:
     """Sort key of a string with its digit runs compared as numbers (``rank2`` < ``rank10``)."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in _DIGITS.split(text) if part)
+    return tuple((0, int(part), "") if part.isdecimal() else (1, 0, part) for part in _DIGITS.split(text) if part)
 
 
 def path_key(path: tuple) -> tuple:

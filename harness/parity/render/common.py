@@ -115,7 +115,7 @@ def _field_changes(f: Finding) -> str:
     names = {"op": 0, "group": 1, "dtype": 2, "numel": 3}
     parts = []
     for name in f.fields:
-        i = names.get(name, int(name) if str(name).isdigit() else None)
+        i = names.get(name, int(name) if str(name).isdecimal() else None)
         if i is not None and i < len(g) and i < len(a):
             parts.append(f"{name} {text_of(g[i])} -> {text_of(a[i])}")
     return ", ".join(parts)
