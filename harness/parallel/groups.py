@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.spec.constraints import POLICY_BACKEND_FIXED
+from harness.registry.policy import policy_backend
 
 DENSE_AXES = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("etp", "ep", "edp", "pp")
@@ -80,7 +80,7 @@ def validate_policy_layout(policy: Mapping[str, Any], model: Mapping[str, Any]) 
         raise ValueError(f"policy.tp={tp} must divide model.kv_heads={model['kv_heads']} (no KV replication)")
     if model["vocab"] % tp:
         raise ValueError(f"policy.tp={tp} must divide model.vocab={model['vocab']}")
-    no_sp_backend = "sp" in POLICY_BACKEND_FIXED.get(policy.get("backend", "native"), {})  # dtensor: no SP
+    no_sp_backend = "sp" in policy_backend(policy.get("backend", "native")).fixed  # dtensor: no SP
     if tp > 1 and not policy.get("sp", True) and not no_sp_backend:
         raise ValueError("policy.sp must be true when policy.tp > 1 (MoE training needs sequence parallel)")
     seq = int(policy["seq_len"])

@@ -38,7 +38,8 @@ def world_size(spec: Mapping[str, Any]) -> int:
 def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
     import torch.distributed as dist
 
-    from harness.policy.engine import create_engine, init_distributed
+    from harness.policy.distributed import init_distributed
+    from harness.registry.policy import create_engine
 
     try:
         init_distributed(rank, world, "127.0.0.1", port)

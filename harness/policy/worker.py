@@ -2,7 +2,7 @@
 
 On construction: 1 torch thread, deterministic algorithms, the default
 process group (gloo on CPU, nccl on cuda) over the policy world, seeds from
-(spec seed, rank), the rank's `PolicyEngine`, and the policy profiler from
+(spec seed, rank), the rank's policy engine (`harness.registry.policy.create_engine`), and the policy profiler from
 `load_policy_profiler(rank=rank)` (env `NRL_POLICY_PROFILER_CLASS`) behind
 `PolicyProfilerHooks`:
 - `train` is profiled as one step (skipped in eval mode), aborts with
@@ -28,7 +28,8 @@ _IMPORT_STARTED = time.time()  # start-up timings (``ready()["timings"]``): the 
 import ray  # noqa: E402 - after the import stamp
 import torch  # noqa: E402 - after the import stamp
 
-from harness.policy.engine import create_engine, init_distributed  # noqa: E402 - after the import stamp
+from harness.policy.distributed import init_distributed  # noqa: E402 - after the import stamp
+from harness.registry.policy import create_engine  # noqa: E402 - after the import stamp
 
 _IMPORTED = time.time()
 

@@ -26,12 +26,13 @@ import ray
 import torch
 
 from harness.artifacts import layout
-from harness.grpo import trainer_class
 from harness.grpo.episodes import make_episode_env
 from harness.grpo.refit import Refitter
 from harness.grpo.rollouts import RolloutDriver
 from harness.progress import phase
 from harness.progress import step as step_progress
+from harness.registry import rollout as rollout_registry
+from harness.registry.trainer import trainer_class
 
 SHUTDOWN_TIMEOUT_S = 60
 
@@ -73,10 +74,7 @@ class Session:
         return self
 
     def _start(self) -> None:
-        if self.spec["rollout"]["backend"] == "vllm":  # a clear error before any actor starts
-            from harness.rollout.vllm import require_vllm
-
-            require_vllm()
+        rollout_registry.preflight(self.spec["rollout"]["backend"])  # a clear error before any actor starts
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
         from harness.runner import warm as warm_pool

