@@ -208,7 +208,7 @@ def smoke(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    spec = load_spec(args.golden)
+    spec = load_spec(args.golden).to_dict()
     if int(spec["env"]["turns"]) != 1:
         raise SystemExit(f"--golden {args.golden}: env.turns must be 1 (capture off needs single-turn episodes)")
     spec["capture"]["enabled"] = True
@@ -332,7 +332,7 @@ def phases(args: argparse.Namespace) -> None:
         timed(owner, name, label)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    spec = load_spec(args.golden)
+    spec = load_spec(args.golden).to_dict()
     spec["capture"]["enabled"] = True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     run_dir = Path(tempfile.mkdtemp(prefix="capture_bench_phases_", dir=args.dir))

@@ -26,6 +26,7 @@ from harness.artifacts import layout
 from harness.runner.environment import collect_environment, git_commit
 from harness.spec.load import spec_digest
 from harness.spec.topology import plan
+from harness.spec.typed import as_workload
 
 
 @dataclass
@@ -103,7 +104,7 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
     if found is None:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to resume from (set grpo.checkpoint_every)")
     ckpt, state = found
-    spec = run_doc["spec"]
+    spec = as_workload(run_doc["spec"])  # the canonical dict the run stored
     topology = plan(spec)
     checkpoint.rewind_logs(run_dir, state)
     checkpoint.restore_stores(run_dir, ckpt)
@@ -119,7 +120,7 @@ def _new_run_doc(spec: dict, topology, run_id: str) -> dict:
     return {
         "run_id": run_id,
         "workload": spec["name"],
-        "spec": spec,
+        "spec": as_workload(spec).to_dict(),
         "spec_digest": spec_digest(spec),
         "topology": topology.to_dict(),
         "environment": collect_environment(spec),

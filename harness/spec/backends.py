@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from harness.registry.policy import POLICY_BACKENDS
 from harness.registry.rollout import ROLLOUT_BACKENDS
@@ -85,10 +87,10 @@ def module_available(name: str) -> bool:
     return spec.origin is not None and spec.origin != "namespace"
 
 
-def _field(spec: dict, dotted: str) -> object:
+def _field(spec: Mapping[str, Any], dotted: str) -> object:
     value: object = spec
     for key in dotted.split("."):
-        if not isinstance(value, dict):
+        if not isinstance(value, Mapping):
             return None
         value = value.get(key)
     return value

@@ -1,7 +1,8 @@
 """Load a workload spec: resolve, parse, override, validate, fill defaults.
 
 ``load_spec(path_or_name, overrides)`` is the only way the rest of the
-harness reads a spec. The returned ``dict`` has every schema field present
+harness reads a spec. The returned ``Workload`` (``harness.spec.typed``: frozen
+typed blocks over the canonical dict) has every schema field present
 (defaults filled), passed the JSON Schema and, unless
 ``check_topology=False``, the layout constraints of
 ``harness.spec.constraints`` -- so anything that loads can be planned.
@@ -29,6 +30,7 @@ from harness.spec import schema
 from harness.spec.errors import SpecError
 from harness.spec.overrides import apply_overrides
 from harness.spec.roots import goldens_config
+from harness.spec.typed import Workload
 from harness.spec.yaml_io import load_yaml_file
 
 __all__ = [
@@ -113,8 +115,9 @@ def load_spec(
     *,
     goldens_root: str | Path | None = None,
     check_topology: bool = True,
-) -> dict[str, Any]:
-    """Read, override, validate and default-fill one workload spec.
+) -> Workload:
+    """Read, override, validate and default-fill one workload spec: a frozen
+    :class:`~harness.spec.typed.Workload` (its ``to_dict()`` is the canonical dict).
 
     Raises ``SpecError`` (``TopologyError`` for layout constraints) naming the
     field and the file.
@@ -136,12 +139,20 @@ def load_spec(
             check_spec(spec)
     except SpecError as exc:
         raise exc.with_source(source) from None
-    return spec
+    return Workload.from_dict(spec)
 
 
 def canonical_json(value: Any) -> str:
-    """Sorted keys, no whitespace, NaN/inf refused: one text per value."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Sorted keys, no whitespace, NaN/inf refused: one text per value (a :class:`Workload`
+    is written as its canonical dict)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                      default=_canonical_dict)
+
+
+def _canonical_dict(value: Any) -> Any:
+    if isinstance(value, Workload):
+        return value.to_dict()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def spec_digest(spec: dict[str, Any]) -> str:
