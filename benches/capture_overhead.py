@@ -192,7 +192,9 @@ def _capture_parts(spec: dict, run_dir: Path, actor_name: str):
     admitter = CaptureAdmitter(ledger, client, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
     task = make_task(spec["env"]["task"], int(spec["seed"]))
     loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
-    return client, ledger, tokenizer, admitter, loader, make_episode_env(spec, task, tokenizer)
+    from harness.spec.typed import as_workload
+
+    return client, ledger, tokenizer, admitter, loader, make_episode_env(as_workload(spec).env, task, tokenizer)
 
 
 def smoke(args: argparse.Namespace) -> None:

@@ -104,5 +104,9 @@ def engine_class(name: str) -> type[PolicyEngine]:
 
 def create_engine(spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> PolicyEngine:
     """The engine ``spec``'s ``policy.backend`` selects, built for ``rank`` (the default
-    process group over the policy world must exist)."""
-    return engine_class(spec["policy"].get("backend", "native"))(spec, rank, topology=topology)
+    process group over the policy world must exist). ``spec``: the loaded ``Workload``
+    (``harness.spec.typed``; a plain spec dict is converted)."""
+    from harness.spec.typed import as_workload
+
+    spec = as_workload(spec)
+    return engine_class(spec.policy.backend)(spec, rank, topology=topology)

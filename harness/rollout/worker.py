@@ -43,6 +43,7 @@ from harness.plugins.rollout_hooks import (
 from harness.refit.zmq_stream import DEFAULT_TIMEOUT_MS, ipc_address
 from harness.registry.rollout import start_function
 from harness.rollout.sharding import ShardPlan
+from harness.spec.typed import as_workload
 
 CAPTURE_ABORT_REASON = "generation_error"
 _IMPORTED = time.time()  # start-up timings (``ready()["timings"]``)
@@ -66,19 +67,19 @@ class RolloutWorker:
         self._capture_config = dict(capture_config) if capture_config else None
         if env_vars:
             os.environ.update({k: str(v) for k, v in env_vars.items()})
-        self.spec = dict(spec)
+        self.spec = as_workload(spec)
         self.engine_index = int(engine_index)
         self.rank_prefix = int(rank_prefix)
         self.run_dir = str(run_dir)
-        rollout = self.spec["rollout"]
-        self.tp = int(rollout["tp"])
-        self.is_async = bool(rollout["async"])
+        rollout = self.spec.rollout
+        self.tp = rollout.tp
+        self.is_async = rollout.is_async
         self.label = f"rollout engine {self.engine_index}"
         # Gate before any engine starts.
-        validate_engine_worker_cls(rollout.get("worker_cls"))
+        validate_engine_worker_cls(rollout.worker_cls)
         if rollout_profiler_class_path(env_vars):
-            validate_rollout_profiler_topology(pp=int(rollout.get("pp", 1)), ep=int(rollout.get("ep", 1)))
-        start_engine = start_function(rollout.get("backend", "native"))  # ValueError: no engine in this build
+            validate_rollout_profiler_topology(pp=rollout.pp, ep=rollout.ep)
+        start_engine = start_function(rollout.backend)  # ValueError: no engine in this build
         from harness.rollout.engine_worker import configure_determinism
 
         configure_determinism()
@@ -162,7 +163,7 @@ class RolloutWorker:
         if self._local is not None:
             return self._local.state_dict()
         shards = self._procs.call("state_dict")
-        cfg = ModelConfig.from_spec(self.spec["model"])
+        cfg = ModelConfig.from_spec(self.spec.model)
         plans = ShardPlan(cfg, 0, self.tp)
         return {name: plans.unshard(name, [s[name] for s in shards]) for name in shards[0]}
 

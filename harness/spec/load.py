@@ -143,16 +143,8 @@ def load_spec(
 
 
 def canonical_json(value: Any) -> str:
-    """Sorted keys, no whitespace, NaN/inf refused: one text per value (a :class:`Workload`
-    is written as its canonical dict)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-                      default=_canonical_dict)
-
-
-def _canonical_dict(value: Any) -> Any:
-    if isinstance(value, Workload):
-        return value.to_dict()
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    """Sorted keys, no whitespace, NaN/inf refused: one text per value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def spec_digest(spec: dict[str, Any]) -> str:

@@ -11,9 +11,9 @@ the mapping the objects were built from, byte for byte what ``spec_digest`` hash
 what goldens store in ``run.json`` and the manifest. A key this module does not declare
 (a block added by a newer schema) is kept there, untouched, and ignored by the objects.
 
-For the move to attribute access a :class:`Workload` still reads like the dict it came
-from (``workload["policy"]["tp"]``, ``dict(workload)``, ``json.dumps`` through
-``canonical_json``): the subscript returns the block as a read-only :class:`FrozenDict`
+A :class:`Workload` is also that dict, read-only (a ``dict`` subclass: ``json.dumps``,
+``dict(workload)`` and ``workload == d`` work, so the gate half and stored documents see
+the same canonical mapping as before): the subscript returns the block as a read-only :class:`FrozenDict`
 (its lists a read-only :class:`FrozenList`), so nothing changes the spec behind the objects' back; setting a key
 raises ``TypeError``. A deep copy or a pickle of a block is a plain ``dict`` again.
 
@@ -26,7 +26,7 @@ import copy
 import dataclasses
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +78,14 @@ def _thawed(value: Any) -> Any:
     return value
 
 
+def _types(kind: Any) -> tuple[Any, ...]:
+    return typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+
+
 def _build(cls: type, data: Mapping[str, Any]) -> Any:
     """``cls`` (a dataclass below) from ``data``: nested blocks built, lists made tuples,
-    undeclared keys ignored, absent optional fields left at their default."""
+    integers in ``float`` fields made floats, undeclared keys ignored, absent optional
+    fields left at their default."""
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -94,6 +99,8 @@ def _build(cls: type, data: Mapping[str, Any]) -> Any:
             inner = [a for a in typing.get_args(kind) if isinstance(a, type) and dataclasses.is_dataclass(a)]
             if inner:
                 value = _build(inner[0], value)
+        elif isinstance(value, int) and not isinstance(value, bool) and float in _types(kind):
+            value = float(value)  # a number field written as 1 reads as 1.0
         elif isinstance(value, list):
             value = tuple(value)
         elif isinstance(value, dict):
@@ -273,9 +280,9 @@ class PlatformSpec:
     platforms: tuple[str, ...]
 
 
-@dataclass(frozen=True, eq=False)
-class Workload(Mapping[str, Any]):
-    """One loaded workload spec: its blocks as typed objects and the canonical dict."""
+@dataclass(frozen=True)
+class WorkloadBlocks:
+    """The typed blocks of one workload (what :class:`Workload` exposes as attributes)."""
 
     name: str
     description: str
@@ -288,49 +295,74 @@ class Workload(Mapping[str, Any]):
     plugins: PluginsSpec
     capture: CaptureSpec
     platform: PlatformSpec
-    _source: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
-    _blocks: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)  # _source, frozen
+
+
+class Workload(FrozenDict):
+    """One loaded workload spec: the canonical dict, read-only, with its blocks as frozen
+    typed objects (``workload.policy.tp``; see the module docstring)."""
+
+    __slots__ = ("_typed",)
+
+    def __init__(self, source: Mapping[str, Any]) -> None:
+        """Use :meth:`from_dict` (or ``load_spec``); ``source`` is a loaded spec dict."""
+        source = _thawed(dict(source))
+        dict.__init__(self, {k: _frozen(v) for k, v in source.items()})
+        typed = _build(WorkloadBlocks, {**source, "rollout": {**source["rollout"],
+                                                                "is_async": source["rollout"]["async"]}})
+        object.__setattr__(self, "_typed", typed)
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> Workload:
         """The objects of a loaded spec dict (a :class:`Workload` is returned as it is)."""
-        if isinstance(spec, Workload):
-            return spec
-        source = copy.deepcopy(dict(spec))
-        workload = _build(cls, {**source, "rollout": {**source["rollout"], "is_async": source["rollout"]["async"]}})
-        object.__setattr__(workload, "_source", source)
-        object.__setattr__(workload, "_blocks", _frozen(source))
-        return workload
+        return spec if isinstance(spec, Workload) else cls(spec)
 
     def to_dict(self) -> dict[str, Any]:
-        """The canonical spec dict (a deep copy): what ``spec_digest`` hashes and goldens store."""
-        return copy.deepcopy(self._source)
+        """The canonical spec dict (a plain deep copy): what ``spec_digest`` hashes and goldens store."""
+        return _thawed(self)
 
-    # -- read-only mapping view of the canonical dict (see the module docstring) ----
-    def __getitem__(self, key: str) -> Any:
-        return self._blocks[key]
+    name = property(lambda self: self._typed.name)
+    description = property(lambda self: self._typed.description)
+    seed = property(lambda self: self._typed.seed)
+    model = property(lambda self: self._typed.model)
+    policy = property(lambda self: self._typed.policy)
+    rollout = property(lambda self: self._typed.rollout)
+    grpo = property(lambda self: self._typed.grpo)
+    env = property(lambda self: self._typed.env)
+    plugins = property(lambda self: self._typed.plugins)
+    capture = property(lambda self: self._typed.capture)
+    platform = property(lambda self: self._typed.platform)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._source)
-
-    def __len__(self) -> int:
-        return len(self._source)
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r} of a loaded spec")
 
     def __deepcopy__(self, memo: dict) -> Workload:
         return self  # frozen: a copy would be equal in every way
 
     def __reduce__(self) -> tuple:
-        return (Workload.from_dict, (self._source,))
+        return (Workload, (self.to_dict(),))
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Workload):
-            return self._source == other._source
-        return isinstance(other, Mapping) and self._source == dict(other)
-
-    __hash__ = None  # type: ignore[assignment] - equal to the dict it came from, which has no hash
+    def __repr__(self) -> str:
+        return f"Workload({self._typed!r})"
 
 
 def as_workload(spec: Mapping[str, Any]) -> Workload:
-    """``spec`` as a :class:`Workload`: a loaded spec dict (a test's edited copy) is
-    converted without validation; a :class:`Workload` is returned as it is."""
-    return Workload.from_dict(spec)
+    """``spec`` as a :class:`Workload`, returned as it is when it is one. A plain spec
+    dict (``run.json``'s, a test's edited copy or hand-written part of a spec) is
+    completed with the schema's defaults as ``load_spec`` completes one (numbers made
+    floats where the schema says number; ``name`` ``""`` when absent), not validated."""
+    if isinstance(spec, Workload):
+        return spec
+    from harness.spec.schema import fill_defaults
+
+    filled = fill_defaults(dict(spec))
+    filled.setdefault("name", "")
+    return Workload.from_dict(filled)
+
+
+def as_mapping(block: Any) -> Mapping[str, Any]:
+    """A block as a mapping for helpers that read either a typed block or a plain dict
+    (their unit tests pass dicts): a dataclass becomes ``{field: value}`` (one level; its
+    nested blocks stay objects), a mapping is returned as it is."""
+    if dataclasses.is_dataclass(block) and not isinstance(block, type):
+        return {f.name: getattr(block, f.name) for f in dataclasses.fields(block) if not f.name.startswith("_")}
+    return block

@@ -51,6 +51,7 @@ from harness.policy.common import EngineCommon
 from harness.policy.native.parallel_model import ParallelQwen3Moe
 from harness.policy.seeding import seed_rank
 from harness.policy.split_step import SplitTrainStep
+from harness.spec.typed import as_workload
 
 
 def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
@@ -61,30 +62,31 @@ class NativePolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
     backend = "native"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
+        """``spec``: the loaded ``Workload`` (a plain spec dict is converted)."""
+        spec = as_workload(spec)
         self.spec = spec
         self.rank = rank
-        policy = spec["policy"]
-        self.cfg = ModelConfig.from_spec(spec)
-        validate_policy_layout(policy, spec["model"])
+        policy = spec.policy
+        self.cfg = ModelConfig.from_spec(spec.model)
+        validate_policy_layout(policy, spec.model)
         world = dist.get_world_size()
-        expected = policy["tp"] * policy["pp"] * policy["cp"] * policy["dp"]
-        if world != expected:
-            raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {expected}")
-        seed_rank(spec["seed"], rank)
+        if world != policy.world_size:
+            raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {policy.world_size}")
+        seed_rank(spec.seed, rank)
         layout = layout_from_topology(topology, policy) if topology is not None else layout_from_spec(policy)
         self.groups = ProcessGroups.create(layout, rank)
         self.coords = self.groups.coords
-        stages = stage_layers(self.cfg.layers, policy["pp"], policy.get("pp_layout"))
+        stages = stage_layers(self.cfg.layers, policy.pp, policy.pp_layout)
         stage = self.coords["pp"]
-        full = build_reference_model(self.cfg, spec["seed"]).state_dict()
+        full = build_reference_model(self.cfg, spec.seed).state_dict()
         self.full_names = list(full)
         self.full_shapes = {k: tuple(v.shape) for k, v in full.items()}
-        self.seq_len = int(policy["seq_len"])
-        self.mbs = int(policy["micro_batch_size"])
-        self.device = local_device(rank, spec.get("platform", {}).get("device", "cpu"))
+        self.seq_len = policy.seq_len
+        self.mbs = policy.micro_batch_size
+        self.device = local_device(rank, spec.platform.device)
         self.model = ParallelQwen3Moe(
             self.cfg, self.groups, stages[stage], full,
-            seq_len=self.seq_len, is_first=stage == 0, is_last=stage == policy["pp"] - 1,
+            seq_len=self.seq_len, is_first=stage == 0, is_last=stage == policy.pp - 1,
         ).to(self.device)
         del full
         self.named = self.model.hf_named_parameters()

@@ -18,6 +18,7 @@ def start_engine(spec: Mapping[str, Any], *, in_actor: bool, profiler_rank: int,
 
         return EngineWorker(spec, profiler_rank=profiler_rank)
     from harness.rollout.engine_procs import EngineProcesses
+    from harness.spec.typed import as_workload
 
-    return EngineProcesses.start(spec, tp_size=int(spec["rollout"]["tp"]), rank_prefix=rank_prefix, label=label,
+    return EngineProcesses.start(spec, tp_size=as_workload(spec).rollout.tp, rank_prefix=rank_prefix, label=label,
                                  env=dict(os.environ))

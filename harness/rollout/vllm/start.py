@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.plugins.rollout_hooks import rollout_profiler_class_path
+from harness.spec.typed import as_workload
 
 
 def start_engine(spec: Mapping[str, Any], *, in_actor: bool, profiler_rank: int, rank_prefix: int, label: str,
@@ -17,6 +18,7 @@ def start_engine(spec: Mapping[str, Any], *, in_actor: bool, profiler_rank: int,
     The model directory and caches live under ``<run_dir>/vllm/engine<engine_index>``."""
     from harness.rollout.vllm.engine import VllmEngineProcesses, VllmEngineWorker
 
+    spec = as_workload(spec).to_dict()  # the vLLM backend reads (and serialises) a plain spec dict
     profiler = rollout_profiler_class_path(env_vars)
     work_dir = os.path.join(run_dir, "vllm", f"engine{engine_index}")
     if in_actor:
