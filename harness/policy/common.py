@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from harness.algos.loss import ClippedPGLoss, aggregate_microbatch_metrics
-from harness.spec.typed import as_workload
+from harness.spec.typed import Workload, as_workload
 
 TRAIN_KEYS = (
     "input_ids", "input_lengths", "token_mask", "sample_mask", "advantages",
@@ -28,6 +28,12 @@ TRAIN_KEYS = (
 
 
 class EngineCommon:
+    def _bind(self, spec: Mapping[str, Any], rank: int) -> Workload:
+        """Keep ``spec`` (as a ``Workload``: a plain spec dict is converted) and ``rank``."""
+        self.spec = as_workload(spec)
+        self.rank = rank
+        return self.spec
+
     def _init_training_state(self, spec: Mapping[str, Any]) -> None:
         """Reference weights (the initial ``named`` parameters, on the CPU), AdamW
         over ``named`` in that order, the loss and the step counters. Call once

@@ -81,10 +81,7 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
     backend = "megatron"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
-        """``spec``: the loaded ``Workload`` (a plain spec dict is converted)."""
-        spec = as_workload(spec)
-        self.spec = spec
-        self.rank = rank
+        spec = self._bind(spec, rank)
         policy = spec.policy
         self.device = spec.platform.device
         check_layout(spec)

@@ -51,7 +51,6 @@ from harness.policy.common import EngineCommon
 from harness.policy.native.parallel_model import ParallelQwen3Moe
 from harness.policy.seeding import seed_rank
 from harness.policy.split_step import SplitTrainStep
-from harness.spec.typed import as_workload
 
 
 def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
@@ -62,10 +61,7 @@ class NativePolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
     backend = "native"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
-        """``spec``: the loaded ``Workload`` (a plain spec dict is converted)."""
-        spec = as_workload(spec)
-        self.spec = spec
-        self.rank = rank
+        spec = self._bind(spec, rank)
         policy = spec.policy
         self.cfg = ModelConfig.from_spec(spec.model)
         validate_policy_layout(policy, spec.model)
