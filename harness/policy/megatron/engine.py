@@ -1,9 +1,9 @@
 """`MegatronPolicyEngine`: the megatron-core policy backend behind the same
-methods as `harness.policy.engine.PolicyEngine` (train, split API,
-get_logprobs, get_reference_logprobs, hf_state_dict, checkpoints).
+methods as the native engine (the `harness.registry.policy.PolicyEngine` role: train,
+split API, get_logprobs, get_reference_logprobs, hf_state_dict, checkpoints).
 
 One rank = one process; the default process group must already exist
-(`harness.policy.engine.init_distributed`). On `platform.device: cpu` the
+(`harness.policy.distributed.init_distributed`). On `platform.device: cpu` the
 compatibility layer (`compat.apply_cpu_compat`) is applied first.
 
 Supported layouts (this revision): cp == 1, etp == 1, any tp (with sp), pp
@@ -147,7 +147,7 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         del full
         self._init_training_state(spec)
         self.is_last = stage == pp - 1
-        with_cp = int(policy["cp"]) > 1  # dense gradients over dp x cp ("dp" when cp == 1)
+        with_cp = policy.cp > 1  # dense gradients over dp x cp ("dp" when cp == 1)
         self._dp_group = (
             ps.get_data_parallel_group(with_context_parallel=with_cp)
             if ps.get_data_parallel_world_size(with_context_parallel=with_cp) > 1
