@@ -27,7 +27,7 @@ import torch
 
 from harness.artifacts import layout
 from harness.grpo.episodes import make_episode_env
-from harness.grpo.refit import Refitter
+from harness.grpo.refitter import Refitter
 from harness.grpo.rollouts import RolloutDriver
 from harness.progress import phase
 from harness.progress import step as step_progress

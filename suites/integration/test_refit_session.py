@@ -73,7 +73,7 @@ class SquattingPolicy:
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
-    from harness.grpo.refit import Refitter
+    from harness.grpo.refitter import Refitter
     from harness.policy.group import PolicyGroup
     from harness.rollout.worker import rollout_worker_actor
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.grpo.refit import Refitter
+from harness.grpo.refitter import Refitter
 from harness.spec import load_spec, plan
 from harness.spec.constraints import policy_world
 

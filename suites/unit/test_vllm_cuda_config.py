@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.grpo.refit import Refitter
+from harness.grpo.refitter import Refitter
 from harness.rollout.vllm import engine
 from harness.rollout.vllm.extension import CONFIG_KEY, HarnessVllmWorkerExtension
 from harness.spec.load import load_spec
