@@ -15,7 +15,8 @@ import torch
 
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model, hf_fused_state_dict
-from harness.policy.local_world import shard_for_dp, spawn_world, synthetic_batch, with_layout
+from harness.parallel.data import shard_for_dp
+from harness.policy.local_world import spawn_world, synthetic_batch, with_layout
 from harness.spec import load_spec
 
 

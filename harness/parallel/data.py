@@ -14,7 +14,7 @@ parameter order, so each step issues a fixed, small set of all-reduces.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -91,3 +91,12 @@ def all_reduce_counts(values: list[float], group) -> list[float]:
     if group is not None:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t.tolist()
+
+
+def shard_for_dp(batch: Mapping[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str, torch.Tensor]:
+    """Contiguous DP shard of every tensor along dim 0."""
+    b = batch["input_ids"].shape[0]
+    if b % dp:
+        raise ValueError(f"batch of {b} samples does not split over policy.dp={dp}")
+    n = b // dp
+    return {k: v[dp_rank * n : (dp_rank + 1) * n] for k, v in batch.items()}

@@ -23,9 +23,9 @@ from typing import Any
 import ray
 import torch
 
+from harness.parallel.data import shard_for_dp
 from harness.parallel.groups import validate_policy_layout
 from harness.parallel.rendezvous import HeldStore
-from harness.policy.local_world import shard_for_dp
 from harness.policy.worker import PolicyWorker
 from harness.spec.typed import as_workload
 

@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from harness import ops
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
+from harness.parallel.data import shard_for_dp
 from harness.parallel.rendezvous import HeldStore
 from harness.spec.typed import as_workload
 
@@ -125,15 +126,6 @@ def synthetic_batch(spec: Mapping[str, Any], batch_size: int, seed: int) -> dict
         "generation_logprobs": lp.clone(),
         "reference_policy_logprobs": lp.clone(),
     }
-
-
-def shard_for_dp(batch: Mapping[str, torch.Tensor], dp: int, dp_rank: int) -> dict[str, torch.Tensor]:
-    """Contiguous DP shard of every tensor along dim 0."""
-    b = batch["input_ids"].shape[0]
-    if b % dp:
-        raise ValueError(f"batch of {b} samples does not split over policy.dp={dp}")
-    n = b // dp
-    return {k: v[dp_rank * n : (dp_rank + 1) * n] for k, v in batch.items()}
 
 
 def checksums(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[float, float, float]]:

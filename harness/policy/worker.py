@@ -111,7 +111,7 @@ class PolicyWorkerImpl:
     def _dp_shard(self, dataplane: Any, key: str, extra_keys: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
         """This rank's DP shard of the batch staged under ``key``, plus per-shard extras
         staged by :meth:`logprobs_to_dataplane` under ``<extra>/dp<d>``."""
-        from harness.policy.local_world import shard_for_dp
+        from harness.parallel.data import shard_for_dp
 
         client = self._dataplane(dataplane)
         dp, d = self.spec.policy.dp, int(self.engine.coords["dp"])

@@ -2,7 +2,7 @@
 gloo on CPU) against the native backend from the same spec, seed and batch.
 
 Each layout spawns its world once (`harness.policy.local_world.spawn_world` with
-`harness.policy.megatron.local_world.curve_job`, backend-neutral): initial
+`suites.policy_jobs.curve_job`, backend-neutral): initial
 logprobs, 3 monolithic AdamW steps, reference logprobs, the same 3 steps through
 the split API after restoring the initial checkpoint, and the refit export.
 Every dtensor rank computes logprobs and metrics (no pipeline); tp peers agree.
@@ -26,10 +26,9 @@ import torch
 
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
-from harness.policy.dtensor.local_world import lora_job
 from harness.policy.local_world import checksums, spawn_world, synthetic_batch, with_layout
-from harness.policy.megatron.local_world import curve_job
 from harness.spec import load_spec
+from suites.policy_jobs import curve_job, lora_job
 
 pytestmark = [pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 against the native backend from the same initial weights.
 
 Skipped unless megatron-core is importable (`pip install megatron-core==0.16.1`).
-Each layout spawns its world once (`harness.policy.megatron.local_world.curve_job`):
+Each layout spawns its world once (`suites.policy_jobs.curve_job`):
 initial logprobs, 3 monolithic AdamW steps, the same 3 steps through the split
 API after restoring the initial checkpoint, and the refit export (HF names).
 Pipeline layouts (megatron-core's own 1F1B schedule over gloo) are compared
@@ -33,8 +33,8 @@ from harness.policy.local_world import (
     synthetic_batch,
     with_layout,
 )
-from harness.policy.megatron.local_world import curve_job
 from harness.spec import load_spec
+from suites.policy_jobs import curve_job
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
