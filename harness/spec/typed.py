@@ -287,7 +287,6 @@ class WorkloadBlocks:
     name: str
     description: str
     seed: int
-    model: ModelSpec
     policy: PolicySpec
     rollout: RolloutSpec
     grpo: GrpoSpec
@@ -295,6 +294,9 @@ class WorkloadBlocks:
     plugins: PluginsSpec
     capture: CaptureSpec
     platform: PlatformSpec
+    # Always set for a loaded spec (the schema requires it); None only for a hand-written
+    # part of a spec without a model block, converted by as_workload (tests of the driver).
+    model: ModelSpec | None = None
 
 
 class Workload(FrozenDict):
@@ -349,7 +351,8 @@ def as_workload(spec: Mapping[str, Any]) -> Workload:
     """``spec`` as a :class:`Workload`, returned as it is when it is one. A plain spec
     dict (``run.json``'s, a test's edited copy or hand-written part of a spec) is
     completed with the schema's defaults as ``load_spec`` completes one (numbers made
-    floats where the schema says number; ``name`` ``""`` when absent), not validated."""
+    floats where the schema says number; ``name`` ``""`` when absent, ``model`` None
+    when it has no model block), not validated."""
     if isinstance(spec, Workload):
         return spec
     from harness.spec.schema import fill_defaults
