@@ -99,7 +99,6 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     (docs/runner.md); None: a cold run with its own Ray instance. ``ray_address``
     (else the spec's ``platform.ray_address``): join that Ray cluster, cold
     (docs/cluster.md)."""
-    from harness.runner.cluster import preflight
     from harness.runner.run import run_workload
     from harness.spec.load import check_runnable
     from harness.spec.topology import plan
@@ -107,7 +106,17 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     spec = spec_for_platform(workload, overrides, platform, goldens_root)
     check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     address = ray_address_of(spec, ray_address)
-    preflight(spec, plan(spec).to_dict(), address)  # ClusterRefused (exit 2) before anything starts
+    topology = plan(spec).to_dict()
+    if address is None:
+        from harness.runner.capacity import local_refusal
+
+        refusal = local_refusal(topology)  # a plan of more nodes than a private instance: exit 2, ray not imported
+        if refusal is not None:
+            raise refusal
+    else:
+        from harness.runner.cluster import preflight
+
+        preflight(spec, topology, address)  # ClusterRefused (exit 2) before anything starts
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)

@@ -10,7 +10,7 @@
   (``ray.shutdown()`` of a driver that joined stops nothing of the cluster).
 
 ``preflight(spec, topology, address)`` refuses, before the run directory or any
-process exists, a plan the cluster cannot hold (``capacity.ClusterRefused``, exit 2):
+process exists, a plan the cluster at ``address`` cannot hold (``capacity.ClusterRefused``, exit 2):
 it connects, reads the alive nodes, checks (``capacity.assign_nodes``) and disconnects.
 """
 
@@ -58,17 +58,13 @@ def init_ray(spec: dict, address: str | None, **kwargs) -> None:
             raise capacity.ClusterRefused(f"cannot join the Ray cluster at {address}: {exc}") from None
 
 
-def preflight(spec: dict, topology: dict, address: str | None) -> None:
-    """Refuse (``ClusterRefused``) a plan the chosen Ray cannot hold; starts nothing that stays."""
+def preflight(spec: dict, topology: dict, address: str) -> None:
+    """Refuse (``ClusterRefused``) a plan the cluster at ``address`` cannot hold; starts nothing
+    that stays. (A private local instance is one node: ``capacity.local_refusal``.)"""
     capacity.check_engines(topology)
     from harness.grpo.refit import choose_transport
 
     capacity.check_refit(spec, topology, choose_transport(spec))
-    if address is None:
-        refusal = capacity.local_refusal(topology)
-        if refusal is not None:
-            raise refusal
-        return
     if ray.is_initialized():
         raise capacity.ClusterRefused(f"cannot join {address}: this process is already connected to a Ray instance")
     init_ray(spec, address, log_to_driver=False)

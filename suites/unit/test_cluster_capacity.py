@@ -124,3 +124,14 @@ def test_placement_outside_the_plan_or_missing_is_named() -> None:
         "rollout rank 1: planned node 0 device 1, actual a Ray node outside the plan device 1",
     ]
     assert placement_problems(topo, {"ranks": "x"}) == ["placement.json: no 'ranks' list"]
+
+
+def test_cli_refuses_a_two_node_plan_without_a_cluster(tmp_path, capsys) -> None:
+    from harness.cli import main
+
+    run_dir = tmp_path / "run"
+    assert main(["check", TWO_NODE, "--platform", "cpu-cluster", "--run-dir", str(run_dir), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert ("golden check: platform.ray_address: the plan needs 2 nodes, but without --ray-address (or "
+            "platform.ray_address) the run starts a private local Ray instance, which is one node") in err
+    assert not run_dir.exists()
