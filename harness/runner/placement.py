@@ -24,6 +24,9 @@ actual node and device. Postflight (``harness.postflight.placement``) refuses a
 run whose placement differs from the plan. Machine names live only in that
 artifact, never in a surface.
 
+``driver_node_options()`` keeps the data-plane actor on the driver's node when the
+run spans nodes (the driver reads its SQLite file directly).
+
 ``GOLDEN_PLANT_PLACEMENT_SWAP=ROLE:A,B`` (a planted fault for the self-test, like
 ``harness.mutations``) pins rank A to rank B's bundle and B to A's.
 """
@@ -38,7 +41,7 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from harness.runner import capacity
 from harness.runner.cluster import driver_node_id, node_views
@@ -112,6 +115,13 @@ class Placement:
     def rank0_address(self) -> str:
         """The reachable address of the node planned for policy rank 0."""
         return self.mapping[self.topology["policy"]["ranks"][0]["node"]].address
+
+    def driver_node_options(self) -> dict[str, Any]:
+        """Actor options keeping a driver-side actor (the data plane) on the driver's node;
+        none when the run does not span nodes."""
+        if not self.spans_nodes:
+            return {}
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=driver_node_id(), soft=False)}
 
     def bundle(self, role: str, rank: int) -> int:
         if self._swap is not None and self._swap[0] == role and rank in self._swap[1:]:

@@ -1,11 +1,15 @@
 """The live part of a run: Ray, workers, data plane, trainer; torn down on exit.
 
-``Session`` is a context manager. ``__enter__`` starts, in order: Ray (local,
-``num_cpus`` = the machine's cores, actors at ``num_cpus=0``), the data plane
+``Session`` is a context manager. ``__enter__`` starts, in order: Ray (a private
+local instance, or the cluster at ``ray_address`` joined: ``harness.runner.cluster``),
+the placement group of a cold run (``harness.runner.placement``: every rank pinned to
+its planned slot, actors at ``num_cpus=0``), the data plane
 and capture ledger (when capture is on), the policy worker group, the rollout
-workers (engine-init windows close inside them), and an initial refit so the
+workers (engine-init windows close inside them), ``placement.json`` (where each
+rank actually runs), and an initial refit so the
 engines hold exactly the policy's weights (weight version 1). ``__exit__``
-shuts everything down in reverse order whatever happened, then Ray itself.
+shuts everything down in reverse order whatever happened, then Ray itself (a
+joined cluster: this driver only disconnects).
 A reaper (``harness.runner.reaper``) started before Ray kills whatever a run
 leaves behind: after ``ray.shutdown``, and when this driver dies (SIGKILL included).
 """
@@ -245,7 +249,8 @@ class Session:
         path = str(self.run_dir / layout.DATAPLANE)
         # Not waited for here: the actor's process starts while the workers do; _await_dataplane
         # checks it (as start_dataplane_actor would) once they are up, before the first refit.
-        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True).remote(path)
+        pin = {} if self.placement is None else self.placement.driver_node_options()  # beside the driver's reads
+        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True, **pin).remote(path)
         self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
         self.dataplane = DataPlaneClient(self.dataplane_handle)
         if not self.spec["capture"]["enabled"]:
