@@ -21,9 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -31,7 +28,6 @@ from harness import flows
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = "qwen3_moe_tiny_2node"
 PLATFORM = "cpu-cluster"
 
@@ -126,17 +122,17 @@ def test_planted_swap_is_scheduled_and_refused(cluster, two_node_run, tmp_path, 
         load_run(run)
 
 
-def test_a_cluster_too_small_is_refused_before_anything_starts(cluster, tmp_path) -> None:
-    env = {**os.environ, "GOLDEN_PROGRESS": "off"}
-    cmd = [sys.executable, "-m", "harness", "check", WORKLOAD, "--platform", PLATFORM, "--ray-address",
-           cluster.address, "--run-dir", str(tmp_path / "run")]
-    more_nodes = subprocess.run([*cmd, "platform.nodes=3"], capture_output=True, text=True, env=env, cwd=REPO)
-    assert more_nodes.returncode == 2, more_nodes.stderr
-    assert (f"platform.ray_address: ray cluster {cluster.address} has 2 alive node(s), the plan needs 3 node(s) "
-            "(3 x 4 cpu slots, each node CPU >= 4)") in more_nodes.stderr
-    bigger = subprocess.run([*cmd, "platform.nodes=1", "platform.gpus_per_node=8"], capture_output=True, text=True,
-                            env=env, cwd=REPO)
-    assert bigger.returncode == 2, bigger.stderr
-    assert "only 0 of 2 alive node(s) can hold 8 cpu slots (CPU >= 8)" in bigger.stderr
-    assert bigger.stderr.count(": 4 CPU, 0 GPU") == 2  # both nodes named with their CPUs
-    assert not (tmp_path / "run").exists()
+def test_a_cluster_too_small_is_refused_before_anything_starts(cluster, tmp_path, capsys) -> None:
+    from harness.cli import main
+
+    run_dir = tmp_path / "run"
+    cmd = ["check", WORKLOAD, "--platform", PLATFORM, "--ray-address", cluster.address, "--run-dir", str(run_dir), "-q"]
+    assert main([*cmd, "platform.nodes=3"]) == 2
+    err = capsys.readouterr().err
+    assert (f"golden check: platform.ray_address: ray cluster {cluster.address} has 2 alive node(s), the plan needs "
+            "3 node(s) (3 x 4 cpu slots, each node CPU >= 4)") in err
+    assert main([*cmd, "platform.nodes=1", "platform.gpus_per_node=8"]) == 2
+    err = capsys.readouterr().err
+    assert "only 0 of 2 alive node(s) can hold 8 cpu slots (CPU >= 8)" in err
+    assert err.count(": 4 CPU, 0 GPU") == 2  # both nodes named with their CPUs
+    assert not run_dir.exists()
