@@ -8,7 +8,8 @@ Rules (each refusal is a ``ClusterRefused``, a ``SpecError`` on field
 ``platform.ray_address``, exit 2, naming nodes, GPUs and CPUs per node):
 
 * every planned device slot needs ``slot_resources(device)`` on its node:
-  one logical CPU per slot (a CPU slot on ``cpu``), plus one GPU on ``cuda``;
+  one logical CPU per slot (a CPU slot on ``cpu``), plus one GPU on ``cuda`` on a
+  cluster (a private local instance reserves the CPU only);
 * planned device nodes map to distinct alive Ray nodes that each hold
   ``gpus_per_node`` slots; a planned CPU-only head node (``head_node: true``)
   needs one more distinct alive node and nothing on it;
@@ -55,9 +56,12 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def slot_resources(device: str) -> dict[str, float]:
-    """What one planned device slot reserves in its placement-group bundle."""
-    return {"CPU": SLOT_CPU, "GPU": 1.0} if device == "cuda" else {"CPU": SLOT_CPU}
+def slot_resources(device: str, *, gpus: bool = True) -> dict[str, float]:
+    """What one planned device slot reserves in its placement-group bundle. ``gpus=False``
+    (a private local instance): CPU only, as before placement existed, where ranks share
+    the machine's GPUs (``harness.devices.local_device``) and the plan's
+    ``gpus_per_node`` is not a count of real GPUs."""
+    return {"CPU": SLOT_CPU, "GPU": 1.0} if device == "cuda" and gpus else {"CPU": SLOT_CPU}
 
 
 def device_nodes(topology: dict) -> list[int]:
@@ -97,12 +101,13 @@ def check_refit(spec: dict, topology: dict, transport: str) -> None:
 
 
 def assign_nodes(spec: dict, topology: dict, nodes: list[NodeView], *, driver_node: str | None,
-                 where: str) -> dict[int, NodeView]:
+                 where: str, gpus: bool = True) -> dict[int, NodeView]:
     """{planned node index: the Ray node that plays it}; ``ClusterRefused`` when the cluster
-    cannot hold the plan. ``where`` names the cluster in the message (its address)."""
+    cannot hold the plan. ``where`` names the cluster in the message (its address);
+    ``gpus``: as in :func:`slot_resources`."""
     plat = spec["platform"]
     per_node = int(plat["gpus_per_node"])
-    need = {k: v * per_node for k, v in slot_resources(plat["device"]).items()}
+    need = {k: v * per_node for k, v in slot_resources(plat["device"], gpus=gpus).items()}
     alive = [n for n in nodes if n.alive]
     planned = topology["nodes"]
     wanted = ", ".join(f"{k} >= {_num(v)}" for k, v in sorted(need.items()))

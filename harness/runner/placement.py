@@ -89,10 +89,14 @@ class Placement:
         self._swap = _swap()
 
     @classmethod
-    def create(cls, spec: dict, topology: dict, *, where: str) -> Placement:
-        mapping = capacity.assign_nodes(spec, topology, node_views(), driver_node=driver_node_id(), where=where)
+    def create(cls, spec: dict, topology: dict, *, where: str, local: bool = False) -> Placement:
+        """``local``: the run's own private instance (bundles reserve CPUs only, see
+        ``capacity.slot_resources``)."""
+        gpus = not local
+        mapping = capacity.assign_nodes(spec, topology, node_views(), driver_node=driver_node_id(), where=where,
+                                        gpus=gpus)
         per_node = _per_node(topology)
-        slot = capacity.slot_resources(spec["platform"]["device"])
+        slot = capacity.slot_resources(spec["platform"]["device"], gpus=gpus)
         bundles, selectors = [], []
         for planned in _device_nodes(topology):
             for _ in range(per_node):

@@ -137,7 +137,8 @@ class Session:
 
             phase(self.say, f"placing {len(self.topology.nodes)} planned node(s)")
             self.placement = Placement.create(self.spec, self.topology.to_dict(),
-                                              where=f"ray cluster {self.ray_address or 'local'}")
+                                              where=f"ray cluster {self.ray_address or 'local'}",
+                                              local=self.ray_address is None)
         from harness.envs.tasks import PromptLoader, make_task
         from harness.envs.tokenizer import load_tokenizer
 

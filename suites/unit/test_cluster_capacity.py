@@ -62,6 +62,8 @@ def test_cuda_needs_gpus_per_node() -> None:
     with pytest.raises(ClusterRefused, match=r"CPU >= 4, GPU >= 4.*node 10.0.0.2 \(02ababab\): 8 CPU, 2 GPU"):
         assign_nodes(spec, topo, [_node(1, 8, 4), _node(2, 8, 2)], driver_node=None, where="c")
     assert len(assign_nodes(spec, topo, [_node(1, 8, 4), _node(2, 8, 4)], driver_node=None, where="c")) == 2
+    # a private local instance reserves CPUs only: its ranks share the machine's GPUs, as before placement
+    assert len(assign_nodes(spec, topo, [_node(1, 8, 1), _node(2, 8, 0)], driver_node=None, where="c", gpus=False)) == 2
 
 
 def test_head_node_needs_one_more_distinct_node() -> None:
