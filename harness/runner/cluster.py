@@ -52,10 +52,30 @@ def init_ray(spec: dict, address: str | None, **kwargs) -> None:
         # RAY_ADDRESS to an existing cluster and then refuses num_cpus.
         ray.init(address="local", num_cpus=local_cpus(spec), include_dashboard=False, **kwargs)
     else:
+        probe(address)
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise capacity.ClusterRefused(f"cannot join the Ray cluster at {address}: {exc}") from None
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def probe(address: str) -> None:
+    """A ``HOST:PORT`` address must accept a TCP connection (Ray's own join waits minutes
+    for a GCS that is not there); other forms (``auto``, ``ray://...``) go to Ray as given."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdecimal() or "/" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise capacity.ClusterRefused(f"cannot join the Ray cluster at {address}: nothing accepts connections "
+                                      f"there ({type(exc).__name__}: {exc}); is the head node up "
+                                      "(ray start --head)?") from None
 
 
 def preflight(spec: dict, topology: dict, address: str) -> None:
