@@ -9,9 +9,11 @@ its own Ray node with 4 logical CPUs (the box has 2 cores; every actor still run
   ``cpu-cluster`` golden; ``placement.json`` shows ranks 0-3 on one Ray node and
   4-7 on the other, and the cluster is still up afterwards (the run only joined it);
 * a planted placement swap (``GOLDEN_PLANT_PLACEMENT_SWAP``: policy ranks 3 and 4
-  pinned to each other's bundles, so each runs on the other node) is scheduled for
-  real on this cluster and postflight's check names both ranks; the completed run
-  with that swap recorded gets no verdict (``NoVerdict``, exit 3);
+  pinned to each other's bundles) is scheduled for real on this cluster (stand-in
+  actors: each lands on the other node) and postflight's rule names both ranks; the
+  completed 2-node run with that swap in its ``placement.json`` gets no verdict
+  (``NoVerdict``, exit 3). (``benches/local_cluster.py`` with the variable set runs a
+  whole swapped check: exit 3, docs/cluster.md);
 * a plan the cluster cannot hold is refused by ``golden check`` with exit 2 before
   anything starts, naming the nodes and their CPUs.
 """
@@ -80,17 +82,20 @@ def test_two_node_golden_at_parity_placed_as_planned(cluster, two_node_run) -> N
     assert _alive_nodes(cluster.address) == 2  # the run joined the cluster and left it running
 
 
-def test_planted_swap_is_scheduled_and_refused(cluster, two_node_run, tmp_path, monkeypatch) -> None:
+SWAPPED = ["policy rank 3: planned node 0 device 3, actual node 1 device 0",
+           "policy rank 4: planned node 1 device 0, actual node 0 device 3"]
+
+
+def test_planted_swap_is_scheduled_on_the_other_nodes(cluster, tmp_path, monkeypatch) -> None:
     import ray
 
     from harness.postflight.placement import placement_problems
-    from harness.postflight.read import NoVerdict, load_run
-    from harness.postflight.run import postflight
     from harness.runner.cluster import init_ray
     from harness.runner.placement import SWAP_ENV, Placement
+    from harness.spec.load import load_spec
     from harness.spec.topology import plan
 
-    spec = two_node_run.spec
+    spec = load_spec(WORKLOAD)
     topo = plan(spec).to_dict()
     monkeypatch.setenv(SWAP_ENV, "policy:3,4")
     init_ray(spec, cluster.address, log_to_driver=False)
@@ -98,7 +103,7 @@ def test_planted_swap_is_scheduled_and_refused(cluster, two_node_run, tmp_path, 
         placement = Placement.create(spec, topo, where="test cluster")
 
         @ray.remote(num_cpus=0)
-        class Rank:  # a stand-in rank: where it lands is all this checks
+        class Rank:  # a stand-in rank: where Ray puts it is all this checks
             def ping(self) -> int:
                 return os.getpid()
 
@@ -108,15 +113,24 @@ def test_planted_swap_is_scheduled_and_refused(cluster, two_node_run, tmp_path, 
         placement.remove()
     finally:
         ray.shutdown()
-    problems = placement_problems(topo, recorded)
-    assert problems == ["policy rank 3: planned node 0 device 3, actual node 1 device 0",
-                        "policy rank 4: planned node 1 device 0, actual node 0 device 3"]
+    assert placement_problems(topo, recorded) == SWAPPED
+    node_ids = {(r["role"], r["rank"]): r["actual"]["node_id"] for r in recorded["ranks"]}
+    assert node_ids[("policy", 3)] == node_ids[("policy", 7)] != node_ids[("policy", 4)] == node_ids[("policy", 0)]
+
+
+def test_a_run_placed_against_the_plan_gets_no_verdict(two_node_run, tmp_path) -> None:
+    from harness.postflight.read import NoVerdict, load_run
+    from harness.postflight.run import postflight
+
     run = tmp_path / "run"
     shutil.copytree(two_node_run.run_dir, run, ignore=shutil.ignore_patterns("ipc"))  # sockets do not copy
-    (run / "placement.json").write_text(json.dumps(recorded))
+    doc = json.loads((run / "placement.json").read_text())
+    a, b = doc["ranks"][3]["actual"], doc["ranks"][4]["actual"]  # ranks 3 and 4 ran on each other's slots
+    doc["ranks"][3]["actual"], doc["ranks"][4]["actual"] = b, a
+    (run / "placement.json").write_text(json.dumps(doc))
     result = postflight(run)
     assert result.status == "incomplete"
-    assert [c["detail"] for c in result.failed_checks] == ["; ".join(problems)]
+    assert [c["detail"] for c in result.failed_checks] == ["; ".join(SWAPPED)]
     with pytest.raises(NoVerdict, match=r"check placement_as_planned failed: policy rank 3: planned node 0 "
                                         r"device 3, actual node 1 device 0"):
         load_run(run)
