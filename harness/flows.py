@@ -129,7 +129,9 @@ def ray_address_of(spec: dict, explicit: str | None = None) -> str | None:
     """The Ray cluster a run joins: ``explicit`` (``--ray-address``), else the spec's optional
     ``platform.ray_address``, else None (a private local instance; ``RAY_ADDRESS`` is not
     followed, so a golden never lands on a shared cluster by accident)."""
-    return explicit or spec["platform"].get("ray_address") or None
+    from harness.spec.typed import as_workload
+
+    return explicit or as_workload(spec).platform.ray_address or None
 
 
 def resume(run_dir: Path, *, say: Say | None = None) -> Execution:

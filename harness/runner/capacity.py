@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.spec.errors import SpecError
+from harness.spec.typed import as_workload
 
 FIELD = "platform.ray_address"
 SLOT_CPU = 1.0  # logical CPUs reserved per planned device slot
@@ -105,15 +106,15 @@ def assign_nodes(spec: dict, topology: dict, nodes: list[NodeView], *, driver_no
     """{planned node index: the Ray node that plays it}; ``ClusterRefused`` when the cluster
     cannot hold the plan. ``where`` names the cluster in the message (its address);
     ``gpus``: as in :func:`slot_resources`."""
-    plat = spec["platform"]
-    per_node = int(plat["gpus_per_node"])
-    need = {k: v * per_node for k, v in slot_resources(plat["device"], gpus=gpus).items()}
+    plat = as_workload(spec).platform
+    per_node = int(plat.gpus_per_node)
+    need = {k: v * per_node for k, v in slot_resources(plat.device, gpus=gpus).items()}
     alive = [n for n in nodes if n.alive]
     planned = topology["nodes"]
     wanted = ", ".join(f"{k} >= {_num(v)}" for k, v in sorted(need.items()))
     summary = (f"the plan needs {len(planned)} node(s)"
-               + (" (1 CPU-only head + " if plat["head_node"] else " (")
-               + f"{plat['nodes']} x {per_node} {plat['device']} slots, each node {wanted})")
+               + (" (1 CPU-only head + " if plat.head_node else " (")
+               + f"{plat.nodes} x {per_node} {plat.device} slots, each node {wanted})")
     listing = "; ".join(f"node {n.describe()}" for n in alive) or "no alive node"
     if len(alive) < len(planned):
         raise ClusterRefused(f"{where} has {len(alive)} alive node(s), {summary}: {listing}")
@@ -128,7 +129,7 @@ def assign_nodes(spec: dict, topology: dict, nodes: list[NodeView], *, driver_no
     if len(fitting) < len(dev):
         short = "; ".join(f"node {n.describe()}" for n in ordered if not fits(n))
         raise ClusterRefused(f"{where}: only {len(fitting)} of {len(alive)} alive node(s) can hold "
-                             f"{per_node} {plat['device']} slots ({wanted}); {summary}. Too small: {short}")
+                             f"{per_node} {plat.device} slots ({wanted}); {summary}. Too small: {short}")
     mapping = {planned_index: fitting[i] for i, planned_index in enumerate(dev)}
     spare = [n for n in ordered if n not in mapping.values()]
     for p in planned:

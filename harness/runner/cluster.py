@@ -40,7 +40,9 @@ def driver_node_id() -> str:
 
 def local_cpus(spec: dict) -> int:
     """Logical CPUs of a private local instance: the cores plus the plan's slot CPUs."""
-    slots = int(spec["platform"]["gpus_per_node"]) * int(capacity.SLOT_CPU)
+    from harness.spec.typed import as_workload
+
+    slots = int(as_workload(spec).platform.gpus_per_node) * int(capacity.SLOT_CPU)
     return max(2, os.cpu_count() or 2) + slots
 
 
@@ -83,8 +85,9 @@ def preflight(spec: dict, topology: dict, address: str) -> None:
     that stays. (A private local instance is one node: ``capacity.local_refusal``.)"""
     capacity.check_engines(topology)
     from harness.grpo.refit import choose_transport
+    from harness.spec.typed import as_workload
 
-    capacity.check_refit(spec, topology, choose_transport(spec))
+    capacity.check_refit(spec, topology, choose_transport(as_workload(spec).rollout))
     if ray.is_initialized():
         raise capacity.ClusterRefused(f"cannot join {address}: this process is already connected to a Ray instance")
     init_ray(spec, address, log_to_driver=False)

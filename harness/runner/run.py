@@ -18,15 +18,17 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.artifacts import layout
 from harness.postflight.placement import PLACEMENT_FILE
 from harness.runner.environment import collect_environment, git_commit
 from harness.spec.load import spec_digest
 from harness.spec.topology import plan
+from harness.spec.typed import as_workload
 
 
 @dataclass
@@ -43,37 +45,39 @@ def _write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def expected_artifacts(spec: dict, topology, *, placed: bool = False) -> list[str]:
+def expected_artifacts(spec: Mapping[str, Any], topology, *, placed: bool = False) -> list[str]:
     """Files a complete run must contain: a trace per profiler instance, the metrics, the
     rollout summaries (capture on) and, for a run placed from the plan (``placed``: every
     cold run), ``placement.json`` (``harness.runner.placement``)."""
+    spec = as_workload(spec)
     paths = []
-    if spec["plugins"]["policy_profiler"]:
+    if spec.plugins.policy_profiler:
         paths += [layout.policy_trace_path(r) for r in range(topology.policy.world)]
-    if spec["plugins"]["rollout_profiler"]:
+    if spec.plugins.rollout_profiler:
         paths += [layout.rollout_trace_path(r) for r in range(topology.rollout.world)]
     paths.append(layout.METRICS)
-    if spec["capture"]["enabled"]:
+    if spec.capture.enabled:
         paths.append(layout.ROLLOUTS)
     if placed:
         paths.append(PLACEMENT_FILE)
     return paths
 
 
-def worker_env(spec: dict, run_dir: Path, run_id: str) -> dict[str, str]:
+def worker_env(spec: Mapping[str, Any], run_dir: Path, run_id: str) -> dict[str, str]:
     """Environment every worker process gets (the plugin contract is env-only)."""
+    plugins = as_workload(spec).plugins
     env = {
-        **spec["plugins"].get("env", {}),  # the schema reserves the keys set below
+        **plugins.env,  # the schema reserves the keys set below
         "HARNESS_TRACE_DIR": str(run_dir),
         "HARNESS_RUN_ID": run_id,
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "RAY_AUTH_MODE": "disabled",
     }
-    if spec["plugins"]["policy_profiler"]:
-        env["NRL_POLICY_PROFILER_CLASS"] = spec["plugins"]["policy_profiler"]
-    if spec["plugins"]["rollout_profiler"]:
-        env["NRL_ROLLOUT_PROFILER_CLASS"] = spec["plugins"]["rollout_profiler"]
+    if plugins.policy_profiler:
+        env["NRL_POLICY_PROFILER_CLASS"] = plugins.policy_profiler
+    if plugins.rollout_profiler:
+        env["NRL_ROLLOUT_PROFILER_CLASS"] = plugins.rollout_profiler
     return env
 
 
@@ -88,8 +92,9 @@ def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] |
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run directory {run_dir} is not empty")
     run_dir.mkdir(parents=True, exist_ok=True)
+    spec = as_workload(spec)
     topology = plan(spec)  # validates before anything starts
-    run_id = f"{spec['name']}-{uuid.uuid4().hex[:8]}"
+    run_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     if ray_address is not None:
         warm = None
     placed = warm is None or _private_ray(spec)
@@ -97,7 +102,7 @@ def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] |
                     progress, warm=warm, ray_address=ray_address)
 
 
-def _private_ray(spec: dict) -> bool:
+def _private_ray(spec) -> bool:
     """A warm runtime still runs this spec in a Ray of its own (so it is placed)."""
     from harness.runner.warm import private_ray_reason
 
@@ -120,7 +125,7 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
     if found is None:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to resume from (set grpo.checkpoint_every)")
     ckpt, state = found
-    spec = run_doc["spec"]
+    spec = as_workload(run_doc["spec"])  # the canonical dict the run stored
     topology = plan(spec)
     checkpoint.rewind_logs(run_dir, state)
     checkpoint.restore_stores(run_dir, ckpt)
@@ -135,8 +140,8 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
 def _new_run_doc(spec: dict, topology, run_id: str, *, placed: bool = False) -> dict:
     return {
         "run_id": run_id,
-        "workload": spec["name"],
-        "spec": spec,
+        "workload": as_workload(spec).name,
+        "spec": as_workload(spec).to_dict(),
         "spec_digest": spec_digest(spec),
         "topology": topology.to_dict(),
         "environment": collect_environment(spec),
