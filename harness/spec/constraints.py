@@ -272,7 +272,10 @@ RULES: tuple[Rule, ...] = (
 
 def violations(spec: Spec) -> list[TopologyError]:
     """One error per broken rule, in rule order (empty when the layout is valid)."""
-    return [TopologyError(rule.field, rule.formula, rule.explain(spec)) for rule in RULES if not rule.holds(spec)]
+    from harness.spec import distill  # the distill block's rules (they reuse RULES on the teacher's spec)
+
+    found = [TopologyError(rule.field, rule.formula, rule.explain(spec)) for rule in RULES if not rule.holds(spec)]
+    return found + distill.violations(spec)
 
 
 def check_spec(spec: Spec) -> None:
