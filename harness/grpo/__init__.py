@@ -1,4 +1,4 @@
-"""GRPO trainers (sync, dataplane, streaming) over the policy and rollout workers."""
+"""GRPO trainers (sync, dataplane, streaming, distill) over the policy and rollout workers."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ def trainer_class(name: str):
         from harness.grpo.dataplane import DataPlaneTrainer as cls
     elif name == "streaming":
         from harness.grpo.streaming import StreamingTrainer as cls
+    elif name == "distill":
+        from harness.grpo.distill import DistillTrainer as cls
     else:
-        raise ValueError(f"grpo.trainer: unknown trainer {name!r} (sync | dataplane | streaming)")
+        raise ValueError(f"grpo.trainer: unknown trainer {name!r} (sync | dataplane | streaming | distill)")
     return cls

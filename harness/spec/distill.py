@@ -18,13 +18,14 @@ block (the teacher generates nothing). :func:`violations` checks, in order:
 * the platform holds the teacher's ranks too (they take the device slots after
   the student's and, when separate, the rollout's: ``platform.nodes``).
 
-:func:`teacher_layout` lays the teacher's ranks out as role ``teacher`` (the
-topology surface's section of that name; ``harness.spec.topology.plan``).
+``harness.spec.topology.plan`` lays the teacher's ranks out as role ``teacher``
+(the topology surface's section of that name).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from harness.spec.errors import TopologyError
@@ -32,6 +33,7 @@ from harness.spec.errors import TopologyError
 Spec = dict[str, Any]
 
 TEACHER_ROLE = "teacher"
+DISTILL_POLICY_BACKENDS = ("native",)  # the student backends whose loss the KL term rides
 # Student policy fields the teacher takes from the distill block (the rest are fixed or the student's).
 _LAYOUT_FIELDS = ("tp", "ep", "dp", "micro_batch_size")
 
@@ -74,8 +76,10 @@ def _rename(field: str) -> str:
     return field
 
 
-def violations(spec: Spec) -> list[TopologyError]:
-    """The distillation rules a loaded spec breaks, in the order of the module docstring."""
+def violations(spec: Spec, layout_violations: Callable[[Spec], list[TopologyError]]) -> list[TopologyError]:
+    """The distillation rules a loaded spec breaks, in the order of the module docstring;
+    ``layout_violations`` is ``harness.spec.constraints``' rule check (passed in: that module
+    calls this one)."""
     trainer = spec["grpo"]["trainer"]
     if not has_distill(spec):
         if trainer == "distill":
@@ -86,7 +90,7 @@ def violations(spec: Spec) -> list[TopologyError]:
         return [TopologyError("grpo.trainer", "a distill block requires grpo.trainer == distill",
                               f"a distill: block is given but grpo.trainer is {trainer!r}; set grpo.trainer: distill")]
     out: list[TopologyError] = []
-    if spec["policy"]["backend"] != "native":
+    if spec["policy"]["backend"] not in DISTILL_POLICY_BACKENDS:
         out.append(TopologyError("policy.backend", "grpo.trainer == distill requires policy.backend == native",
                                  f"distillation runs on the native policy backend, not {spec['policy']['backend']!r}"))
     if not spec["grpo"]["loss"]["token_level_loss"]:
@@ -97,24 +101,17 @@ def violations(spec: Spec) -> list[TopologyError]:
         out.append(TopologyError("distill.teacher.model.vocab", "distill.teacher.model.vocab == model.vocab",
                                  f"the teacher's vocab {tmodel['vocab']} differs from the student's "
                                  f"{spec['model']['vocab']}: the KL compares distributions over one vocabulary"))
-    from harness.spec.constraints import devices_needed
-    from harness.spec.constraints import violations as layout_violations
-
     tspec = teacher_spec(spec)
     for err in layout_violations(tspec):
         if err.field.startswith(("policy.", "model.")):
             out.append(TopologyError(_rename(err.field), err.rule, f"teacher: {err.message}"))
-    plat = spec["platform"]
-    need = devices_needed(spec) + teacher_world(spec)
+    plat, p, r = spec["platform"], spec["policy"], spec["rollout"]
+    need = p["tp"] * p["pp"] * p["cp"] * p["dp"] + teacher_world(spec)
+    if not r["colocated"]:
+        need += r["engines"] * r["tp"] * r["pp"]
     if need > plat["nodes"] * plat["gpus_per_node"]:
         out.append(TopologyError("platform.nodes", "devices_needed + teacher world <= nodes * gpus_per_node",
                                  f"the student, rollout and teacher need {need} devices but the platform has "
                                  f"{plat['nodes']} x {plat['gpus_per_node']}"))
     return out
 
-
-def teacher_layout(spec: Spec, first_slot: int, gpus_per_node: int, head: int):
-    """The teacher's ``RoleLayout`` (role ``teacher``), its ranks on the device slots from ``first_slot``."""
-    from harness.spec.topology import plan_policy_role
-
-    return plan_policy_role(teacher_spec(spec), gpus_per_node, head, role=TEACHER_ROLE, first_slot=first_slot)

@@ -316,9 +316,10 @@ def plan(spec: dict[str, Any]) -> Topology:
     used = policy.world + (0 if spec["rollout"]["colocated"] else rollout.world)
     teacher = None
     if spec.get("distill") is not None:
-        from harness.spec.distill import teacher_layout
+        from harness.spec.distill import TEACHER_ROLE, teacher_spec
 
-        teacher = teacher_layout(spec, used, gpn, head)  # its own ranks, on the slots after the others
+        # its own ranks, on the device slots after the student's (and a separate rollout's)
+        teacher = plan_policy_role(teacher_spec(spec), gpn, head, role=TEACHER_ROLE, first_slot=used)
         used += teacher.world
     return Topology(
         workload=spec["name"],
