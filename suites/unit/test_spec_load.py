@@ -21,6 +21,7 @@ EXPECTED_WORKLOADS = {
     "qwen3_moe_tiny_smoke",
     "qwen3_moe_tiny_dataplane",
     "qwen3_moe_tiny_streaming",
+    "qwen3_moe_tiny_distill",
     "qwen3_moe_tiny_multiturn",
 }
 MODEL = {"layers": 4, "hidden": 64, "heads": 8, "kv_heads": 2, "head_dim": 16, "experts": 8,
