@@ -207,6 +207,7 @@ def test_the_reader_drops_buffers_a_grown_buffer_replaced():
     ("grpo.loss.token_level_loss=false", "grpo.loss.token_level_loss"),
     ("policy.backend=dtensor", "policy.backend"),
     ("platform.gpus_per_node=3", "platform.nodes"),
+    ("plugins.env.HARNESS_TRACE_ROLE=teacher", "plugins.env"),  # reserved: the runner sets it for teacher ranks
 ])
 def test_a_bad_distill_block_is_refused_naming_the_field(override, field):
     with pytest.raises(SpecError) as info:
