@@ -244,3 +244,21 @@ def test_the_trace_profiler_writes_teacher_ranks_under_their_own_role(tmp_path, 
     monkeypatch.setenv("HARNESS_TRACE_ROLE", "critic")
     with pytest.raises(RuntimeError, match="HARNESS_TRACE_ROLE"):
         TracePolicyProfiler(rank=0)
+
+
+def test_golden_plan_shows_the_teacher_and_refuses_a_bad_block_with_exit_2():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def golden(*args):
+        return subprocess.run([sys.executable, "-m", "harness", *args], cwd=repo, capture_output=True, text=True,
+                              timeout=60)
+
+    ok = golden("plan", WORKLOAD)
+    assert ok.returncode == 0, ok.stderr
+    assert "teacher   world 2 = tp2 x dp1" in ok.stdout and "teacher ranks" in ok.stdout
+    bad = golden("plan", WORKLOAD, "distill.teacher.tp=3")
+    assert bad.returncode == 2 and "distill.teacher.tp" in bad.stderr and "Traceback" not in bad.stderr
