@@ -99,6 +99,8 @@ class TeacherWorkerImpl(PolicyWorkerImpl):
             for m in range(n_mb):
                 mb = ids[m * mbs:(m + 1) * mbs].to(engine.device)
                 view[m].copy_(local_vocab_logits(engine.model, mb).to(torch.float32))
+            if self._buffer.is_cuda:  # another process reads the buffer next: the writes must be done
+                torch.cuda.synchronize(self._buffer.device)
         return {"dp_rank": int(engine.coords["dp"]),
                 "per_sample_handles": per_sample_handles(self._handle, n_mb, mbs, seq, vocab_local)}
 
