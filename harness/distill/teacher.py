@@ -65,6 +65,12 @@ def local_vocab_logits(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     return F.linear(h, model.p("lm_head.weight"))
 
 
+def logits_job(engine: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """``harness.policy.local_world.spawn_world`` job: this rank's :func:`local_vocab_logits`."""
+    engine.model.eval()
+    return local_vocab_logits(engine.model, input_ids.to(engine.device)).cpu()
+
+
 class TeacherWorkerImpl(PolicyWorkerImpl):
     """One teacher rank: a policy rank of the teacher's spec that serves logits by IPC."""
 
