@@ -30,7 +30,9 @@ TEACHER_REFS = "teacher_refs"
 
 
 class TeacherReader:
-    """Teacher logits of a batch from its refs; keeps the buffers of the latest refs mapped."""
+    """Teacher logits of a batch from its refs. Keeps one mapped buffer per teacher process (its
+    latest: a teacher rank holds one buffer at a time, so a new handle of the same owner means
+    its buffer grew and the old mapping is dropped)."""
 
     def __init__(self) -> None:
         self._opened: dict[TeacherHandle, torch.Tensor] = {}
@@ -40,7 +42,8 @@ class TeacherReader:
         if not refs:
             raise ValueError("teacher refs: empty batch")
         wanted = {s.handle for r in refs for s in r["teacher_shards"]}
-        for stale in [h for h in self._opened if h not in wanted]:  # a grown buffer replaced it
+        owners = {h.owner for h in wanted}
+        for stale in [h for h in self._opened if h.owner in owners and h not in wanted]:
             del self._opened[stale]
         rows = [torch.cat([read_sample(s, self._opened) for s in r["teacher_shards"]], dim=-1) for r in refs]
         return torch.stack(rows).to(device)

@@ -262,3 +262,22 @@ def test_golden_plan_shows_the_teacher_and_refuses_a_bad_block_with_exit_2():
     assert "teacher   world 2 = tp2 x dp1" in ok.stdout and "teacher ranks" in ok.stdout
     bad = golden("plan", WORKLOAD, "distill.teacher.tp=3")
     assert bad.returncode == 2 and "distill.teacher.tp" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_reader_keeps_one_mapping_per_teacher_process():
+    import dataclasses
+
+    _data, logits = _batch()
+    _bufs, refs = _teacher_refs(logits, tp=2)
+
+    def as_owner(rs, owner):
+        return [{"teacher_shards": [dataclasses.replace(s, handle=dataclasses.replace(s.handle, owner=owner))
+                                    for s in r["teacher_shards"]]} for r in rs]
+
+    reader = TeacherReader()
+    reader.logits(as_owner(refs[:2], 101))  # microbatch 1: teacher dp rank 0's process
+    reader.logits(as_owner(refs[2:], 202))  # microbatch 2: another teacher process
+    assert sorted(h.owner for h in reader._opened) == [101, 101, 202, 202]  # both kept: no remapping per microbatch
+    _new, grown = _teacher_refs(logits * 3, tp=1)
+    assert reader.logits(as_owner(grown, 101)).equal(logits * 3)
+    assert sorted(h.owner for h in reader._opened) == [101, 202, 202]  # 101's old buffers dropped
