@@ -45,7 +45,7 @@ def has_distill(spec: Spec) -> bool:
 def teacher_spec(spec: Spec) -> Spec:
     """The spec the teacher's workers are built from (a new dict; ``spec`` is not modified)."""
     d = spec["distill"]["teacher"]
-    out = copy.deepcopy(spec)
+    out = copy.deepcopy(dict(spec))  # plain dicts, also from a read-only loaded spec
     out["seed"] = int(d["seed"])
     out["model"] = {**spec["model"], **d.get("model", {})}
     tp = int(d.get("tp", 1))
