@@ -42,6 +42,7 @@ from harness.parallel import tensor
 from harness.policy.group import PolicyGroup
 from harness.policy.worker import PolicyWorkerImpl
 from harness.spec.distill import TEACHER_ROLE, teacher_spec
+from harness.spec.typed import as_workload
 
 ROLE_ENV = "HARNESS_TRACE_ROLE"
 
@@ -137,7 +138,7 @@ class TeacherGroup(PolicyGroup):
         if getattr(topology, "teacher", None) is None:
             raise ValueError("topology has no teacher layout (is the distill: block missing?)")
         env = {**(env_vars or {}), ROLE_ENV: TEACHER_ROLE}
-        super().__init__(teacher_spec(dict(spec)), TeacherTopology(topology.teacher), run_dir, env_vars=env)
+        super().__init__(as_workload(teacher_spec(spec)), TeacherTopology(topology.teacher), run_dir, env_vars=env)
 
     def logits_refs(self, batch: Mapping[str, torch.Tensor]) -> list[dict[str, list]]:
         """Per global sample, the refs of its logits on every TP rank of its teacher DP rank."""
