@@ -25,6 +25,7 @@ import torch
 from harness.algos.distill import distill_kl_term, token_logprobs_from_logits
 from harness.algos.loss import TOKENS, ClippedPGLoss
 from harness.distill.teacher_ipc import TeacherHandle, read_sample
+from harness.spec.typed import as_mapping
 
 TEACHER_REFS = "teacher_refs"
 
@@ -59,7 +60,9 @@ class TeacherReader:
 class DistillLoss:
     """``ClippedPGLoss(grpo.loss)`` + ``kl_coef * distill_kl``; same call contract as the GRPO loss."""
 
-    def __init__(self, loss_cfg: Mapping[str, Any], distill_cfg: Mapping[str, Any]) -> None:
+    def __init__(self, loss_cfg: Any, distill_cfg: Any) -> None:
+        """``loss_cfg``: the ``grpo.loss`` block; ``distill_cfg``: the ``distill`` block (typed or a dict)."""
+        distill_cfg = as_mapping(distill_cfg)
         self.pg = ClippedPGLoss(loss_cfg)
         if not self.pg.token_level_loss:
             raise ValueError("distillation needs grpo.loss.token_level_loss: true (the KL term is a token mean)")

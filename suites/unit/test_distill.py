@@ -281,3 +281,12 @@ def test_the_reader_keeps_one_mapping_per_teacher_process():
     _new, grown = _teacher_refs(logits * 3, tp=1)
     assert reader.logits(as_owner(grown, 101)).equal(logits * 3)
     assert sorted(h.owner for h in reader._opened) == [101, 202, 202]  # 101's old buffers dropped
+
+
+def test_the_loaded_spec_has_a_typed_distill_block():
+    spec = load_spec(WORKLOAD)
+    assert spec.distill.teacher.tp == 2 and spec.distill.teacher.seed == 4321 and spec.distill.kl_coef == 0.1
+    assert dict(spec.distill.teacher.model) == {"layers": 2, "moe_intermediate": 64}
+    assert load_spec("qwen3_moe_tiny_smoke").distill is None
+    loss = DistillLoss(spec.grpo.loss, spec.distill)  # typed blocks, as the policy ranks pass them
+    assert (loss.kl_coef, loss.kl_type, loss.temperature) == (0.1, "k3", 1.0)
