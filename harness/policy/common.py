@@ -47,7 +47,12 @@ class EngineCommon:
             [p for _, p in self.named], lr=self.lr, weight_decay=self.wd,
             betas=(float(opt.beta1), float(opt.beta2)), eps=float(opt.eps), foreach=False,
         )
-        self.loss_fn = ClippedPGLoss(spec.grpo.loss)
+        if spec.distill is not None:  # the GRPO loss plus the KL to the teacher (docs/distill.md)
+            from harness.distill.student import DistillLoss
+
+            self.loss_fn = DistillLoss(spec.grpo.loss, spec.distill)
+        else:
+            self.loss_fn = ClippedPGLoss(spec.grpo.loss)
         self.steps_done = 0
         self._split: dict[str, Any] | None = None
 
