@@ -83,3 +83,19 @@ def test_a_cuda_request_for_batched_decode_that_cannot_hold_is_refused(engine, m
     with pytest.raises(ValueError, match="unavailable on cpu: no batched mode reproduces X"):
         probe.choose_batched_decode(engine.forward, 9, True)
     assert probe.choose_batched_decode(engine.forward, 9, None) is False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (L2: ci/l2.sh on a GPU machine)")
+def test_on_cuda_the_engine_is_batch_invariant_or_says_why_not(caplog):
+    """On the GPU: the probe's verdict holds (batched == request by request, bit for bit), and a
+    declined batched decode is announced with its reason at start, never silently."""
+    w = {n: t.detach() for n, t in build_reference_model(CFG, seed=3).state_dict().items()}
+    reqs = [dict(request_id=i, prompt_ids=[(11 * i + j) % 256 for j in range(4 + i % 5)], max_new_tokens=12,
+                 seed=i, temperature=(1.0, 0.0, 0.7)[i % 3], top_p=1.0) for i in range(9)]
+    with caplog.at_level("WARNING", logger="harness.rollout.native.probe"):
+        fast = Engine(CFG, w, max_batch_size=9, device="cuda")
+    if not fast.batched_decode:
+        assert any("batched decode off" in r.getMessage() for r in caplog.records)
+    alone = Engine(CFG, w, max_batch_size=1, device="cuda", batched_decode=False)
+    assert fast.generate(reqs) == [alone.generate([r])[0] for r in reqs]
