@@ -67,8 +67,7 @@ def test_probe_sampling_passes_here_and_names_a_drifting_sampler(monkeypatch):
 
 def test_row_by_row_sampling_gives_the_batched_sampler_bits(engine):
     """The fallback when only the sampler fails the probe: batched logits, sampled per row."""
-    reqs = [dict(request_id=i, prompt_ids=[(11 * i + j) % 256 for j in range(4 + i % 5)], max_new_tokens=10,
-                 seed=i, temperature=(1.0, 0.0, 0.7)[i % 3], top_p=1.0) for i in range(9)]
+    reqs = _reqs()
     batched = engine.generate(reqs)
     engine.scheduler.batched_sampling = False
     try:
@@ -85,14 +84,48 @@ def test_a_cuda_request_for_batched_decode_that_cannot_hold_is_refused(engine, m
     assert probe.choose_batched_decode(engine.forward, 9, None) is False
 
 
+def _reqs(n=9, max_new=10):
+    return [dict(request_id=i, prompt_ids=[(11 * i + j) % 256 for j in range(4 + i % 5)], max_new_tokens=max_new,
+                 seed=i, temperature=(1.0, 0.0, 0.7)[i % 3], top_p=1.0) for i in range(n)]
+
+
+def test_row_local_decode_gives_the_per_request_bits(engine):
+    """The GPU fallback (reductions and attention per row, GEMMs batched), run on these kernels."""
+    reqs = _reqs()
+    alone = Engine(CFG, engine.state_dict(), max_batch_size=1, batched_decode=False)
+    want = [alone.generate([r])[0] for r in reqs]
+    engine.forward.row_local = True
+    try:
+        assert engine.generate(reqs) == want
+        assert probe.probe_decode(engine.forward, 9) is None
+    finally:
+        engine.forward.row_local = False
+
+
+def test_device_probe_order_batched_then_row_local_then_refusal(engine, monkeypatch):
+    fwd = engine.forward
+    assert probe._probe_device(fwd, 9) is None and fwd.row_local is False  # these kernels: fully batched
+    monkeypatch.setattr(probe, "probe_attention", lambda *a: "grouped decode attention differs at length 2")
+    assert probe._probe_device(fwd, 9) is None and fwd.row_local is True
+    real = Forward.decode_moe_rows
+
+    def drifting(self, li, x):
+        out = real(self, li, x)
+        out[0] = torch.nextafter(out[0], torch.full_like(out[0], float("inf")))
+        return out
+
+    monkeypatch.setattr(Forward, "decode_moe_rows", drifting)
+    problem = probe._probe_device(fwd, 9)
+    assert problem is not None and problem.startswith("row-local decode:") and fwd.row_local is False
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (L2: ci/l2.sh on a GPU machine)")
 def test_on_cuda_the_engine_is_batch_invariant_or_says_why_not(caplog):
     """On the GPU: the probe's verdict holds (batched == request by request, bit for bit), and a
     declined batched decode is announced with its reason at start, never silently."""
     w = {n: t.detach() for n, t in build_reference_model(CFG, seed=3).state_dict().items()}
-    reqs = [dict(request_id=i, prompt_ids=[(11 * i + j) % 256 for j in range(4 + i % 5)], max_new_tokens=12,
-                 seed=i, temperature=(1.0, 0.0, 0.7)[i % 3], top_p=1.0) for i in range(9)]
+    reqs = _reqs(max_new=12)
     with caplog.at_level("WARNING", logger="harness.rollout.native.probe"):
         fast = Engine(CFG, w, max_batch_size=9, device="cuda")
     if not fast.batched_decode:

@@ -17,7 +17,11 @@ also decodes one step of real rows both ways end to end (``probe_decode``: the
 batched logits of every row equal its per-request logits, for several batch
 compositions, on the engine's own weights) and checks the batched sampler
 against ``sample_token`` per row (``probe_sampling``; where only that fails, the
-batched logits are sampled row by row). On the CPU these hold by construction
+batched logits are sampled row by row). Where the batched attention, the RoPE
+table or the end-to-end check fail on a GPU, the row-local decode
+(``Forward.row_local``: GEMMs batched, every reduction and the attention per row
+on the per-request shapes) is checked end to end instead; only if that fails too
+does the engine decode request by request. On the CPU these hold by construction
 (the per-kernel checks above and the unit tests) and are not run, so a CPU
 engine's start dispatches exactly the operators it did before.
 """
@@ -49,16 +53,34 @@ def choose_batched_decode(fwd: Forward, max_batch_size: int, requested: bool | N
         return False
     if fwd.dtype not in BATCHED_DTYPES:
         problem = f"dtype {fwd.dtype} is not one of {BATCHED_DTYPES}"
-    else:
+    elif fwd.device.type == "cpu":
         problem = probe_batched_kernels(fwd, max_batch_size)
-        if problem is None and fwd.device.type != "cpu":
-            problem = probe_decode(fwd, max_batch_size)
+    else:
+        problem = _probe_device(fwd, max_batch_size)
     if problem is None:
         return True
     if requested:
         raise ValueError(f"batched decode requested but unavailable on {fwd.device}: {problem}")
     log.warning("rollout engine on %s: batched decode off, decoding request by request (%s)", fwd.device, problem)
     return False
+
+
+def _probe_device(fwd: Forward, max_batch_size: int) -> str | None:
+    """A GPU: the per-kernel checks, then ``probe_decode`` end to end; where the batched
+    attention, RoPE table or reductions do not hold, the row-local decode
+    (``Forward.row_local``) is tried end to end before giving up."""
+    problem = probe_batched_kernels(fwd, max_batch_size, projections_only=True)
+    if problem is not None:
+        return problem
+    if probe_batched_kernels(fwd, max_batch_size) is None and probe_decode(fwd, max_batch_size) is None:
+        return None
+    fwd.row_local = True
+    problem = probe_decode(fwd, max_batch_size)
+    if problem is not None:
+        fwd.row_local = False
+        return f"row-local decode: {problem}"
+    log.info("rollout engine on %s: batched decode with per-row reductions and attention (row_local)", fwd.device)
+    return None
 
 
 def choose_batched_sampling(device: torch.device, vocab: int) -> bool:
@@ -74,9 +96,10 @@ def choose_batched_sampling(device: torch.device, vocab: int) -> bool:
 
 
 @torch.no_grad()
-def probe_batched_kernels(fwd: Forward, max_batch_size: int) -> str | None:
+def probe_batched_kernels(fwd: Forward, max_batch_size: int, projections_only: bool = False) -> str | None:
     """Run every check of the module docstring, setting each projection's mode on the
-    way (layer 0's modes for every layer: same shapes); return the first problem, or None."""
+    way (layer 0's modes for every layer: same shapes); return the first problem, or None.
+    ``projections_only``: stop after the projections and experts (what row-local decode needs)."""
     gen = torch.Generator().manual_seed(0)
     top_k = fwd.cfg.top_k
     rows = sorted({*range(1, min(max_batch_size, 16) + 1), max_batch_size})
@@ -94,6 +117,8 @@ def probe_batched_kernels(fwd: Forward, max_batch_size: int) -> str | None:
         for mine, first in zip((layer.qkv_proj, layer.o_proj, layer.router_proj), projections):
             mine.mode = first.mode
         layer.experts.mode = layer0.experts.mode
+    if projections_only:
+        return None
     problem = probe_attention(fwd, max_batch_size, gen)
     if problem:
         return problem
