@@ -35,8 +35,8 @@ CFG = dict(layers=8, hidden=1024, heads=16, kv_heads=4, head_dim=128, experts=64
            moe_intermediate=384, vocab=4096, max_position=512)
 
 
-def _sync_time(fn, repeat: int) -> tuple[object, list[float]]:
-    out = fn()  # warm-up
+def _sync_time(fn, repeat: int, warm=None) -> tuple[object, list[float]]:
+    out = (warm or fn)()  # warm-up
     times = []
     for _ in range(repeat):
         torch.cuda.synchronize()
@@ -88,7 +88,8 @@ def _generate_one(cfg: ModelConfig, state: dict, hf, prompts: torch.Tensor, args
     layer = engine.packed.layers[0]
     row["modes"] = [layer.qkv_proj.mode, layer.o_proj.mode, layer.router_proj.mode, layer.experts.mode]
     total = batch * args.new_tokens
-    out, times = _sync_time(partial(engine.generate, reqs), args.repeat)
+    short = [dict(r, max_new_tokens=2) for r in reqs]  # warm-up: allocations, kernels; not the whole run
+    out, times = _sync_time(partial(engine.generate, reqs), args.repeat, partial(engine.generate, short))
     native_tokens = [list(r["output_ids"]) for r in out]
     row["native_tok_s"] = total / statistics.median(times)
     if per_request:
@@ -127,7 +128,20 @@ def generation(cfg: ModelConfig, state: dict, args, report: dict) -> None:
         torch.cuda.empty_cache()
 
 
-def _fwd_bwd_one(cfg: ModelConfig, state: dict, ids: torch.Tensor, dtype: torch.dtype, repeat: int) -> dict:
+def _top_ops(fn, n: int = 12) -> list[tuple[str, int, float, float]]:
+    """(op, calls, self CUDA ms, self CPU ms) of one profiled ``fn()``, by self CUDA time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0.0))
+    return [(e.key, e.count, getattr(e, "self_device_time_total", 0.0) / 1e3, e.self_cpu_time_total / 1e3)
+            for e in rows[:n]]
+
+
+def _fwd_bwd_one(cfg: ModelConfig, state: dict, ids: torch.Tensor, dtype: torch.dtype, repeat: int,
+                 profile: bool = False) -> dict:
     row: dict = {}
     ours = build_reference_model(cfg, seed=0).to(device="cuda", dtype=dtype)
 
@@ -145,6 +159,8 @@ def _fwd_bwd_one(cfg: ModelConfig, state: dict, ids: torch.Tensor, dtype: torch.
         try:
             _, times = _sync_time(fn, repeat)
             row[f"{arm}_s"] = statistics.median(times)
+            if profile:
+                row[f"{arm}_top_ops"] = _top_ops(fn)
         except Exception as exc:  # noqa: BLE001 - a bench reports, it does not stop
             row[f"{arm}_error"] = repr(exc)[:300]
     if "native_s" in row and "hf_s" in row:
@@ -156,7 +172,7 @@ def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
     ids = torch.randint(0, cfg.vocab, (args.fb_batch, args.fb_seq), generator=torch.Generator().manual_seed(1))
     ids = ids.cuda()
     for name in args.dtypes:
-        row = _fwd_bwd_one(cfg, state, ids, getattr(torch, name), args.repeat)
+        row = _fwd_bwd_one(cfg, state, ids, getattr(torch, name), args.repeat, args.profile)
         report[f"fwd_bwd_{name}"] = row
         print(f"fwd+bwd {name} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
         torch.cuda.empty_cache()
@@ -172,7 +188,8 @@ def main() -> None:
     ap.add_argument("--fb-batch", type=int, default=8)
     ap.add_argument("--fb-seq", type=int, default=512)
     ap.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
-    ap.add_argument("--parts", default="generate,fwd_bwd")
+    ap.add_argument("--parts", default="fwd_bwd,generate")
+    ap.add_argument("--profile", action="store_true", help="fwd+bwd: the top operators by GPU time")
     ap.add_argument("--out", default="native_gpu_bench.json")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
@@ -180,10 +197,9 @@ def main() -> None:
     state = {k: v.detach() for k, v in build_reference_model(cfg, seed=0).state_dict().items()}
     report: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "config": CFG}
     parts = args.parts.split(",")
-    if "generate" in parts:
-        generation(cfg, state, args, report)
-    if "fwd_bwd" in parts:
-        forward_backward(cfg, state, args, report)
+    for part in parts:
+        {"generate": generation, "fwd_bwd": forward_backward}[part](cfg, state, args, report)
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))  # what ran, if cut off later
     Path(args.out).write_text(json.dumps(report, indent=1, default=str))
     print(json.dumps(report, indent=1, default=str))
 

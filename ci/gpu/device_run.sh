@@ -8,6 +8,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source ci/gpu/install.sh || exit 2
+if [ -n "${EXTRA_WHEELS:-}" ] && [ ! -f /tmp/site/.extra-installed ]; then  # e.g. megatron-core for its golden
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $EXTRA_WHEELS \
+        && touch /tmp/site/.extra-installed || exit 2
+fi
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 TOKENIZERS_PARALLELISM=false
 out=${OUT:-/tmp/device-out}
 keep=/tmp/golden-keep   # survives between calls while the machine stays warm
@@ -22,8 +26,16 @@ print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__v
         unit) timeout 180 python3 -m pytest -q -p no:cacheprovider suites/unit/test_refit_cuda_ipc.py \
                   suites/unit/test_refit_zmq.py suites/unit/test_vllm_cuda_config.py \
                   suites/unit/test_decode_probe_device.py ;;
-        native) timeout 330 python3 benches/native_gpu_bench.py --repeat 1 --per-request \
+        native) timeout 330 python3 benches/native_gpu_bench.py --repeat 2 --per-request --profile \
                     --out "$out/native_gpu_bench.json" ;;
+        capture:*) w=${phase#capture:}   # GOLDEN_REASON: the capture's --reason
+                   timeout 580 python3 -m harness.cli capture "$w" --platform cuda --reason "$GOLDEN_REASON" \
+                   && rm -rf "$keep/$w" && cp -r "goldens/$w/cuda" "$keep/$w" \
+                   && tar -C "goldens/$w" -cf "$out/golden_$w.tar" cuda ;;
+        check:*) w=${phase#check:}
+                 { [ ! -d "$keep/$w" ] || { rm -rf "goldens/$w/cuda" && cp -r "$keep/$w" "goldens/$w/cuda"; }; } \
+                 && timeout 580 python3 -m harness.cli check "$w" --platform cuda --run-dir "/tmp/run-$w";
+                 find "/tmp/run-$w" -name 'timings.json' -path '*surfaces*' | tar -cf "$out/run_$w.tar" -T - ;;
         refit) timeout 300 python3 benches/refit_cuda_ipc_bench.py ;;
         vllm) timeout 560 python3 benches/vllm_gpu_bench.py --batch 8 --new-tokens 32 --repeat 2 \
                   --out "$out/vllm_gpu_bench.json" ;;
