@@ -25,7 +25,7 @@ for phase in "$@"; do
 print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__version__, torch.cuda.get_device_name(0))"' ;;
         unit) timeout 180 python3 -m pytest -q -p no:cacheprovider suites/unit/test_refit_cuda_ipc.py \
                   suites/unit/test_refit_zmq.py suites/unit/test_vllm_cuda_config.py \
-                  suites/unit/test_decode_probe_device.py ;;
+                  suites/unit/test_decode_probe_device.py suites/unit/test_grouped_experts.py ;;
         native) timeout 330 python3 benches/native_gpu_bench.py --repeat 2 --per-request --profile \
                     --out "$out/native_gpu_bench.json" ;;
         capture:*) w=${phase#capture:}   # GOLDEN_REASON: the capture's --reason

@@ -52,3 +52,28 @@ def test_on_device_export_equals_the_host_export(layout):
         assert other["host"] == {} and other["device"] == {}
     if not layout:  # one rank: the parameters themselves, no copy
         assert rank0["aliased"] == len(rank0["device"])
+
+
+def _bf16_steps(engine, batch) -> dict:
+    before = {n: p.detach().clone() for n, p in engine.named}
+    metrics = [engine.train(batch) for _ in range(2)]
+    opt = engine.optimizer
+    return {"optimizer": type(opt).__name__, "param_dtypes": {p.dtype for _, p in engine.named},
+            "master_dtypes": {m.dtype for m in opt.master},
+            "moment_dtypes": {s["exp_avg"].dtype for s in opt.state.values()},
+            "rounded": all(torch.equal(p.detach(), m.detach().to(p.dtype))
+                           for (_, p), m in zip(engine.named, opt.master)),
+            "moved": sum(not torch.equal(before[n], p.detach()) for n, p in engine.named),
+            "loss_finite": all(torch.isfinite(torch.tensor(m["loss"])) for m in metrics)}
+
+
+def test_a_bf16_native_policy_trains_on_fp32_masters():
+    from harness.policy.local_world import synthetic_batch
+
+    spec = _spec()
+    spec["model"] = {**spec["model"], "dtype": "bfloat16"}
+    (got,) = spawn_world(spec, _bf16_steps, synthetic_batch(spec, 4, seed=0))
+    assert got["optimizer"] == "MasterWeightsAdamW"
+    assert got["param_dtypes"] == {torch.bfloat16}
+    assert got["master_dtypes"] == got["moment_dtypes"] == {torch.float32}
+    assert got["rounded"] and got["moved"] > 0 and got["loss_finite"]
