@@ -54,6 +54,15 @@ def test_on_device_export_equals_the_host_export(layout):
         assert rank0["aliased"] == len(rank0["device"])
 
 
+def test_megatron_on_device_export_equals_the_host_export():
+    """The megatron backend's 1-rank on-device export (its CUDA IPC refit source) vs its host export."""
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    (rank0,) = spawn_world(_spec(backend="megatron"), _both)
+    assert rank0["order"] == list(rank0["host"]) and rank0["host"]
+    for name, want in rank0["host"].items():
+        assert torch.equal(rank0["device"][name], want), name
+
+
 def _bf16_steps(engine, batch) -> dict:
     before = {n: p.detach().clone() for n, p in engine.named}
     metrics = [engine.train(batch) for _ in range(2)]
