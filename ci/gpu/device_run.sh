@@ -26,7 +26,7 @@ print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__v
         unit) timeout 180 python3 -m pytest -q -p no:cacheprovider suites/unit/test_refit_cuda_ipc.py \
                   suites/unit/test_refit_zmq.py suites/unit/test_vllm_cuda_config.py \
                   suites/unit/test_decode_probe_device.py suites/unit/test_grouped_experts.py ;;
-        native) timeout 330 python3 benches/native_gpu_bench.py --repeat 2 --per-request --profile \
+        native) timeout 330 python3 benches/native_gpu_bench.py --repeat 1 --per-request --profile \
                     --out "$out/native_gpu_bench.json" ;;
         capture:*) w=${phase#capture:}   # GOLDEN_REASON: the capture's --reason
                    timeout 580 python3 -m harness.cli capture "$w" --platform cuda --reason "$GOLDEN_REASON" \
@@ -53,8 +53,8 @@ print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__v
                 && HARNESS_REFIT_STAGING=host timeout 330 python3 -m harness.cli check $W --platform cuda --run-dir /tmp/run-before;
                 find /tmp/run-before -name 'timings.json' -o -name 'manifest.json' | tar -cf "$out/before_run.tar" -T - ;;
         *) echo "device_run.sh: unknown phase $phase"; false ;;
-    esac > "$out/$phase.log" 2>&1
+    esac > "$out/${phase//:/_}.log" 2>&1
     rc=$?
     echo "phase $phase: rc $rc, $(( $(date +%s) - start )) s" | tee -a "$out/phases.log"
-    tail -n 25 "$out/$phase.log"
+    tail -n 25 "$out/${phase//:/_}.log"
 done
