@@ -68,3 +68,21 @@ def test_cuda_bf16_reference_model_grouped_matches_the_loop():
     finally:
         mod.use_grouped = real
     torch.testing.assert_close(grouped.float(), loop.float(), rtol=0.05, atol=0.05)
+
+
+def test_engine_moe_partial_grouped_over_the_packed_weights_matches_its_loop(monkeypatch):
+    """The engine's per-request MoE through the grouped path (forced here: on cuda bf16 it is
+    the default) over its packed expert weights, against its per-expert loop."""
+    import harness.rollout.native.forward as fwd_mod
+    from harness.model.qwen3_moe import build_reference_model
+    from harness.rollout.native.engine import Engine
+
+    cfg = ModelConfig(layers=1, hidden=64, heads=8, kv_heads=2, head_dim=16, experts=8, top_k=2,
+                      moe_intermediate=32, vocab=256, max_position=64)
+    w = {n: t.detach() for n, t in build_reference_model(cfg, seed=3).state_dict().items()}
+    engine = Engine(cfg, w, max_batch_size=1, batched_decode=False)
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(0))
+    loop = engine.forward.moe_partial(0, x)
+    monkeypatch.setattr(fwd_mod, "use_grouped", lambda t: True)
+    grouped = engine.forward.moe_partial(0, x)
+    torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-5)

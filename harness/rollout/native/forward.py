@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from harness import ops
 from harness.model.config import ModelConfig
+from harness.model.grouped import grouped_swiglu, use_grouped
 from harness.rollout.native.kv_cache import KVCachePool
 from harness.rollout.native.weights import PackedWeights
 from harness.rollout.sharding import ShardPlan
@@ -144,6 +145,11 @@ class Forward:
         order, counts = ops.moe_dispatch_order(indices, cfg.experts)
         token_of_slot = order // cfg.top_k
         slot_weight = weights.reshape(-1)[order]
+        if use_grouped(h):  # cuda bf16: two grouped GEMMs over the packed expert weights (no copy)
+            experts = self.layers[layer].experts
+            gate_up, down = experts.views(experts.pack)
+            y = grouped_swiglu(h.index_select(0, token_of_slot), gate_up.transpose(1, 2), down.transpose(1, 2), counts)
+            return torch.zeros_like(h).index_add_(0, token_of_slot, y * slot_weight[:, None])
         out = torch.zeros_like(h)
         start = 0
         for e, n in enumerate(counts.tolist()):
