@@ -52,7 +52,12 @@ class EngineCommon:
             self.optimizer = MasterWeightsAdamW(params, **adamw)  # bf16 model: fp32 masters and AdamW state
         else:
             self.optimizer = torch.optim.AdamW(params, **adamw)
-        self.loss_fn = ClippedPGLoss(spec.grpo.loss)
+        if spec.distill is not None:  # the GRPO loss plus the KL to the teacher (docs/distill.md)
+            from harness.distill.student import DistillLoss
+
+            self.loss_fn = DistillLoss(spec.grpo.loss, spec.distill)
+        else:
+            self.loss_fn = ClippedPGLoss(spec.grpo.loss)
         self.steps_done = 0
         self._split: dict[str, Any] | None = None
 
