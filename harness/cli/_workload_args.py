@@ -36,6 +36,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, workload_optional
     add_goldens_root(parser, dest="goldens")
     parser.add_argument("--platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--worker-env", default=None, metavar="current|auto|DIR",
+                        help="interpreter of the policy/rollout workers: current (default), auto (each backend's "
+                             "environment built by `golden env build`) or a cache DIR of built environments "
+                             "(env GOLDEN_WORKER_ENV)")
 
 
 def progress(args: argparse.Namespace):
@@ -69,9 +73,24 @@ def prepare(args: argparse.Namespace) -> Prepared:
     except SpecError as exc:
         raise Refused(str(exc)) from None
     platform = flows.platform_of(spec, args.platform)
+    _select_worker_env(spec, getattr(args, "worker_env", None))
     run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec["name"])
     claim_run_dir(run_dir)
     return Prepared(spec, platform, root, run_dir)
+
+
+def _select_worker_env(spec: dict, value: str | None) -> None:
+    """Refuse (exit 2) a selected worker environment that is not built or not usable, naming the
+    backend and the build command; then carry the selection to the runner (``GOLDEN_WORKER_ENV``)."""
+    from harness.workerenv.declare import WorkerEnvError
+    from harness.workerenv.select import SELECT_ENV, selection, worker_pythons
+
+    chosen = selection(value)
+    try:
+        worker_pythons(spec, chosen)
+    except WorkerEnvError as exc:
+        raise Refused(str(exc)) from None
+    os.environ[SELECT_ENV] = chosen
 
 
 def _creatable(path: Path, what: str) -> None:

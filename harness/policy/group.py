@@ -27,6 +27,7 @@ from harness.parallel.groups import validate_policy_layout
 from harness.parallel.rendezvous import HeldStore
 from harness.policy.local_world import shard_for_dp
 from harness.policy.worker import PolicyWorker
+from harness.workerenv.select import actor_runtime_env
 
 DEATH_GRACE_S = 10.0
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -125,7 +126,7 @@ class PolicyGroup:
         args = (self._store.host, self._store.port, run_dir, topology)
         if pool is None:
             self.workers = [
-                PolicyWorker.options(num_cpus=0, runtime_env={"env_vars": env}, name=None).remote(
+                PolicyWorker.options(num_cpus=0, runtime_env=actor_runtime_env("policy", spec, env), name=None).remote(
                     dict(spec), r, self.world, *args
                 )
                 for r in range(self.world)
