@@ -67,6 +67,11 @@ ENVIRONMENTS: dict[str, EnvDeclaration] = {
 }
 
 
+# The declaration fields a build depends on (the digest covers these; a new note or smoke step
+# does not rebuild an environment).
+INSTALL_FIELDS = ("backend", "extras", "first", "remove", "imports")
+
+
 def declaration(backend: str) -> EnvDeclaration:
     """The declaration of ``backend``; WorkerEnvError naming the known ones otherwise."""
     try:
@@ -129,7 +134,7 @@ def resolved(decl: EnvDeclaration, *, layered_on: str | None = None, pyproject: 
     it sees that interpreter's packages; tests and development)."""
     return {
         "schema": SCHEMA,
-        "declaration": asdict(decl),
+        "install": {k: v for k, v in asdict(decl).items() if k in INSTALL_FIELDS},
         "pins": pins(),
         "requirements": extra_requirements(decl.extras, pyproject),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",

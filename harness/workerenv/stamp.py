@@ -134,10 +134,14 @@ def inspect(cache: Path, backend: str, *, verify: bool = True, want: dict | None
             return EnvState(backend, path, "broken", str(exc), stamp)
         if installed_hash(installed) != stamp.get("installed_sha256"):
             was, now = set(stamp.get("installed") or []), set(installed)
-            changed = sorted((now - was) | (was - now))[:4]
-            return EnvState(backend, path, "broken", "what its Python sees installed differs from the stamp "
-                            f"({', '.join(changed) or 'order'})", stamp)
+            return EnvState(backend, path, "broken", "what its Python sees installed differs from the stamp ("
+                            f"recorded, not seen: {_few(was - now)}; seen, not recorded: {_few(now - was)})", stamp)
     return EnvState(backend, path, "ok", "", stamp)
+
+
+def _few(names: set[str], n: int = 3) -> str:
+    shown = sorted(names)[:n]
+    return (", ".join(shown) or "none") + (f" (+{len(names) - n} more)" if len(names) > n else "")
 
 
 def write_stamp(path: Path, doc: dict) -> None:
