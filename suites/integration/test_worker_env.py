@@ -31,8 +31,8 @@ def test_overlay_env_builds_reuses_and_runs_a_policy_worker(tmp_path, monkeypatc
     again = build.build("native", cache, overlay=True)
     assert again.action == "reused", again  # a no-op that verified the stamp and the package list
     python = stamp.python_of(cache / "native")
-    out = subprocess.run([str(python), "-c", "import sys, json, harness, torch; "
-                          "print(json.dumps([sys.executable, sys.prefix]))"],
+    code = "import sys, json, harness, torch; print(json.dumps([sys.executable, sys.prefix]))"
+    out = subprocess.run([str(python), "-c", code],
                          capture_output=True, text=True, check=True, timeout=120)
     exe, prefix = json.loads(out.stdout)
     assert exe == str(python) and prefix == str(cache / "native") != sys.prefix
