@@ -177,3 +177,17 @@ def test_run_with_a_missing_environment_is_refused_before_it_starts(tmp_path, ca
     assert "policy.backend=dtensor: worker environment 'dtensor'" in err and "golden env build dtensor" in err
     assert "Traceback" not in err and not run_dir.exists()
     assert os.environ.get("GOLDEN_WORKER_ENV") is None  # a refused selection is not carried on
+
+
+def test_backend_package_check_defers_to_a_selected_worker_environment():
+    from harness.spec.backends import missing_backends, module_available
+
+    spec = {"policy": {"backend": "native"}, "rollout": {"backend": "vllm"}}
+    if module_available("vllm"):
+        pytest.skip("vllm is installed here: nothing is missing either way")
+    assert [b.value for b in missing_backends(spec)] == ["vllm"]  # this interpreter has no vllm
+    os.environ["GOLDEN_WORKER_ENV"] = "auto"
+    try:
+        assert missing_backends(spec) == []  # the rollout workers' environment answers for it
+    finally:
+        del os.environ["GOLDEN_WORKER_ENV"]
