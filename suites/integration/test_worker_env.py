@@ -5,7 +5,8 @@ The environment is an overlay (``build(..., overlay=True)``: ``python -m venv
 installs nothing and builds in seconds, yet it is a separate interpreter: its
 own ``sys.executable`` and ``sys.prefix``. A policy rank (a real Ray actor,
 ``runtime_env={"py_executable": ...}``) is started in it through
-``GOLDEN_WORKER_ENV`` and must report that interpreter and train one step.
+``GOLDEN_WORKER_ENV`` and must report that interpreter and train one step;
+``golden doctor --envs`` passes it (smoke step included), then fails it once broken.
 The full venv builds (pip; megatron, dtensor, vllm) take minutes and are
 measured by hand, not here (docs/worker-envs.md).
 """
@@ -24,7 +25,7 @@ from harness.workerenv import build, select, stamp
 pytestmark = pytest.mark.slow
 
 
-def test_overlay_env_builds_reuses_and_runs_a_policy_worker(tmp_path, monkeypatch):
+def test_overlay_env_builds_reuses_runs_a_policy_worker_and_passes_doctor(tmp_path, monkeypatch, capsys):
     cache = tmp_path / "cache"
     first = build.build("native", cache, overlay=True)
     assert first.action == "built" and first.reason == "not built"
@@ -50,3 +51,19 @@ def test_overlay_env_builds_reuses_and_runs_a_policy_worker(tmp_path, monkeypatc
         assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
     finally:
         group.shutdown()
+
+    # golden doctor in the built environment: imports, both built-in plugins, the smoke step
+    from harness.cli import main
+
+    capsys.readouterr()
+    assert main(["doctor", "--envs", "--cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    for line in ("[native]", "backend imports harness, torch, ray, zmq: ok",
+                 "policy plugin harness.profiler.trace.TracePolicyProfiler: imports: ok",
+                 "rollout plugin harness.profiler.trace.TraceRolloutProfiler: imports: ok",
+                 "smoke: one train step on 1 rank ok", "not built (golden env build megatron)"):
+        assert line in out, out
+    (cache / "native" / "lib").rename(cache / "native" / "lib.moved")  # the overlay's .pth is gone
+    assert main(["doctor", "--envs", "--cache-dir", str(cache), "--no-smoke"]) == 1
+    out = capsys.readouterr().out
+    assert "worker environment 'native'" in out and "is broken" in out and "golden env build native" in out
