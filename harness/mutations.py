@@ -139,7 +139,7 @@ def rollout_token_changed_in_step2() -> None:
             ids = result[0]["output_ids"]
             if ids:
                 at = min(1, len(ids) - 1)
-                ids[at] = (ids[at] + 1) % int(self.spec["model"]["vocab"])
+                ids[at] = (ids[at] + 1) % self.spec.model.vocab
                 state["done"] = True
         return result
 

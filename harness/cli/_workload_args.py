@@ -16,8 +16,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cli._options import add_goldens_root
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 
 class Refused(Exception):
@@ -57,7 +61,7 @@ def progress(args: argparse.Namespace):
 class Prepared:
     """What a workload command resolved before starting anything."""
 
-    spec: dict
+    spec: Workload  # harness.spec.typed (load_spec)
     platform: str
     goldens_root: Path
     run_dir: Path
@@ -77,7 +81,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
             raise Refused(str(exc)) from None
         _check_worker_env(spec, chosen)
     platform = flows.platform_of(spec, args.platform)
-    run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec["name"])
+    run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec.name)
     claim_run_dir(run_dir)
     return Prepared(spec, platform, root, run_dir)
 

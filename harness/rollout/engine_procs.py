@@ -113,7 +113,7 @@ class EngineProcesses:
             parent, child = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=engine_process_main,
-                args=(child, dict(spec), rank, tp_size, port, rank_prefix + rank, dict(env)),
+                args=(child, spec, rank, tp_size, port, rank_prefix + rank, dict(env)),
                 name=f"{label}-tp{rank}",
                 daemon=True,
             )

@@ -45,6 +45,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from harness.registry.policy import policy_backend
+from harness.registry.rollout import rollout_backend
+
 BASE_ENV = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 KINDS = ("policy", "rollout")
 WARM_ENV = "GOLDEN_WARM"  # "0": the pytest plugin runs every workload cold
@@ -60,7 +63,7 @@ def private_ray_reason(spec: dict, environ: dict[str, str] | None = None) -> str
         return "GOLDEN_WORKER_SETUP_HOOK is set (a job-level worker setup hook)"
     if spec["platform"]["device"] != "cpu":
         return f"platform.device is {spec['platform']['device']!r} (the warm runtime is CPU only)"
-    if spec["rollout"].get("backend", "native") != "native":
+    if not rollout_backend(spec["rollout"].get("backend", "native")).warm:  # harness.registry.rollout
         return f"rollout.backend is {spec['rollout']['backend']!r}"
     return None
 
@@ -71,8 +74,9 @@ def cold_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None
     private = private_ray_reason(spec, environ)
     if private is not None:
         return private
-    if spec["policy"].get("backend", "native") != "native":
-        return f"policy.backend is {spec['policy']['backend']!r} (module-global parallel state)"
+    cold = policy_backend(spec["policy"].get("backend", "native")).cold  # harness.registry.policy
+    if cold:
+        return f"policy.backend is {spec['policy']['backend']!r} ({cold})"
     return None
 
 
