@@ -5,7 +5,7 @@ interpreter) imports the declared modules, then takes one tiny step:
 
 * ``smoke: train_step`` (the policy backends): one monolithic train step of the
   ``qwen3_moe_tiny_smoke`` model (2 layers) on 1 gloo rank through the backend's
-  own engine (``create_engine``), on a synthetic batch of 2 sequences of 32 tokens;
+  own engine (``harness.registry.policy.create_engine``), on a synthetic batch of 2 sequences of 32 tokens;
   the loss and grad norm must be finite;
 * ``smoke: modules`` (vllm): imports the harness's vLLM backend modules (engine,
   worker extension, profiling worker) and ``vllm.platforms``; it does not start a
@@ -31,8 +31,9 @@ def _policy_step(backend: str, extra: tuple[str, ...]) -> dict:
     import torch.distributed as dist
 
     from harness.parallel.rendezvous import HeldStore
-    from harness.policy.engine import create_engine, init_distributed
+    from harness.policy.distributed import init_distributed
     from harness.policy.local_world import synthetic_batch
+    from harness.registry.policy import create_engine
     from harness.spec import load_spec
 
     overrides = [f"policy.backend={backend}", "model.layers=2", "policy.seq_len=32", "policy.micro_batch_size=2",
