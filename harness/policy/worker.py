@@ -161,15 +161,27 @@ class PolicyWorkerImpl:
         is `kw["side_group"]` itself (a `SideGroup`) or, for a mapping of
         `create_side_group` arguments, rank 0's session group: joined (as a
         client of the driver's store) by the first broadcast and reused while
-        the signature is unchanged; `shutdown` closes it."""
-        named = self.engine.hf_state_dict()
+        the signature is unchanged; `shutdown` closes it.
+
+        With CUDA IPC staging (zmq, a cuda ``staging_device``) and an engine that
+        can (``DEVICE_STATE_DICT``), the weights stay on the GPU from the
+        parameters into the staging buffers: no host copy, no pickled tensors
+        (`PolicyEngine.hf_state_dict(on_device=True)`). The zmq result's
+        ``seconds`` holds ``collect`` (the full weights on rank 0) and ``send``."""
+        t0 = time.perf_counter()
+        on_device = (transport == "zmq" and kw.get("staging_device") not in (None, "cpu")
+                     and getattr(self.engine, "DEVICE_STATE_DICT", False))
+        named = self.engine.hf_state_dict(on_device=True) if on_device else self.engine.hf_state_dict()
         if self.rank != 0:
             return None
         items = list(named.items())
         if transport == "zmq":
             from harness.refit.zmq_stream import send_weights_zmq
 
-            return send_weights_zmq(items, **kw)
+            t1 = time.perf_counter()
+            stats = send_weights_zmq(items, **kw)
+            stats.seconds.update(collect=t1 - t0, send=time.perf_counter() - t1)
+            return stats
         if transport == "broadcast":
             from harness.refit import broadcast
 

@@ -53,6 +53,7 @@ class Session:
         self.env_vars = env_vars
         self.say = say
         self.policy = None
+        self.teacher = None  # a distillation workload's teacher group (harness.distill.teacher)
         self.workers: list = []
         self.refitter: Refitter | None = None
         self.dataplane_handle = None
@@ -140,6 +141,12 @@ class Session:
 
         self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars, pool=pool)
         self._detail("policy workers", self.policy.ready_info)
+        if spec.get("distill") is not None:
+            from harness.distill.teacher import TeacherGroup
+
+            phase(self.say, f"spawning {self.topology.teacher.world} teacher workers")
+            self.teacher = TeacherGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars)
+            self._detail("teacher workers", self.teacher.ready_info)
         phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec.rollout.tp}")
         if pool is None:
             from harness.rollout.worker import rollout_worker_actor
@@ -174,8 +181,9 @@ class Session:
             self.refitter.refit(0)
         self.driver = RolloutDriver(spec, self.workers, self.tokenizer, self.episode_env, capture)
         cls = trainer_class(spec.grpo.trainer)
+        extra = {"teacher": self.teacher} if self.teacher is not None else {}
         self.trainer = cls(spec, self.policy, self.workers, self.driver, self.loader, self.tokenizer,
-                           self.episode_env, self.refitter.refit, dataplane=self.dataplane)
+                           self.episode_env, self.refitter.refit, dataplane=self.dataplane, **extra)
 
     def _detail(self, what: str, ready: list[dict]) -> None:
         """The workers' ``ready()`` records (pids, start-up stamps in ``timings``) to a reporter
@@ -293,6 +301,11 @@ class Session:
                 self.policy.shutdown()
             except Exception as e:  # noqa: BLE001
                 errors.append(f"policy shutdown: {e!r}")
+        if self.teacher is not None:
+            try:
+                self.teacher.shutdown()
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"teacher shutdown: {e!r}")
         if self.refitter is not None:  # the side group's store, after every member closed its group
             self.refitter.close()
         if self.ledger is not None:
