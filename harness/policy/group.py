@@ -28,6 +28,7 @@ from harness.parallel.rendezvous import HeldStore
 from harness.policy.local_world import shard_for_dp
 from harness.policy.worker import PolicyWorker
 from harness.spec.typed import as_workload
+from harness.workerenv.select import actor_runtime_env
 
 DEATH_GRACE_S = 10.0
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -135,7 +136,7 @@ class PolicyGroup:
         args = (self._store.host, self._store.port, run_dir, topology)
         if pool is None:
             self.workers = [
-                self.worker_actor.options(num_cpus=0, runtime_env={"env_vars": env}, name=None,
+                self.worker_actor.options(num_cpus=0, runtime_env=actor_runtime_env("policy", spec, env), name=None,
                                           **({} if placement is None else placement.options(self.role, r))).remote(
                     spec, r, self.world, *args
                 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -62,11 +63,12 @@ class PolicyWorkerImpl:
         self._dataplane_clients: dict[Any, Any] = {}  # actor handle -> DataPlaneClient, closed on shutdown
 
     def ready(self) -> dict[str, Any]:
-        """Rank, coordinates, pid and ``timings``: wall-clock stamps of this rank's start-up
-        (``process``, ``import_started``, ``imported``, ``init_started``, ``process_groups``,
-        ``engine``, ``profiler``) for the phase bench; a reused process keeps its first three."""
+        """Rank, coordinates, pid, ``python`` (the interpreter this rank runs) and ``timings``:
+        wall-clock stamps of this rank's start-up (``process``, ``import_started``, ``imported``,
+        ``init_started``, ``process_groups``, ``engine``, ``profiler``) for the phase bench;
+        a reused process keeps its first three."""
         return {"rank": self.rank, "coords": dict(self.engine.coords), "pid": os.getpid(),
-                "timings": dict(self.timings)}
+                "python": sys.executable, "timings": dict(self.timings)}
 
     # -- training -------------------------------------------------------------------
 

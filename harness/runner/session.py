@@ -88,7 +88,11 @@ class Session:
         return self
 
     def _start(self) -> None:
-        rollout_registry.preflight(self.spec.rollout.backend)  # a clear error before any actor starts
+        from harness.workerenv import select as worker_env
+
+        worker_pythons = worker_env.worker_pythons(self.spec)  # refuses an unusable built environment
+        if not worker_env.in_worker_env("rollout"):  # else the rollout workers' environment answers for it
+            rollout_registry.preflight(self.spec.rollout.backend)  # a clear error before any actor starts
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
         from harness.runner import warm as warm_pool
@@ -96,7 +100,9 @@ class Session:
         pool = None  # the warm processes this run adopts (None: fresh ones)
         shared = self.warm is not None and warm_pool.private_ray_reason(self.spec) is None
         if self.warm is not None:
-            reason = warm_pool.cold_reason(self.spec)
+            reason = warm_pool.cold_reason(self.spec) or (
+                f"{worker_env.SELECT_ENV}={worker_env.selection()}: workers start in their backends' environments"
+                if worker_env.selection() != worker_env.CURRENT else None)
             if reason is None:
                 pool = self.warm
             else:
@@ -167,7 +173,8 @@ class Session:
             actor_cls = rollout_worker_actor()
             for engine in self.topology.engines:
                 placed = {} if self.placement is None else self.placement.options("rollout", engine.rank_prefix)
-                w = actor_cls.options(runtime_env={"env_vars": self.env_vars}, **placed).remote(
+                w = actor_cls.options(runtime_env=worker_env.actor_runtime_env("rollout", spec, self.env_vars),
+                                      **placed).remote(
                     spec, engine.engine, engine.rank_prefix, str(self.run_dir), env_vars=self.env_vars,
                     capture_config=self._capture_config,
                 )
@@ -180,6 +187,7 @@ class Session:
                                             capture_config=self._capture_config)
                              for w, engine in zip(self.workers, self.topology.engines)])
         self._detail("rollout workers", ready)
+        _record_worker_pythons(self.run_dir, worker_env.selection(), worker_pythons, self.policy.ready_info, ready)
         if self.placement is not None:
             self.placement.record(self.run_dir, self.policy.workers, self.workers)
         self._await_dataplane()
@@ -346,6 +354,23 @@ class Session:
         self._stop_reaper()
         if errors:
             self.say("teardown problems: " + "; ".join(errors))
+
+
+def _record_worker_pythons(run_dir: Path, chosen: str, wanted: dict[str, str], policy: list[dict],
+                           rollout: list[dict]) -> None:
+    """``worker_envs.json``: the selection, the interpreter each role was to run and the one each
+    worker reported (``ready()["python"]``). A run artifact, not a gated surface."""
+    from harness.workerenv.select import RECORD
+
+    doc = {"selection": chosen, "wanted": wanted,
+           "policy": [{"rank": r.get("rank"), "python": r.get("python")} for r in policy],
+           "rollout": [{"engine": r.get("engine_index"), "python": r.get("python")} for r in rollout]}
+    wrong = [(role, w) for role, ws in (("policy", doc["policy"]), ("rollout", doc["rollout"]))
+             for w in ws if w["python"] != wanted[role]]
+    (run_dir / RECORD).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    if wrong:
+        role, w = wrong[0]
+        raise RuntimeError(f"{role} worker {w} runs {w['python']}, not its environment's {wanted[role]}")
 
 
 def _finite_or_text(value):
