@@ -74,28 +74,38 @@ class Refitter:
         self._store = None  # HeldStore of the broadcast side group (first broadcast refit .. close)
         self._side: dict | None = None  # the side group's signature, the same for every refit
         self._closed = False
+        self.store_host: str | None = None  # the side group's store address (None: loopback, one node)
 
     def refit(self, step: int) -> dict:
-        """One refit after ``step`` (0 = initial sync). Returns {version, seconds, transport}."""
+        """One refit after ``step`` (0 = initial sync). Returns {version, seconds, transport,
+        phases}; ``phases`` (zmq): seconds summed over the engines' streams -- ``collect`` (the
+        policy's full weights on rank 0), ``send`` (the stream) and ``wait`` (the driver's round
+        trips and the engines' last loads)."""
         t = time.perf_counter()
+        phases: dict[str, float] = {}
         if self.transport == "zmq":
-            versions = [self._zmq(w) for w in self.workers]
+            versions = [self._zmq(w, phases) for w in self.workers]
         else:
             versions = self._broadcast()
         if len(set(versions)) != 1:
             raise RuntimeError(f"refit after step {step}: engines disagree on the weight version: {versions}")
-        record = {"step": step, "version": versions[0], "seconds": time.perf_counter() - t,
-                  "transport": self.transport}
+        seconds = time.perf_counter() - t
+        if phases:
+            phases["wait"] = max(0.0, seconds - sum(phases.values()))
+        record = {"step": step, "version": versions[0], "seconds": seconds,
+                  "transport": self.transport, "phases": phases}
         self.history.append(record)
         return record
 
-    def _zmq(self, worker) -> int:
+    def _zmq(self, worker, phases: dict[str, float]) -> int:
         addresses = ray.get(worker.refit_addresses.remote())
         receiving = worker.receive_weights.remote("zmq", addresses=addresses)
         try:
             for address in addresses:
-                self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size,
-                                           **self.zmq_extra)
+                stats = self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size,
+                                                   **self.zmq_extra)
+                for key, value in (getattr(stats, "seconds", None) or {}).items():
+                    phases[key] = phases.get(key, 0.0) + float(value)
         except BaseException:
             ray.cancel(receiving, force=False)
             raise
@@ -109,7 +119,8 @@ class Refitter:
         if self._side is None:
             from harness.parallel.rendezvous import HeldStore
 
-            self._store = HeldStore()  # bound here, before the port leaves this process
+            # bound here, before the port leaves this process
+            self._store = HeldStore() if self.store_host is None else HeldStore(self.store_host)
             self._side = {"host": self._store.host, "port": int(self._store.port),
                           "world_size": self._side_world,
                           "prefix": f"harness-refit/{uuid.uuid4().hex}"}

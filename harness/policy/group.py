@@ -28,6 +28,7 @@ from harness.parallel.groups import validate_policy_layout
 from harness.parallel.rendezvous import HeldStore
 from harness.policy.worker import PolicyWorker
 from harness.spec.typed import as_workload
+from harness.workerenv.select import actor_runtime_env
 
 DEATH_GRACE_S = 10.0
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -83,6 +84,9 @@ def first_failure(errors: Mapping[int, tuple[str, BaseException]], texts: Mappin
 
 
 class PolicyGroup:
+    worker_actor = PolicyWorker  # the actor class of a rank (a distillation teacher's: harness.distill.teacher)
+    role = "policy"  # how errors name the ranks
+
     def __init__(
         self,
         spec: Mapping[str, Any],
@@ -92,10 +96,14 @@ class PolicyGroup:
         env_vars: Mapping[str, str] | None = None,
         address: str | None = None,
         pool: Any = None,
+        placement: Any = None,
     ) -> None:
         """``pool``: a ``harness.runner.warm.WarmRuntime`` whose warm policy processes the ranks
         adopt (Ray must be up); shutdown hands them back when every rank retired cleanly,
-        else kills them. Without it every rank is a new actor (a cold start)."""
+        else kills them. Without it every rank is a new actor (a cold start).
+        ``placement``: a ``harness.runner.placement.Placement`` pinning each new rank to its
+        planned bundle; when it spans nodes the rendezvous store is handed out on this
+        process's node address (reachable from every node), else on loopback."""
         spec = as_workload(spec)
         if topology is None:
             from harness.spec.topology import plan
@@ -122,11 +130,14 @@ class PolicyGroup:
                          log_to_driver=False)  # "local": RAY_ADDRESS is not followed (see runner/session.py)
             self._started_ray = True
         env = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", **(env_vars or {})}
-        self._store = HeldStore()  # served here for the group's lifetime (ranks may create groups later)
+        host = ray.util.get_node_ip_address() if placement is not None and placement.spans_nodes else None
+        # served here for the group's lifetime (ranks may create groups later)
+        self._store = HeldStore() if host is None else HeldStore(host)
         args = (self._store.host, self._store.port, run_dir, topology)
         if pool is None:
             self.workers = [
-                PolicyWorker.options(num_cpus=0, runtime_env={"env_vars": env}, name=None).remote(
+                self.worker_actor.options(num_cpus=0, runtime_env=actor_runtime_env("policy", spec, env), name=None,
+                                          **({} if placement is None else placement.options(self.role, r))).remote(
                     spec, r, self.world, *args
                 )
                 for r in range(self.world)
@@ -193,7 +204,7 @@ class PolicyGroup:
             peers = [f"rank {r} {errors[r][0]}: {texts[r]}" for r in errors if r != first]
             peers += [f"rank {index[p]} stalled" for p in pending]
             raise RuntimeError(
-                f"policy worker {first} (rank {first}, coords {self.coords[first]}) {kind} during {method}: "
+                f"{self.role} worker {first} (rank {first}, coords {self.coords[first]}) {kind} during {method}: "
                 f"{texts[first]}" + (f"; consequences on its peers: {'; '.join(peers)}" if peers else "")
             ) from exc
         return [results[r] for r in range(len(refs))]

@@ -278,6 +278,30 @@ class PlatformSpec:
     gpus_per_node: int
     head_node: bool
     platforms: tuple[str, ...]
+    ray_address: str | None = None  # no default written: join this Ray cluster (docs/cluster.md)
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """``distill.teacher``: the teacher's seed, the model fields it changes, its layout."""
+
+    seed: int
+    model: dict[str, Any] = field(default_factory=dict)
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    micro_batch_size: int = 2
+
+
+@dataclass(frozen=True)
+class DistillSpec:
+    """``distill`` (optional; docs/distill.md): the teacher and the KL term of the student's loss."""
+
+    teacher: TeacherSpec
+    kl_coef: float
+    kl_type: str
+    kl_direction: str
+    temperature: float
 
 
 @dataclass(frozen=True)
@@ -297,6 +321,7 @@ class WorkloadBlocks:
     # Always set for a loaded spec (the schema requires it); None only for a hand-written
     # part of a spec without a model block, converted by as_workload (tests of the driver).
     model: ModelSpec | None = None
+    distill: DistillSpec | None = None  # no default written (absent: no distillation)
 
 
 class Workload(FrozenDict):
@@ -333,6 +358,7 @@ class Workload(FrozenDict):
     plugins = property(lambda self: self._typed.plugins)
     capture = property(lambda self: self._typed.capture)
     platform = property(lambda self: self._typed.platform)
+    distill = property(lambda self: self._typed.distill)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r} of a loaded spec")
