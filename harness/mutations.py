@@ -11,9 +11,20 @@ new platform's goldens the same way.
 Mutations are numerically neutral where possible (they add work whose result
 is discarded) so the finding lands on the intended surface and not only on
 ``training``.
+
+``WARM_SAFE`` names the mutations that may also run in a warm process
+(``harness.runner.warm``: the hook runs in a process whose actor already
+exists). They patch only module functions and plain classes the workload
+looks up at call time. A patch of an actor class's method (``PolicyWorkerImpl``,
+``RolloutWorker``) would not take there: Ray wraps every method of an actor
+class when it loads it, so the actor keeps the methods it had then; such a
+mutation runs in a private, cold Ray instance, where the hook runs first.
 """
 
 from __future__ import annotations
+
+WARM_SAFE = frozenset({"extra_tp_collective", "extra_operator", "dp_debug_barrier",
+                       "extra_all_gather_on_tp_rank1", "rollout_token_changed_in_step2"})
 
 
 def extra_tp_collective() -> None:
@@ -122,16 +133,17 @@ def extra_all_gather_on_tp_rank1() -> None:
 
 def rollout_token_changed_in_step2() -> None:
     """rollouts: one sampled token of the first generation batch of step 2 is changed (token id
-    + 1) after the engine returns it and before capture stages it, as a sampler bug would."""
+    + 1) after the engine returns it and before capture stages it, as a sampler bug would. It
+    patches the plain classes the rollout actor calls (``EngineProcesses`` for internal engine
+    processes, ``EngineWorker`` in the actor), not the actor class (see ``WARM_SAFE``)."""
     import re
 
-    from harness.rollout.worker import RolloutWorker
+    from harness.rollout.engine_procs import EngineProcesses
+    from harness.rollout.engine_worker import EngineWorker
 
-    original = RolloutWorker._call_async
-    state = {"step": None, "done": False}
+    state: dict = {"step": None, "done": False, "vocab": None}
 
-    async def _call_async(self, method, *args, **kwargs):
-        result = await original(self, method, *args, **kwargs)
+    def observe(method: str, args: tuple, result):
         if method == "begin_rollout":
             m = re.search(r"step(\d+)", str(args[0]) if args else "")
             state["step"] = int(m.group(1)) if m else None
@@ -139,8 +151,37 @@ def rollout_token_changed_in_step2() -> None:
             ids = result[0]["output_ids"]
             if ids:
                 at = min(1, len(ids) - 1)
-                ids[at] = (ids[at] + 1) % int(self.spec["model"]["vocab"])
+                ids[at] = (ids[at] + 1) % int(state["vocab"])
                 state["done"] = True
         return result
 
-    RolloutWorker._call_async = _call_async
+    start = EngineProcesses.start.__func__
+
+    def start_recording(cls, spec, **kwargs):
+        state["vocab"] = int(spec["model"]["vocab"])
+        return start(cls, spec, **kwargs)
+
+    EngineProcesses.start = classmethod(start_recording)
+    call = EngineProcesses.call
+
+    def call_observed(self, method, *args, **kwargs):
+        results = call(self, method, *args, **kwargs)
+        if results:
+            observe(method, args, results[0])
+        return results
+
+    EngineProcesses.call = call_observed
+    init = EngineWorker.__init__
+
+    def init_recording(self, spec, *args, **kwargs):
+        state["vocab"] = int(spec["model"]["vocab"])
+        init(self, spec, *args, **kwargs)
+
+    EngineWorker.__init__ = init_recording
+    for name in ("begin_rollout", "generate"):  # the in-actor engine (TP 1, sync)
+        original = getattr(EngineWorker, name)
+
+        def observed(self, *args, _original=original, _name=name, **kwargs):
+            return observe(_name, args, _original(self, *args, **kwargs))
+
+        setattr(EngineWorker, name, observed)

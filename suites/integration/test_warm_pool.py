@@ -6,7 +6,10 @@
 * ``cold_reason`` / ``private_ray_reason``: which specs may adopt warm processes.
 * A real 1-rank ``PolicyGroup`` over Ray: a clean shutdown hands the process
   back and the next group adopts the same pid, with the same freshly seeded
-  weights; a group whose call failed kills its processes instead of pooling them.
+  weights; a group whose call failed kills its processes instead of pooling them;
+  a group that ran a setup hook (a planted regression) is killed too, a clean
+  replacement waits in the pool, and the next group gets the clean weights.
+* ``run_setup_hook`` names a hook that does not resolve.
 """
 
 from __future__ import annotations
@@ -51,6 +54,15 @@ def test_restore_undoes_process_wide_changes(monkeypatch):
         assert not torch.are_deterministic_algorithms_enabled()
 
 
+def test_a_setup_hook_that_does_not_resolve_is_named():
+    from harness.runner.process_state import run_setup_hook
+
+    with pytest.raises(ValueError, match="harness.mutations.no_such_hook"):
+        run_setup_hook("harness.mutations.no_such_hook")
+    with pytest.raises(ValueError, match="no_module_here.f"):
+        run_setup_hook("no_module_here.f")
+
+
 def test_process_start_time_is_in_the_past():
     started = process_start_time()
     assert started is not None and 0 < started <= time.time()
@@ -59,18 +71,23 @@ def test_process_start_time_is_in_the_past():
 def test_which_specs_run_warm():
     spec = load_spec(str(SMOKE))
     assert cold_reason(spec, environ={}) is None
-    hook = {"GOLDEN_WORKER_SETUP_HOOK": "harness.mutations.extra_operator"}
-    assert "GOLDEN_WORKER_SETUP_HOOK" in cold_reason(spec, environ=hook)
-    assert "GOLDEN_WORKER_SETUP_HOOK" in private_ray_reason(spec, environ=hook)
+    mutation = {"GOLDEN_WORKER_SETUP_HOOK": "harness.mutations.extra_operator"}
+    assert cold_reason(spec, environ=mutation) is None  # planted regressions run warm (then killed)
+    for other in ("suites.faults.planted.stage_returns_before_commit",  # not harness.mutations
+                  "harness.mutations.policy_rank1_dies_in_step2"):  # patches an actor class: not WARM_SAFE
+        assert "GOLDEN_WORKER_SETUP_HOOK" in cold_reason(spec, environ={"GOLDEN_WORKER_SETUP_HOOK": other})
+        assert "GOLDEN_WORKER_SETUP_HOOK" in private_ray_reason(spec, environ={"GOLDEN_WORKER_SETUP_HOOK": other})
     megatron = {**spec, "policy": {**spec["policy"], "backend": "megatron"}}
     assert "megatron" in cold_reason(megatron, environ={})
     assert private_ray_reason(megatron, environ={}) is None  # fresh processes, shared Ray
+    # fresh processes would not run the hook: a private Ray applies it to every worker
+    assert "megatron" in private_ray_reason(megatron, environ=mutation)
     cuda = {**spec, "platform": {**spec["platform"], "device": "cuda"}}
     assert "cuda" in private_ray_reason(cuda, environ={})
 
 
 @pytest.mark.slow
-def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path):
+def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path, monkeypatch):
     pytest.importorskip("ray")
     from harness.policy.group import PolicyGroup
     from harness.policy.local_world import synthetic_batch
@@ -102,5 +119,16 @@ def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path):
         third = group("c")
         assert third.ready_info[0]["pid"] != pid
         third.shutdown()
+        monkeypatch.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.extra_operator")
+        mutated = group("m")
+        mutated_pid = mutated.ready_info[0]["pid"]
+        mutated.shutdown()
+        assert runtime.stats()["tainted_killed"] == 1
+        assert runtime.idle() == {"policy": 1, "rollout": 0}  # the clean replacement, already starting
+        monkeypatch.delenv("GOLDEN_WORKER_SETUP_HOOK")
+        clean = group("d")
+        assert clean.ready_info[0]["pid"] not in (mutated_pid, pid)
+        assert clean.parameter_checksums() == sums
+        clean.shutdown()
     finally:
         runtime.close()
