@@ -17,9 +17,11 @@ back what a workload can change process-wide:
   (and its warn-only flag), grad mode, default dtype and float32 matmul
   precision.
 
-It does not (and cannot) undo monkeypatches of modules: a process that ran a
+It does not undo monkeypatches of modules by itself: a process that ran a
 worker setup hook (:func:`run_setup_hook`, the planted regressions of
-``harness.mutations``) is killed after its workload, never pooled.
+``harness.mutations.WARM_SAFE``) is pooled again only after
+:func:`undo_setup_hook` put back every attribute the hook replaced (else it is
+killed).
 Module-level caches that stay are the idempotent, workload-independent ones
 (``harness.parallel.settle``'s install, the operator counter's compiled
 library, the collective recorder's dispatcher kernels, which record only
@@ -64,6 +66,16 @@ def run_setup_hook(name: str) -> None:
     if not callable(hook):
         raise ValueError(f"GOLDEN_WORKER_SETUP_HOOK={name!r} is not a module.function")
     hook()
+
+
+def undo_setup_hook(name: str) -> int:
+    """Undo what the setup hook ``name`` patched: its module's ``undo()`` (``harness.mutations``
+    has one); returns what it returns. Raises when the module has none or the undo fails."""
+    module = importlib.import_module(name.rpartition(".")[0])
+    undo = getattr(module, "undo", None)
+    if not callable(undo):
+        raise RuntimeError(f"GOLDEN_WORKER_SETUP_HOOK={name!r}: its module has no undo()")
+    return int(undo())
 
 
 @dataclass

@@ -30,13 +30,13 @@ warm runtime's Ray so the cold run starts its own instance with its own job
 
 Planted regressions run warm: a hook of ``harness.mutations.WARM_SAFE`` (they
 patch only module functions and plain classes that policy and rollout processes
-look up at call time) is applied by :meth:`WarmRuntime.acquire`
-in every process it hands out, before the workload adopts it, as Ray applies it
-in a fresh worker before the actor exists. Module patches cannot be undone with
-certainty, so such a process is *tainted*: :meth:`WarmRuntime.release` kills it
-instead of pooling it and starts a clean replacement at once (its start
-overlaps the driver's postflight and compare). No process that ran a mutation
-ever serves another workload.
+look up at call time) is applied by :meth:`WarmRuntime.acquire` in every process
+it hands out, before the workload adopts it, as Ray applies it in a fresh worker
+before the actor exists. Such a process is *tainted*: after its workload
+retired it, :meth:`WarmRuntime.release` has it undo the hook (``harness.mutations.undo``
+puts back every attribute a mutation replaced and checks it is the original
+object) and pools it again; one whose undo fails is killed and a clean
+replacement starts at once.
 
 The runtime never outlives its owner's Ray: actors are ordinary (not
 detached) actors of the driver's job, and the runtime starts a reaper
@@ -143,11 +143,12 @@ class WarmRuntime:
         self._owns_ray = False
         self._reaper = None
         self._token_before: str | None = None
-        self._tainted: set[str] = set()  # actor ids of processes that ran a setup hook
+        self._tainted: dict[str, str] = {}  # actor id -> the setup hook the process ran
         self.started = 0   # warm processes started
         self.reused = 0    # acquisitions answered by an idle process
         self.ray_starts = 0
-        self.tainted_killed = 0  # processes killed after a mutation run
+        self.hooks_undone = 0    # processes pooled again after their hook was undone
+        self.tainted_killed = 0  # processes killed because an undo failed
 
     # -- Ray -------------------------------------------------------------------------------
     def ray_up(self) -> bool:
@@ -167,7 +168,7 @@ class WarmRuntime:
             if ray.is_initialized():
                 raise RuntimeError("a warm golden runtime needs this process's Ray, but another Ray instance is up")
             self._idle = {k: [] for k in KINDS}
-            self._tainted = set()
+            self._tainted = {}
             self._start_reaper()  # before ray.init: every process of this Ray inherits the token
             try:
                 start_local_ray({"env_vars": dict(BASE_ENV)}, say)
@@ -221,10 +222,10 @@ class WarmRuntime:
         return fresh
 
     def acquire(self, kind: str, n: int) -> list:
-        """``n`` warm processes of ``kind``: idle ones first (in the order they were released),
-        then new ones. The caller must ``adopt`` each and later ``release`` or ``discard`` it.
-        With a ``harness.mutations`` hook set (:func:`setup_hook`), each runs it first and is
-        tainted: never pooled again."""
+        """``n`` warm processes of ``kind``: idle ones first (the last released first), then new
+        ones. The caller must ``adopt`` each and later ``release`` or ``discard`` it.
+        With a ``harness.mutations.WARM_SAFE`` hook set (:func:`setup_hook`), each runs it first
+        and is tainted until ``release`` has undone it."""
         import ray
 
         if not self._owns_ray:
@@ -237,23 +238,37 @@ class WarmRuntime:
         if hook is not None:
             if not hook_runs_warm(hook):  # the session chose a private Ray for such a run
                 raise RuntimeError(f"{HOOK_VAR}={hook} cannot run in warm processes")
-            self._tainted.update(_actor_id(h) for h in handles)
+            self._tainted.update({_actor_id(h): hook for h in handles})
             ray.get([h.run_setup_hook.remote(hook) for h in handles])
         return handles
 
     def release(self, kind: str, handles: list) -> None:
         """Hand back processes whose workload retired them cleanly. A tainted one (it ran a
-        setup hook) is killed, and a clean replacement starts now."""
+        setup hook) first undoes the hook; if that fails it is killed and a clean replacement
+        starts now."""
+        import ray
+
         if not self._owns_ray:
             self.discard(handles)
             return
         tainted = [h for h in handles if _actor_id(h) in self._tainted]
-        self._idle[kind].extend(h for h in handles if _actor_id(h) not in self._tainted)
+        back = [h for h in handles if _actor_id(h) not in self._tainted]
         if tainted:
-            self.discard(tainted)
-            self._tainted.difference_update(_actor_id(h) for h in tainted)
-            self.tainted_killed += len(tainted)
-            self._idle[kind].extend(self._spawn(kind, len(tainted)))
+            refs = [h.undo_setup_hook.remote(self._tainted.pop(_actor_id(h))) for h in tainted]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=30)
+            for h, ref in zip(tainted, refs):
+                try:
+                    if ref not in ready:
+                        raise TimeoutError("undo did not answer")
+                    ray.get(ref)
+                except Exception:  # noqa: BLE001 - any failure: the process is not reusable
+                    self.discard([h])
+                    self.tainted_killed += 1
+                    back.extend(self._spawn(kind, 1))
+                    continue
+                self.hooks_undone += 1
+                back.append(h)
+        self._idle[kind][:0] = back  # the last released are acquired first
 
     @staticmethod
     def discard(handles: list) -> None:
@@ -270,7 +285,7 @@ class WarmRuntime:
 
     def stats(self) -> dict[str, Any]:
         return {"ray_starts": self.ray_starts, "started": self.started, "reused": self.reused,
-                "tainted_killed": self.tainted_killed, "idle": self.idle()}
+                "hooks_undone": self.hooks_undone, "tainted_killed": self.tainted_killed, "idle": self.idle()}
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -283,7 +298,7 @@ class WarmRuntime:
             for kind in KINDS:
                 handles, self._idle[kind] = self._idle[kind], []
                 self.discard(handles)
-            self._tainted = set()
+            self._tainted = {}
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
             self._owns_ray = False

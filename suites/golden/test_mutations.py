@@ -23,8 +23,10 @@ applied with monkeypatch in this process, where the trainer runs.
 
 Every run goes through the ``golden`` fixture's warm runtime (docs/runner.md):
 the baseline and the driver-side mutations in pooled processes, each worker
-hook in processes that run it before adopting the workload and are killed after
-it (``WarmRuntime.release``); ``GOLDEN_WARM=0`` runs them all cold.
+hook in pooled processes that run it before adopting the workload and undo it
+after (``WarmRuntime.release``); ``GOLDEN_WARM=0`` runs them all cold. The last
+test runs the baseline again, clean, in the processes that ran every mutation
+above, and requires its gated surfaces byte-identical to the baseline's.
 """
 
 from __future__ import annotations
@@ -42,8 +44,21 @@ BASE = ("grpo.iterations=2",)
 pytestmark = [pytest.mark.slow, pytest.mark.golden]
 
 
-def _run(golden, tmp_path_factory, name: str, overrides=()):
-    execution = flows.execute(WORKLOAD, overrides=BASE + tuple(overrides),
+class PidRecorder:
+    """A progress sink that keeps the workers' pids (``Session._detail``)."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, set[int]] = {}
+
+    def __call__(self, text: str) -> None:
+        pass
+
+    def detail(self, what: str, records: list[dict]) -> None:
+        self.pids[what] = {r.get("pid", r.get("actor_pid")) for r in records}
+
+
+def _run(golden, tmp_path_factory, name: str, overrides=(), say=None):
+    execution = flows.execute(WORKLOAD, overrides=BASE + tuple(overrides), say=say,
                               run_dir=tmp_path_factory.mktemp(name) / "run", warm=golden.warm_runtime())
     assert execution.ok, execution.problems()
     return execution
@@ -51,7 +66,10 @@ def _run(golden, tmp_path_factory, name: str, overrides=()):
 
 @pytest.fixture(scope="module")
 def baseline(golden, tmp_path_factory):
-    return _run(golden, tmp_path_factory, "baseline")
+    rec = PidRecorder()
+    execution = _run(golden, tmp_path_factory, "baseline", say=rec)
+    execution.pids = rec.pids
+    return execution
 
 
 def _verdict(baseline, mutated):
@@ -192,3 +210,16 @@ def test_barrier_is_the_first_finding_in_the_html_report(baseline, barrier_run, 
     assert 'data-surface="collectives"' in first and 'data-kind="added"' in first and "barrier" in first
     assert 'data-section="policy/rank00000"' in first and 'data-phase="train/step1"' in first
     assert dom.index('id="causes"') < dom.index('id="maps"') < dom.index('id="findings"')
+
+
+def test_a_clean_run_after_the_mutations_equals_the_baseline(golden, baseline, tmp_path_factory):
+    runtime = golden.warm_runtime()
+    rec = PidRecorder()
+    again = _run(golden, tmp_path_factory, "baseline-again", say=rec)
+    stats = runtime.stats() if runtime is not None else {}
+    if runtime is not None:
+        assert rec.pids == baseline.pids, "the re-run is not in the baseline's processes"
+    moved = [s for s in flows.gated_only(baseline.postflight.surfaces)
+             if (again.run_dir / "surfaces" / f"{s}.json").read_bytes()
+             != (baseline.run_dir / "surfaces" / f"{s}.json").read_bytes()]
+    assert not moved, f"gated surfaces {moved} moved after the mutations ran in these processes ({stats})"

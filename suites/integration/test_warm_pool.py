@@ -7,9 +7,11 @@
 * A real 1-rank ``PolicyGroup`` over Ray: a clean shutdown hands the process
   back and the next group adopts the same pid, with the same freshly seeded
   weights; a group whose call failed kills its processes instead of pooling them;
-  a group that ran a setup hook (a planted regression) is killed too, a clean
-  replacement waits in the pool, and the next group gets the clean weights.
+  a group that ran a setup hook (a planted regression) has it undone and is
+  pooled again, and the next group gets the clean weights in that process.
 * ``run_setup_hook`` names a hook that does not resolve.
+* ``harness.mutations.undo`` puts back every attribute each ``WARM_SAFE``
+  mutation replaced (the very objects), also after two mutations stacked.
 """
 
 from __future__ import annotations
@@ -61,6 +63,29 @@ def test_a_setup_hook_that_does_not_resolve_is_named():
         run_setup_hook("harness.mutations.no_such_hook")
     with pytest.raises(ValueError, match="no_module_here.f"):
         run_setup_hook("no_module_here.f")
+
+
+def test_every_warm_safe_mutation_is_undone_exactly():
+    import harness.mutations as mutations
+    import harness.parallel.data as data
+    import harness.parallel.groups as groups
+    import harness.parallel.tensor as tensor
+    from harness.rollout.engine_procs import EngineProcesses
+    from harness.rollout.engine_worker import EngineWorker
+
+    owners = (tensor, data, groups.ProcessGroups, EngineProcesses, EngineWorker)
+    before = [dict(vars(o)) for o in owners]
+    for name in sorted(mutations.WARM_SAFE):
+        getattr(mutations, name)()
+        assert [dict(vars(o)) for o in owners] != before, f"{name} patched nothing here"
+        if name == "extra_operator":  # stack a second one on top before undoing both
+            mutations.extra_tp_collective()
+        assert mutations.undo() >= 1
+        after = [dict(vars(o)) for o in owners]
+        for owner, old, new in zip(owners, before, after):
+            assert old.keys() == new.keys(), (name, owner)
+            assert all(new[k] is old[k] for k in old if k != "__dict__"), (name, owner)
+    assert mutations.undo() == 0
 
 
 def test_process_start_time_is_in_the_past():
@@ -123,11 +148,11 @@ def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path, monke
         mutated = group("m")
         mutated_pid = mutated.ready_info[0]["pid"]
         mutated.shutdown()
-        assert runtime.stats()["tainted_killed"] == 1
-        assert runtime.idle() == {"policy": 1, "rollout": 0}  # the clean replacement, already starting
+        assert runtime.stats()["hooks_undone"] == 1 and runtime.stats()["tainted_killed"] == 0
+        assert runtime.idle() == {"policy": 1, "rollout": 0}  # undone, pooled again
         monkeypatch.delenv("GOLDEN_WORKER_SETUP_HOOK")
         clean = group("d")
-        assert clean.ready_info[0]["pid"] not in (mutated_pid, pid)
+        assert clean.ready_info[0]["pid"] == mutated_pid
         assert clean.parameter_checksums() == sums
         clean.shutdown()
     finally:
