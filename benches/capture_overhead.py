@@ -192,7 +192,9 @@ def _capture_parts(spec: dict, run_dir: Path, actor_name: str):
     admitter = CaptureAdmitter(ledger, client, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
     task = make_task(spec["env"]["task"], int(spec["seed"]))
     loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
-    return client, ledger, tokenizer, admitter, loader, make_episode_env(spec, task, tokenizer)
+    from harness.spec.typed import as_workload
+
+    return client, ledger, tokenizer, admitter, loader, make_episode_env(as_workload(spec).env, task, tokenizer)
 
 
 def smoke(args: argparse.Namespace) -> None:
@@ -208,7 +210,7 @@ def smoke(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    spec = load_spec(args.golden)
+    spec = load_spec(args.golden).to_dict()
     if int(spec["env"]["turns"]) != 1:
         raise SystemExit(f"--golden {args.golden}: env.turns must be 1 (capture off needs single-turn episodes)")
     spec["capture"]["enabled"] = True
@@ -332,7 +334,7 @@ def phases(args: argparse.Namespace) -> None:
         timed(owner, name, label)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    spec = load_spec(args.golden)
+    spec = load_spec(args.golden).to_dict()
     spec["capture"]["enabled"] = True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     run_dir = Path(tempfile.mkdtemp(prefix="capture_bench_phases_", dir=args.dir))

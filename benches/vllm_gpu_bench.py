@@ -95,7 +95,7 @@ def main() -> None:
 
     arms = args.arms.split(",")
     configure_determinism()
-    spec = load_spec(args.workload)
+    spec = load_spec(args.workload).to_dict()
     spec["rollout"] = dict(spec["rollout"], max_batch_size=max(args.batch, 1))
     reqs = _requests(args.batch, args.new_tokens)
     report: dict = {"workload": args.workload, "batch": args.batch, "new_tokens": args.new_tokens,

@@ -262,10 +262,10 @@ def golden_params(goldens_root: str | Path | None = None, platform: str | None =
                           for surface in GATED_SURFACES)
             _SESSION_GOLDENS["scheduled"].update((str(root), name, p.name) for p in (root / name).glob("*/"))
             continue
-        host_default = golden_platform(spec) if spec["platform"]["device"] == "cpu" else "cpu"
+        host_default = golden_platform(spec) if spec.platform.device == "cpu" else "cpu"
         plat = platform or os.environ.get("GOLDEN_PLATFORM") or host_default
         _SESSION_GOLDENS["platforms"].add((str(root), plat))
-        if plat not in spec["platform"]["platforms"]:
+        if plat not in spec.platform.platforms:
             continue
         _SESSION_GOLDENS["scheduled"].add((str(root), name, plat))
         # A backend's marker selects or deselects its workloads; an absent package fails them (never a skip).
@@ -357,13 +357,13 @@ class GoldenSession:
         try:
             spec = flows.spec_for_platform(workload, (), self.platform_opt, root)
             platform = flows.platform_of(spec, self.platform_opt)
-            if (self.refresh or self.capture_missing) and platform not in spec["platform"]["platforms"]:
+            if (self.refresh or self.capture_missing) and platform not in spec.platform.platforms:
                 why = (f"cannot {'refresh' if self.refresh else 'capture'} {workload}: platform {platform!r} "
-                       f"is not scheduled (platform.platforms = {spec['platform']['platforms']})")
+                       f"is not scheduled (platform.platforms = {list(spec.platform.platforms)})")
                 return platform, ("error", why, None, None)
             if not self.refresh:
                 try:
-                    flows.load_golden(root, spec["name"], platform)  # refuse before running, not after
+                    flows.load_golden(root, spec.name, platform)  # refuse before running, not after
                 except flows.GoldenMissing:
                     if not self.capture_missing:
                         raise

@@ -31,6 +31,7 @@ import torch
 
 from harness.algos.kl import KL_TYPES, calculate_kl
 from harness.algos.masked import masked_mean, masked_min_max
+from harness.spec.typed import as_mapping
 
 # The spec's grpo.loss block (docs/design.md).
 LOSS_CONFIG_KEYS: tuple[str, ...] = (
@@ -81,7 +82,9 @@ class ClippedPGLoss:
     "none": leave). It lists exactly the keys `__call__` returns.
     """
 
-    def __init__(self, cfg: Mapping[str, Any]):
+    def __init__(self, cfg: Any):
+        """``cfg``: the ``grpo.loss`` block (``harness.spec.typed.LossSpec``) or a plain dict."""
+        cfg = as_mapping(cfg)
         unknown = sorted(set(cfg) - set(LOSS_CONFIG_KEYS))
         if unknown:
             raise ValueError(f"grpo.loss: unknown field(s) {unknown}; known: {list(LOSS_CONFIG_KEYS)}")

@@ -14,8 +14,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cli._options import add_goldens_root
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 
 class Refused(Exception):
@@ -51,7 +55,7 @@ def progress(args: argparse.Namespace):
 class Prepared:
     """What a workload command resolved before starting anything."""
 
-    spec: dict
+    spec: Workload  # harness.spec.typed (load_spec)
     platform: str
     goldens_root: Path
     run_dir: Path
@@ -69,7 +73,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
     except SpecError as exc:
         raise Refused(str(exc)) from None
     platform = flows.platform_of(spec, args.platform)
-    run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec["name"])
+    run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec.name)
     claim_run_dir(run_dir)
     return Prepared(spec, platform, root, run_dir)
 

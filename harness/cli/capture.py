@@ -26,17 +26,17 @@ def check_storable(prepared, *, allow_replace: bool, args: argparse.Namespace | 
     from harness.store.layout import golden_dir
 
     spec, platform = prepared.spec, prepared.platform
-    if platform not in spec["platform"]["platforms"]:
-        raise Refused(f"platform {platform!r} is not scheduled for {spec['name']} "
-                      f"(platform.platforms = {spec['platform']['platforms']})")
+    if platform not in spec.platform.platforms:
+        raise Refused(f"platform {platform!r} is not scheduled for {spec.name} "
+                      f"(platform.platforms = {list(spec.platform.platforms)})")
     try:
-        target = golden_dir(prepared.goldens_root, spec["name"], platform)
+        target = golden_dir(prepared.goldens_root, spec.name, platform)
     except ValueError as exc:
         raise Refused(str(exc)) from None
     if not allow_replace and target.exists():
         from harness.cli.hints import golden_command
 
-        hint = golden_command("refresh", args.workload if args else spec["name"],
+        hint = golden_command("refresh", args.workload if args else spec.name,
                               overrides=args.overrides if args else (), platform=platform,
                               goldens_root=args.goldens if args else None, reason=True)
         raise Refused(f"{target} exists; to replace it: {hint}")

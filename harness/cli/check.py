@@ -34,11 +34,11 @@ def _golden(prepared, args: argparse.Namespace):
     from harness.parity.tolerances import ToleranceFileError
     from harness.store.atomic import GoldenStoreError
 
-    name, platform = prepared.spec["name"], prepared.platform
+    name, platform = prepared.spec.name, prepared.platform
     try:
         return flows.load_golden(prepared.goldens_root, name, platform)
     except flows.GoldenMissing:
-        scheduled = prepared.spec["platform"]["platforms"]
+        scheduled = list(prepared.spec.platform.platforms)
         if platform not in scheduled:
             raise Refused(f"platform {platform!r} is not scheduled for {name} "
                           f"(platform.platforms = {scheduled}), so it has no golden") from None

@@ -49,13 +49,13 @@ def collect(root) -> list[dict]:
             entry["error"] = str(exc)
             entries.append(entry)
             continue
-        platforms = list(spec["platform"]["platforms"])
+        platforms = list(spec.platform.platforms)
         entry.update(
             platforms=platforms,
             stored=[p for p in platforms if p in stored],
             missing=[p for p in platforms if p not in stored],
             unscheduled=[p for p in stored if p not in platforms],
-            description=" ".join(spec["description"].split()),
+            description=" ".join(spec.description.split()),
         )
         entries.append(entry)
     return entries

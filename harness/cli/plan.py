@@ -9,6 +9,10 @@ naming the field when the spec or the layout is invalid.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 HELP = "lay out a workload's ranks and process groups (no processes started)"
 
@@ -28,41 +32,40 @@ def _fmt_group(group: list[int]) -> str:
     return "[" + ",".join(map(str, group)) + "]"
 
 
-def summarize(spec: dict, topo) -> dict:
+def summarize(spec: Workload, topo) -> dict:
     """The numbers a reader checks first (also the ``summary`` of --json)."""
     from harness.spec.params import estimate_params
 
-    p, g = spec["policy"], spec["grpo"]
-    samples = g["prompts_per_step"] * g["generations_per_prompt"]
-    per_dp = samples // p["dp"]
-    plat = spec["platform"]
+    p, g, plat = spec.policy, spec.grpo, spec.platform
+    samples = g.samples_per_step
+    per_dp = samples // p.dp
     return {
-        "workload": spec["name"],
+        "workload": spec.name,
         "policy_world": topo.policy.world,
         "policy_sizes": dict(topo.policy.sizes),
         "rollout_world": topo.rollout.world,
         "rollout_sizes": dict(topo.rollout.sizes),
         "placement": topo.placement,
         "nodes": len(topo.nodes),
-        "head_node": plat["head_node"],
-        "device_nodes": plat["nodes"],
-        "devices_per_node": plat["gpus_per_node"],
-        "device": plat["device"],
+        "head_node": plat.head_node,
+        "device_nodes": plat.nodes,
+        "devices_per_node": plat.gpus_per_node,
+        "device": plat.device,
         "devices_used": topo.devices_used,
-        "devices_available": plat["nodes"] * plat["gpus_per_node"],
+        "devices_available": plat.nodes * plat.gpus_per_node,
         "stage_layers": list(topo.stage_layers),
         "local_experts": topo.local_experts,
         "group_counts": {k: len(v) for k, v in topo.policy.groups.items()},
         "group_sizes": {k: len(v[0]) for k, v in topo.policy.groups.items()},
-        "params": estimate_params(spec["model"]),
+        "params": estimate_params(spec.model),
         "samples_per_step": samples,
         "samples_per_dp_rank": per_dp,
-        "microbatches_per_dp_rank": per_dp // p["micro_batch_size"],
-        "iterations": g["iterations"],
+        "microbatches_per_dp_rank": per_dp // p.micro_batch_size,
+        "iterations": g.iterations,
     }
 
 
-def _render_text(spec: dict, digest: str, topo) -> str:
+def _render_text(spec: Workload, digest: str, topo) -> str:
     s = summarize(spec, topo)
     ps, rs = s["policy_sizes"], s["rollout_sizes"]
     head = "1 CPU head + " if s["head_node"] else ""
@@ -74,11 +77,11 @@ def _render_text(spec: dict, digest: str, topo) -> str:
          f"expert grid etp{ps['etp']} x ep{ps['ep']} x edp{ps['edp']} per stage; "
          f"{s['local_experts']} local experts/rank; stage layers {s['stage_layers']}"),
         (f"rollout   world {s['rollout_world']} = {rs['engines']} engine(s) x tp{rs['tp']} x pp{rs['pp']}, "
-         f"{s['placement']}, {'async' if spec['rollout']['async'] else 'sync'} {spec['rollout']['backend']}"),
+         f"{s['placement']}, {'async' if spec.rollout.is_async else 'sync'} {spec.rollout.backend}"),
         f"params    {s['params']['total']:,} total, {s['params']['active']:,} active",
-        (f"batch     {s['samples_per_step']} samples/step = {spec['grpo']['prompts_per_step']} prompts x "
-         f"{spec['grpo']['generations_per_prompt']} generations; {s['samples_per_dp_rank']} per dp rank "
-         f"= {s['microbatches_per_dp_rank']} micro-batches of {spec['policy']['micro_batch_size']}; "
+        (f"batch     {s['samples_per_step']} samples/step = {spec.grpo.prompts_per_step} prompts x "
+         f"{spec.grpo.generations_per_prompt} generations; {s['samples_per_dp_rank']} per dp rank "
+         f"= {s['microbatches_per_dp_rank']} micro-batches of {spec.policy.micro_batch_size}; "
          f"{s['iterations']} iterations"),
         "groups    " + "  ".join(f"{k} {s['group_counts'][k]}x{s['group_sizes'][k]}" for k in topo.policy.groups),
         "",
@@ -123,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     digest = spec_digest(spec)
     if args.json:
-        doc = {"workload": spec["name"], "spec_digest": digest, "summary": summarize(spec, topo),
+        doc = {"workload": spec.name, "spec_digest": digest, "summary": summarize(spec, topo),
                "topology": topo.to_dict()}
         print(json.dumps(doc, indent=1, sort_keys=True))
     else:

@@ -7,6 +7,7 @@ done, reward)``; the rollout driver knows nothing else about environments.
 from __future__ import annotations
 
 from harness.envs.tasks import Prompt, Task
+from harness.spec.typed import EnvSpec
 
 
 class SingleTurnEpisodes:
@@ -38,10 +39,10 @@ class ToolEpisodes:
         return self.env.step(messages, text)
 
 
-def make_episode_env(spec: dict, task: Task, tokenizer=None):
-    """The episode env for ``env.task`` / ``env.turns``."""
-    if spec["env"]["task"] == "tool_calc":
-        return ToolEpisodes(int(spec["env"]["turns"]))
-    if int(spec["env"]["turns"]) != 1:
-        raise ValueError(f"env.turns: task {spec['env']['task']!r} is single-turn; set env.turns: 1")
+def make_episode_env(env: EnvSpec, task: Task, tokenizer=None):
+    """The episode env for the ``env`` block (``env.task`` / ``env.turns``)."""
+    if env.task == "tool_calc":
+        return ToolEpisodes(env.turns)
+    if env.turns != 1:
+        raise ValueError(f"env.turns: task {env.task!r} is single-turn; set env.turns: 1")
     return SingleTurnEpisodes(task)

@@ -23,35 +23,53 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import ray
 
-from harness.refit.engine_offsets import derive_engine_gpu_offsets
+from harness.spec.topology import Topology, plan
+from harness.spec.typed import RolloutSpec, as_workload
 
 STAGING_ENV = "HARNESS_REFIT_STAGING"
 
 
-def choose_transport(spec: dict) -> str:
-    transport = spec["rollout"]["refit"]["transport"]
+def choose_transport(rollout: RolloutSpec) -> str:
+    """``rollout.refit.transport``; ``auto``: zmq when colocated, else broadcast."""
+    transport = rollout.refit.transport
     if transport == "auto":
-        return "zmq" if spec["rollout"]["colocated"] else "broadcast"
+        return "zmq" if rollout.colocated else "broadcast"
     return transport
 
 
 class Refitter:
-    def __init__(self, spec: dict, policy, workers: list, run_dir: Path) -> None:
+    def __init__(self, spec: Mapping[str, Any], policy, workers: list, run_dir: Path | None, *,
+                 topology: Topology | None = None) -> None:
+        """``workers``: the rollout workers of ``topology``'s engines, in engine order
+        (``topology`` defaults to ``plan(spec)``); engine ``i``'s first rollout rank
+        (its offset in the refit side group, after the policy's rank 0) is the topology's
+        ``engines[i].rank_prefix``."""
+        spec = as_workload(spec)
         self.spec = spec
         self.policy = policy
         self.workers = workers
-        self.transport = choose_transport(spec)
-        self.buffer_size = int(spec["rollout"]["refit"]["buffer_size_bytes"])
+        rollout = spec.rollout
+        self.transport = choose_transport(rollout)
+        self.buffer_size = rollout.refit.buffer_size_bytes
         # zmq on cuda: stage in GPU memory and send CUDA IPC handles (colocated on the GPUs)
         # ($HARNESS_REFIT_STAGING=host keeps host staging there: the before/after measurement)
-        on_cuda = spec.get("platform", {}).get("device", "cpu") == "cuda" and os.environ.get(STAGING_ENV) != "host"
+        on_cuda = spec.platform.device == "cuda" and os.environ.get(STAGING_ENV) != "host"
         self.zmq_extra = {"staging_device": "cuda"} if on_cuda else {}
-        tp = int(spec["rollout"]["tp"])
-        self.prefixes = derive_engine_gpu_offsets([tp] * len(workers))
+        if workers:
+            engines = (topology if topology is not None else plan(spec)).engines
+            if len(engines) != len(workers):
+                raise ValueError(f"{len(workers)} rollout workers for a topology of {len(engines)} engines")
+            self.prefixes = [engine.rank_prefix for engine in engines]
+            self._side_world = 1 + sum(len(engine.ranks) for engine in engines)  # policy rank 0 + every engine rank
+        else:
+            self.prefixes = []
+            self._side_world = 1
         self.history: list[dict] = []
         self._store = None  # HeldStore of the broadcast side group (first broadcast refit .. close)
         self._side: dict | None = None  # the side group's signature, the same for every refit
@@ -91,10 +109,9 @@ class Refitter:
         if self._side is None:
             from harness.parallel.rendezvous import HeldStore
 
-            tp = int(self.spec["rollout"]["tp"])
             self._store = HeldStore()  # bound here, before the port leaves this process
             self._side = {"host": self._store.host, "port": int(self._store.port),
-                          "world_size": 1 + tp * len(self.workers),
+                          "world_size": self._side_world,
                           "prefix": f"harness-refit/{uuid.uuid4().hex}"}
         return dict(self._side)
 

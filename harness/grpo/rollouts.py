@@ -32,6 +32,7 @@ import ray
 
 from harness.capture.admission import AdmissionRequest, AdmissionResult, CaptureAdmitter
 from harness.capture.finalize import Placeholder, Sample, finalize_from_ledger
+from harness.spec.typed import as_workload
 
 
 @dataclass
@@ -76,21 +77,22 @@ class RolloutDriver:
 
     def __init__(
         self,
-        spec: dict,
+        spec: Any,
         workers: list,
         tokenizer,
         env,
         capture: tuple | None,
         on_summary: Callable[[dict], None] | None = None,
     ) -> None:
+        spec = as_workload(spec)
         self.spec = spec
         self.workers = workers
         self.tokenizer = tokenizer
         self.env = env
         self.capture = capture
-        self.is_async = bool(spec["rollout"]["async"])
+        self.is_async = spec.rollout.is_async
         self._wave = 0
-        self.turns = int(spec["env"]["turns"])
+        self.turns = spec.env.turns
         if capture is None and self.turns > 1:
             raise ValueError(
                 "env.turns > 1 needs capture.enabled: true (multi-turn samples are only "
@@ -99,7 +101,7 @@ class RolloutDriver:
 
     # -- one attempt -------------------------------------------------------
     def run_attempt(self, prompts: list, step: int, attempt: int) -> AttemptResult:
-        G = int(self.spec["grpo"]["generations_per_prompt"])
+        G = self.spec.grpo.generations_per_prompt
         episodes = []
         for p_idx, prompt in enumerate(prompts):
             for g in range(G):
@@ -149,7 +151,7 @@ class RolloutDriver:
 
     def _request(self, episode: Episode, prompt_ids: list[int], adm: AdmissionResult | None,
                  step: int, attempt: int) -> dict | None:
-        ro = self.spec["rollout"]
+        ro = self.spec.rollout
         call_id = f"call{episode.turn}"
         capture = None
         if adm is not None:
@@ -163,10 +165,10 @@ class RolloutDriver:
         return {
             "request_id": f"{episode.rollout_id}/{call_id}",
             "prompt_ids": prompt_ids,
-            "max_new_tokens": int(ro["max_new_tokens"]),
-            "seed": request_seed(int(self.spec["seed"]), step, attempt, episode.index, episode.turn),
-            "temperature": float(ro["temperature"]),
-            "top_p": float(ro["top_p"]),
+            "max_new_tokens": ro.max_new_tokens,
+            "seed": request_seed(self.spec.seed, step, attempt, episode.index, episode.turn),
+            "temperature": ro.temperature,
+            "top_p": ro.top_p,
             "capture": capture,
         }
 

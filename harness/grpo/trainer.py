@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,16 +34,18 @@ from harness.algos import compute_advantages, expand_to_tokens, reward_metrics, 
 from harness.capture.finalize import Placeholder, Sample, mask_cause
 from harness.grpo.batch import build_train_batch, prompt_rows
 from harness.grpo.rollouts import AttemptResult, RolloutDriver
+from harness.spec.typed import as_workload
 
 
 class EmptyTrainingStep(RuntimeError):
     """A step had fewer verified samples than ``grpo.min_verified_samples``."""
 
 
-def min_verified_samples(spec: dict) -> int:
+def min_verified_samples(spec: Mapping[str, Any]) -> int:
     """``grpo.min_verified_samples``; 1 when absent (the schema writes no default into a
     loaded spec, so the digests of specs that do not set it stay what they were)."""
-    return int(spec["grpo"].get("min_verified_samples", 1))
+    minimum = as_workload(spec).grpo.min_verified_samples
+    return 1 if minimum is None else minimum
 
 
 def check_verified(step: int, samples: list[Sample | Placeholder], minimum: int) -> None:
@@ -79,8 +81,9 @@ class Trainer:
 
     name = "base"
 
-    def __init__(self, spec: dict, policy, workers: list, driver: RolloutDriver, loader, tokenizer,
+    def __init__(self, spec: Mapping[str, Any], policy, workers: list, driver: RolloutDriver, loader, tokenizer,
                  env, refit: Callable[[int], dict], dataplane=None) -> None:
+        spec = as_workload(spec)
         self.spec = spec
         self.policy = policy
         self.workers = workers
@@ -90,9 +93,8 @@ class Trainer:
         self.env = env
         self.refit = refit
         self.dataplane = dataplane
-        g = spec["grpo"]
-        self.G = int(g["generations_per_prompt"])
-        self.seq_len = int(spec["policy"]["seq_len"])
+        self.G = spec.grpo.generations_per_prompt
+        self.seq_len = spec.policy.seq_len
 
     # -- rollouts ---------------------------------------------------------
     @contextlib.contextmanager
@@ -109,8 +111,8 @@ class Trainer:
         ray.get([w.finish_rollout.remote() for w in self.workers])
 
     def rollouts(self, step: int, prompts: list) -> tuple[AttemptResult, int]:
-        g = self.spec["grpo"]
-        attempts = int(g["max_attempts"]) if g["dynamic_sampling"] else 1
+        g = self.spec.grpo
+        attempts = g.max_attempts if g.dynamic_sampling else 1
         result = None
         for attempt in range(1, attempts + 1):
             with self.rollout_window(f"step{step}/attempt{attempt}"):
@@ -133,9 +135,9 @@ class Trainer:
             self.G, pad,
         )
         rewards = torch.tensor(result.rewards, dtype=torch.float32)
-        g = self.spec["grpo"]
-        loo = bool(g["leave_one_out"])
-        adv = compute_advantages(rows, rewards, leave_one_out=loo, normalize=bool(g["normalize_rewards"]),
+        g = self.spec.grpo
+        loo = g.leave_one_out
+        adv = compute_advantages(rows, rewards, leave_one_out=loo, normalize=g.normalize_rewards,
                                  valid_mask=batch["sample_mask"] > 0)
         batch["advantages"] = expand_to_tokens(adv, batch["token_mask"])
         train_metrics = _timed(timings, "policy_training", lambda: self.train_phase(step, batch, timings))
@@ -144,7 +146,7 @@ class Trainer:
         metrics = dict(train_metrics)
         metrics.update(result.metrics)
         metrics.update(reward_metrics(rows, rewards, adv, batch["token_mask"], leave_one_out=loo))
-        metrics.update(_length_metrics(result.summaries, int(self.spec["env"]["turns"])))
+        metrics.update(_length_metrics(result.summaries, self.spec.env.turns))
         metrics["dynamic_sampling_num_gen_batches"] = float(attempts)
         return StepOutput(step, metrics, timings, result.summaries)
 

@@ -76,8 +76,12 @@ class ModelConfig:
 
     @classmethod
     def from_spec(cls, spec_or_model_block: Mapping[str, Any]) -> ModelConfig:
-        """Build from a whole spec dict (uses `spec["model"]`) or from the
-        `model` block itself. Unknown keys raise `ValueError` naming them."""
+        """Build from a loaded `Workload` or its `model` block (`harness.spec.typed`), a
+        whole spec dict (uses its `model`) or the `model` block dict. Unknown keys raise
+        `ValueError` naming them."""
+        if dataclasses.is_dataclass(spec_or_model_block):  # a typed Workload or its ModelSpec
+            block = getattr(spec_or_model_block, "model", spec_or_model_block)
+            return cls(**{f.name: getattr(block, f.name) for f in dataclasses.fields(block)})
         block = spec_or_model_block.get("model", spec_or_model_block)
         if not isinstance(block, Mapping):
             raise ValueError(f"model must be a mapping, got {type(block).__name__}")

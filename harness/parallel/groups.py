@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.spec.constraints import POLICY_BACKEND_FIXED
+from harness.registry.policy import policy_backend
+from harness.spec.typed import as_mapping
 
 DENSE_AXES = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("etp", "ep", "edp", "pp")
@@ -61,9 +62,10 @@ class RankLayout:
         raise KeyError(f"rank {rank} is in no {kind} group")
 
 
-def validate_policy_layout(policy: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+def validate_policy_layout(policy: Any, model: Any) -> None:
     """Raise `ValueError` naming the spec field when the policy layout cannot
-    shard `model`. Checked before any worker starts."""
+    shard `model` (typed spec blocks or plain dicts). Checked before any worker starts."""
+    policy, model = as_mapping(policy), as_mapping(model)
     tp, pp, cp, ep, etp, dp = (int(policy[k]) for k in ("tp", "pp", "cp", "ep", "etp", "dp"))
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("etp", etp), ("dp", dp)):
         if v < 1:
@@ -80,7 +82,7 @@ def validate_policy_layout(policy: Mapping[str, Any], model: Mapping[str, Any]) 
         raise ValueError(f"policy.tp={tp} must divide model.kv_heads={model['kv_heads']} (no KV replication)")
     if model["vocab"] % tp:
         raise ValueError(f"policy.tp={tp} must divide model.vocab={model['vocab']}")
-    no_sp_backend = "sp" in POLICY_BACKEND_FIXED.get(policy.get("backend", "native"), {})  # dtensor: no SP
+    no_sp_backend = "sp" in policy_backend(policy.get("backend", "native")).fixed  # dtensor: no SP
     if tp > 1 and not policy.get("sp", True) and not no_sp_backend:
         raise ValueError("policy.sp must be true when policy.tp > 1 (MoE training needs sequence parallel)")
     seq = int(policy["seq_len"])
@@ -108,8 +110,9 @@ def stage_layers(layers: int, pp: int, pp_layout: list[int] | None) -> list[rang
     return [range(starts[i], starts[i + 1]) for i in range(pp)]
 
 
-def layout_from_spec(policy: Mapping[str, Any]) -> RankLayout:
-    """Compute coordinates and groups with the mixed-radix rule."""
+def layout_from_spec(policy: Any) -> RankLayout:
+    """Compute coordinates and groups with the mixed-radix rule (``policy``: the typed block or a dict)."""
+    policy = as_mapping(policy)
     tp, pp, cp, ep, etp, dp = (int(policy[k]) for k in ("tp", "pp", "cp", "ep", "etp", "dp"))
     edp = tp * cp * dp // (etp * ep)
     sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep, "etp": etp, "edp": edp}
@@ -134,7 +137,7 @@ def layout_from_spec(policy: Mapping[str, Any]) -> RankLayout:
     return RankLayout(sizes=sizes, coords=coords, groups=groups)
 
 
-def layout_from_topology(topology: Any, policy: Mapping[str, Any]) -> RankLayout:
+def layout_from_topology(topology: Any, policy: Any) -> RankLayout:
     """Use the planner's groups where it provides a kind; fall back to the
     local rule for kinds it lacks. Raises if a provided kind disagrees."""
     local = layout_from_spec(policy)

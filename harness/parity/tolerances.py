@@ -125,12 +125,14 @@ def parse_tolerances(doc: Any, *, source: str = "tolerances.yaml") -> Tolerances
 
 
 def load_tolerances(path: str | Path) -> TolerancesFile:
-    """Read and validate a tolerances.yaml (safe YAML loader)."""
-    import yaml
+    """Read and validate a tolerances.yaml with the specs' strict, bounded
+    YAML reader (size and alias-expansion limits, duplicate keys refused)."""
+    from harness.spec.errors import SpecError
+    from harness.spec.yaml_io import load_yaml_file
 
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ToleranceFileError(f"{path}: not valid YAML: {exc}") from None
+        doc = load_yaml_file(path)
+    except SpecError as exc:
+        raise ToleranceFileError(f"not valid YAML: {exc}") from None
     return parse_tolerances(doc, source=str(path))

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from harness.spec.typed import as_workload
+
 CHECKPOINT_MARKER = "COMPLETE.json"
 
 
@@ -46,8 +48,9 @@ class ShardedCheckpoint:
         os.replace(tmp, path)
         dist.barrier()
         if self.rank == 0:
+            policy = as_workload(self.spec).policy
             marker = {"world": dist.get_world_size(), "backend": self.backend,
-                      "policy": {k: self.spec["policy"][k] for k in ("tp", "pp", "cp", "dp", "ep", "etp")},
+                      "policy": {k: getattr(policy, k) for k in ("tp", "pp", "cp", "dp", "ep", "etp")},
                       "steps_done": self.steps_done}
             tmp_m = d / (CHECKPOINT_MARKER + ".tmp")
             tmp_m.write_text(json.dumps(marker, sort_keys=True))

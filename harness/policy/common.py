@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from harness.algos.loss import ClippedPGLoss, aggregate_microbatch_metrics
+from harness.spec.typed import Workload, as_workload
 
 TRAIN_KEYS = (
     "input_ids", "input_lengths", "token_mask", "sample_mask", "advantages",
@@ -27,19 +28,26 @@ TRAIN_KEYS = (
 
 
 class EngineCommon:
+    def _bind(self, spec: Mapping[str, Any], rank: int) -> Workload:
+        """Keep ``spec`` (as a ``Workload``: a plain spec dict is converted) and ``rank``."""
+        self.spec = as_workload(spec)
+        self.rank = rank
+        return self.spec
+
     def _init_training_state(self, spec: Mapping[str, Any]) -> None:
         """Reference weights (the initial ``named`` parameters, on the CPU), AdamW
         over ``named`` in that order, the loss and the step counters. Call once
         ``named`` holds the rank's loaded parameters."""
         self.reference_state = {n: p.detach().clone().cpu() for n, p in self.named}
-        opt = spec["policy"]["optimizer"]
-        self.lr, self.wd = float(opt["lr"]), float(opt["weight_decay"])
-        self.max_grad_norm = opt.get("max_grad_norm")
+        spec = as_workload(spec)
+        opt = spec.policy.optimizer
+        self.lr, self.wd = float(opt.lr), float(opt.weight_decay)
+        self.max_grad_norm = opt.max_grad_norm
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self.named], lr=self.lr, weight_decay=self.wd,
-            betas=(float(opt["beta1"]), float(opt["beta2"])), eps=float(opt["eps"]), foreach=False,
+            betas=(float(opt.beta1), float(opt.beta2)), eps=float(opt.eps), foreach=False,
         )
-        self.loss_fn = ClippedPGLoss(spec["grpo"]["loss"])
+        self.loss_fn = ClippedPGLoss(spec.grpo.loss)
         self.steps_done = 0
         self._split: dict[str, Any] | None = None
 

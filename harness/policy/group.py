@@ -27,6 +27,7 @@ from harness.parallel.groups import validate_policy_layout
 from harness.parallel.rendezvous import HeldStore
 from harness.policy.local_world import shard_for_dp
 from harness.policy.worker import PolicyWorker
+from harness.spec.typed import as_workload
 
 DEATH_GRACE_S = 10.0
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -95,16 +96,16 @@ class PolicyGroup:
         """``pool``: a ``harness.runner.warm.WarmRuntime`` whose warm policy processes the ranks
         adopt (Ray must be up); shutdown hands them back when every rank retired cleanly,
         else kills them. Without it every rank is a new actor (a cold start)."""
-        policy = spec["policy"]
+        spec = as_workload(spec)
         if topology is None:
             from harness.spec.topology import plan
 
-            topology = plan(dict(spec))  # raises TopologyError naming the field
-        validate_policy_layout(policy, spec["model"])
+            topology = plan(spec)  # raises TopologyError naming the field
+        validate_policy_layout(spec.policy, spec.model)
         self.spec = spec
         self.run_dir = run_dir
-        self.world = policy["tp"] * policy["pp"] * policy["cp"] * policy["dp"]
-        self.dp = policy["dp"]
+        self.world = spec.policy.world_size
+        self.dp = spec.policy.dp
         layout = getattr(topology, "policy", None)
         self.coords = [dict(r.coords) for r in layout.ranks] if layout is not None else None
         if self.coords is None or len(self.coords) != self.world:
@@ -126,7 +127,7 @@ class PolicyGroup:
         if pool is None:
             self.workers = [
                 PolicyWorker.options(num_cpus=0, runtime_env={"env_vars": env}, name=None).remote(
-                    dict(spec), r, self.world, *args
+                    spec, r, self.world, *args
                 )
                 for r in range(self.world)
             ]
@@ -137,13 +138,13 @@ class PolicyGroup:
                 self.ready_info = self._gather([w.ready.remote() for w in self.workers], "ready")
             else:
                 self.ready_info = self._gather(
-                    [w.adopt.remote(env, dict(spec), r, self.world, *args) for r, w in enumerate(self.workers)],
+                    [w.adopt.remote(env, spec, r, self.world, *args) for r, w in enumerate(self.workers)],
                     "ready")
         except BaseException:
             self._clean = False
             self.shutdown()
             raise
-        last = policy["pp"] - 1
+        last = spec.policy.pp - 1
         self.metrics_rank = next(
             r for r, c in enumerate(self.coords) if c["pp"] == last and c["tp"] == 0 and c["cp"] == 0 and c["dp"] == 0
         )

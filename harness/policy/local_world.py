@@ -21,6 +21,7 @@ from harness import ops
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel.rendezvous import HeldStore
+from harness.spec.typed import as_workload
 
 
 def with_layout(spec: Mapping[str, Any], **policy: Any) -> dict[str, Any]:
@@ -31,14 +32,14 @@ def with_layout(spec: Mapping[str, Any], **policy: Any) -> dict[str, Any]:
 
 
 def world_size(spec: Mapping[str, Any]) -> int:
-    p = spec["policy"]
-    return p["tp"] * p["pp"] * p["cp"] * p["dp"]
+    return as_workload(spec).policy.world_size
 
 
 def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
     import torch.distributed as dist
 
-    from harness.policy.engine import create_engine, init_distributed
+    from harness.policy.distributed import init_distributed
+    from harness.registry.policy import create_engine
 
     try:
         init_distributed(rank, world, "127.0.0.1", port)
@@ -100,8 +101,9 @@ def synthetic_batch(spec: Mapping[str, Any], batch_size: int, seed: int) -> dict
     and response tokens, right padding, a token mask on the response,
     advantages per sample, and prev/generation/reference logprobs from the
     initial reference model (so ratios start at 1)."""
-    cfg = ModelConfig.from_spec(spec)
-    seq = int(spec["policy"]["seq_len"])
+    spec = as_workload(spec)
+    cfg = ModelConfig.from_spec(spec.model)
+    seq = spec.policy.seq_len
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab, (batch_size, seq), generator=g)
     prompt = torch.randint(seq // 8, seq // 4, (batch_size,), generator=g)
@@ -111,7 +113,7 @@ def synthetic_batch(spec: Mapping[str, Any], batch_size: int, seed: int) -> dict
     ids = torch.where(pos < lengths[:, None], ids, torch.zeros_like(ids))
     adv = torch.randn(batch_size, generator=g)
     with torch.no_grad():
-        ref = build_reference_model(cfg, spec["seed"])
+        ref = build_reference_model(cfg, spec.seed)
         lp = ops.token_logprobs(ref(ids)[0], ids)
     return {
         "input_ids": ids,
@@ -147,8 +149,7 @@ def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: in
     same steps through the split API (`chunks` train_microbatch calls each).
     Returns per-step metrics of both paths (last-stage ranks) and parameter
     checksums after each path (rank 0)."""
-    p = engine.spec["policy"]
-    shard = shard_for_dp(batch, p["dp"], engine.coords["dp"])
+    shard = shard_for_dp(batch, as_workload(engine.spec).policy.dp, engine.coords["dp"])
     engine.save_checkpoint(ckpt_dir)
     mono = [engine.train(shard) for _ in range(steps)]
     mono_sums = checksums(engine.hf_state_dict())  # collective; {} except on rank 0

@@ -2,7 +2,7 @@
 
 On construction: 1 torch thread, deterministic algorithms, the default
 process group (gloo on CPU, nccl on cuda) over the policy world, seeds from
-(spec seed, rank), the rank's `PolicyEngine`, and the policy profiler from
+(spec seed, rank), the rank's policy engine (`harness.registry.policy.create_engine`), and the policy profiler from
 `load_policy_profiler(rank=rank)` (env `NRL_POLICY_PROFILER_CLASS`) behind
 `PolicyProfilerHooks`:
 - `train` is profiled as one step (skipped in eval mode), aborts with
@@ -28,7 +28,9 @@ _IMPORT_STARTED = time.time()  # start-up timings (``ready()["timings"]``): the 
 import ray  # noqa: E402 - after the import stamp
 import torch  # noqa: E402 - after the import stamp
 
-from harness.policy.engine import create_engine, init_distributed  # noqa: E402 - after the import stamp
+from harness.policy.distributed import init_distributed  # noqa: E402 - after the import stamp
+from harness.registry.policy import create_engine  # noqa: E402 - after the import stamp
+from harness.spec.typed import as_workload  # noqa: E402 - after the import stamp
 
 _IMPORTED = time.time()
 
@@ -46,9 +48,9 @@ class PolicyWorkerImpl:
     ) -> None:
         self.rank = rank
         self.run_dir = run_dir
-        device = spec.get("platform", {}).get("device", "cpu")
+        self.spec = spec = as_workload(spec)
         t0 = time.time()
-        init_distributed(rank, world_size, master_addr, master_port, device)
+        init_distributed(rank, world_size, master_addr, master_port, spec.platform.device)
         t1 = time.time()
         self.engine = create_engine(spec, rank, topology=topology)
         t2 = time.time()
@@ -112,7 +114,7 @@ class PolicyWorkerImpl:
         from harness.policy.local_world import shard_for_dp
 
         client = self._dataplane(dataplane)
-        dp, d = int(self.engine.spec["policy"]["dp"]), int(self.engine.coords["dp"])
+        dp, d = self.spec.policy.dp, int(self.engine.coords["dp"])
         shard = shard_for_dp(client.get_tensors(key), dp, d)
         for extra in extra_keys:
             shard.update(client.get_tensors(f"{extra}/dp{d}"))
@@ -124,7 +126,7 @@ class PolicyWorkerImpl:
         shard = self._dp_shard(dataplane, key)
         out = self.engine.get_reference_logprobs(shard) if reference else self.engine.get_logprobs(shard)
         c = self.engine.coords
-        if c["tp"] == 0 and c["cp"] == 0 and c["pp"] == int(self.engine.spec["policy"]["pp"]) - 1:
+        if c["tp"] == 0 and c["cp"] == 0 and c["pp"] == self.spec.policy.pp - 1:
             self._dataplane(dataplane).put_tensors(f"{out_key}/dp{c['dp']}", {field: out})
 
     def train_from_dataplane(self, dataplane: Any, key: str, extra_keys: list[str]) -> dict[str, float]:

@@ -132,7 +132,7 @@ class EngineProcesses:
             parent, child = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=engine_process_main,
-                args=(child, dict(spec), rank, tp_size, port, rank_prefix + rank, environ),
+                args=(child, spec, rank, tp_size, port, rank_prefix + rank, environ),
                 name=f"{label}-tp{rank}",
                 daemon=True,
             )

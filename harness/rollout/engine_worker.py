@@ -25,6 +25,7 @@ import torch
 from harness.plugins.loader import load_rollout_profiler
 from harness.plugins.rollout_hooks import RolloutLifecycleRPC, RolloutProfilerHooks
 from harness.rollout.native.engine import Engine, as_model_config
+from harness.spec.typed import as_workload
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,11 @@ WARMUP_REQUEST = {
 
 
 def initial_weights(spec: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """The step-0 policy weights: the reference model's deterministic init for ``spec["seed"]``."""
+    """The step-0 policy weights: the reference model's deterministic init for the spec's ``seed``."""
     from harness.model.qwen3_moe import build_reference_model
 
-    model = build_reference_model(as_model_config(spec["model"]), int(spec["seed"]))
+    spec = as_workload(spec)
+    model = build_reference_model(as_model_config(spec.model), spec.seed)
     return {name: t.detach() for name, t in model.state_dict().items()}
 
 
@@ -82,18 +84,18 @@ class EngineWorker(RolloutLifecycleRPC):
         weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         configure_determinism()
+        spec = as_workload(spec)
         self.tp_rank = tp_rank
         self.hooks = RolloutProfilerHooks(load_rollout_profiler(rank=profiler_rank))
         with self.hooks.engine_init_or_close("engine"):
-            rollout = spec["rollout"]
             self.engine = Engine(
-                spec["model"],
+                as_model_config(spec.model),
                 initial_weights(spec) if weights is None else weights,
                 tp_rank=tp_rank,
                 tp_size=tp_size,
                 tp_group=tp_group,
-                max_batch_size=int(rollout["max_batch_size"]),
-                device="cpu" if spec.get("platform", {}).get("device", "cpu") == "cpu" else "cuda",
+                max_batch_size=spec.rollout.max_batch_size,
+                device="cpu" if spec.platform.device == "cpu" else "cuda",
                 eos_token_id=resolve_eos_token_id(spec),
             )
             self.engine.generate([WARMUP_REQUEST])

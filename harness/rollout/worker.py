@@ -41,7 +41,9 @@ from harness.plugins.rollout_hooks import (
     validate_rollout_profiler_topology,
 )
 from harness.refit.zmq_stream import DEFAULT_TIMEOUT_MS, ipc_address
+from harness.registry.rollout import start_function
 from harness.rollout.sharding import ShardPlan
+from harness.spec.typed import as_workload
 
 CAPTURE_ABORT_REASON = "generation_error"
 _IMPORTED = time.time()  # start-up timings (``ready()["timings"]``)
@@ -65,21 +67,19 @@ class RolloutWorker:
         self._capture_config = dict(capture_config) if capture_config else None
         if env_vars:
             os.environ.update({k: str(v) for k, v in env_vars.items()})
-        self.spec = dict(spec)
+        self.spec = as_workload(spec)
         self.engine_index = int(engine_index)
         self.rank_prefix = int(rank_prefix)
         self.run_dir = str(run_dir)
-        rollout = self.spec["rollout"]
-        self.tp = int(rollout["tp"])
-        self.is_async = bool(rollout["async"])
+        rollout = self.spec.rollout
+        self.tp = rollout.tp
+        self.is_async = rollout.is_async
         self.label = f"rollout engine {self.engine_index}"
         # Gate before any engine starts.
-        validate_engine_worker_cls(rollout.get("worker_cls"))
+        validate_engine_worker_cls(rollout.worker_cls)
         if rollout_profiler_class_path(env_vars):
-            validate_rollout_profiler_topology(pp=int(rollout.get("pp", 1)), ep=int(rollout.get("ep", 1)))
-        backend = rollout.get("backend", "native")
-        if backend not in ("native", "vllm"):
-            raise ValueError(f"rollout.backend {backend!r} is not available in this build (native or vllm)")
+            validate_rollout_profiler_topology(pp=rollout.pp, ep=rollout.ep)
+        start_engine = start_function(rollout.backend)  # ValueError: no engine in this build
         from harness.rollout.engine_worker import configure_determinism
 
         configure_determinism()
@@ -91,42 +91,22 @@ class RolloutWorker:
         self._dispatcher: asyncio.Task | None = None
         self._capture_sink = None
         self._closed = False
-        if backend == "vllm":
-            self._start_vllm(env_vars)
-        elif self.tp == 1 and not self.is_async:
-            from harness.rollout.engine_worker import EngineWorker
-
+        in_actor = self.tp == 1 and not self.is_async
+        if in_actor:
             os.environ.setdefault("RANK", str(self.rank_prefix))
-            self._local = EngineWorker(self.spec, profiler_rank=outer_rollout_rank())
+        engine = start_engine(self.spec, in_actor=in_actor, profiler_rank=outer_rollout_rank() if in_actor else 0,
+                              rank_prefix=self.rank_prefix, label=self.label, run_dir=self.run_dir,
+                              engine_index=self.engine_index, env_vars=env_vars)
+        if in_actor:
+            self._local = engine
             self._local.end_engine_initialization()
         else:
-            from harness.rollout.engine_procs import EngineProcesses
-
-            self._procs = EngineProcesses.start(
-                self.spec, tp_size=self.tp, rank_prefix=self.rank_prefix, label=self.label, env=dict(os.environ)
-            )
+            self._procs = engine
             self._procs.call("end_engine_initialization")
         from harness.runner.process_state import process_start_time
 
         self.timings = {"process": process_start_time(), "imported": _IMPORTED, "init_started": init_started,
                         "engine": time.time()}
-
-    def _start_vllm(self, env_vars: Mapping[str, str] | None) -> None:
-        """``rollout.backend: vllm`` (docs/vllm.md) with the same two placements: vLLM in
-        this actor for a sync TP=1 engine, else vLLM's own worker processes."""
-        from harness.rollout.vllm.engine import VllmEngineProcesses, VllmEngineWorker
-
-        profiler = rollout_profiler_class_path(env_vars)
-        work_dir = os.path.join(self.run_dir, "vllm", f"engine{self.engine_index}")
-        if self.tp == 1 and not self.is_async:
-            os.environ.setdefault("RANK", str(self.rank_prefix))
-            self._local = VllmEngineWorker(self.spec, profiler_rank=outer_rollout_rank(), work_dir=work_dir,
-                                           profiler_class_path=profiler)
-            self._local.end_engine_initialization()
-        else:
-            self._procs = VllmEngineProcesses.start(self.spec, rank_prefix=self.rank_prefix, label=self.label,
-                                                    work_dir=work_dir, profiler_class_path=profiler)
-            self._procs.call("end_engine_initialization")
 
     # -- fan-out -------------------------------------------------------------------
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -183,7 +163,7 @@ class RolloutWorker:
         if self._local is not None:
             return self._local.state_dict()
         shards = self._procs.call("state_dict")
-        cfg = ModelConfig.from_spec(self.spec["model"])
+        cfg = ModelConfig.from_spec(self.spec.model)
         plans = ShardPlan(cfg, 0, self.tp)
         return {name: plans.unshard(name, [s[name] for s in shards]) for name in shards[0]}
 

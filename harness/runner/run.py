@@ -18,14 +18,16 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.artifacts import layout
 from harness.runner.environment import collect_environment, git_commit
 from harness.spec.load import spec_digest
 from harness.spec.topology import plan
+from harness.spec.typed import as_workload
 
 
 @dataclass
@@ -42,33 +44,35 @@ def _write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def expected_artifacts(spec: dict, topology) -> list[str]:
+def expected_artifacts(spec: Mapping[str, Any], topology) -> list[str]:
     """Trace files that a complete run must contain (one per profiler instance)."""
+    spec = as_workload(spec)
     paths = []
-    if spec["plugins"]["policy_profiler"]:
+    if spec.plugins.policy_profiler:
         paths += [layout.policy_trace_path(r) for r in range(topology.policy.world)]
-    if spec["plugins"]["rollout_profiler"]:
+    if spec.plugins.rollout_profiler:
         paths += [layout.rollout_trace_path(r) for r in range(topology.rollout.world)]
     paths.append(layout.METRICS)
-    if spec["capture"]["enabled"]:
+    if spec.capture.enabled:
         paths.append(layout.ROLLOUTS)
     return paths
 
 
-def worker_env(spec: dict, run_dir: Path, run_id: str) -> dict[str, str]:
+def worker_env(spec: Mapping[str, Any], run_dir: Path, run_id: str) -> dict[str, str]:
     """Environment every worker process gets (the plugin contract is env-only)."""
+    plugins = as_workload(spec).plugins
     env = {
-        **spec["plugins"].get("env", {}),  # the schema reserves the keys set below
+        **plugins.env,  # the schema reserves the keys set below
         "HARNESS_TRACE_DIR": str(run_dir),
         "HARNESS_RUN_ID": run_id,
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "RAY_AUTH_MODE": "disabled",
     }
-    if spec["plugins"]["policy_profiler"]:
-        env["NRL_POLICY_PROFILER_CLASS"] = spec["plugins"]["policy_profiler"]
-    if spec["plugins"]["rollout_profiler"]:
-        env["NRL_ROLLOUT_PROFILER_CLASS"] = spec["plugins"]["rollout_profiler"]
+    if plugins.policy_profiler:
+        env["NRL_POLICY_PROFILER_CLASS"] = plugins.policy_profiler
+    if plugins.rollout_profiler:
+        env["NRL_ROLLOUT_PROFILER_CLASS"] = plugins.rollout_profiler
     return env
 
 
@@ -81,8 +85,9 @@ def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] |
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run directory {run_dir} is not empty")
     run_dir.mkdir(parents=True, exist_ok=True)
+    spec = as_workload(spec)
     topology = plan(spec)  # validates before anything starts
-    run_id = f"{spec['name']}-{uuid.uuid4().hex[:8]}"
+    run_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     return _execute(spec, topology, run_dir, run_id, _new_run_doc(spec, topology, run_id), None, progress,
                     warm=warm)
 
@@ -103,7 +108,7 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
     if found is None:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to resume from (set grpo.checkpoint_every)")
     ckpt, state = found
-    spec = run_doc["spec"]
+    spec = as_workload(run_doc["spec"])  # the canonical dict the run stored
     topology = plan(spec)
     checkpoint.rewind_logs(run_dir, state)
     checkpoint.restore_stores(run_dir, ckpt)
@@ -118,8 +123,8 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
 def _new_run_doc(spec: dict, topology, run_id: str) -> dict:
     return {
         "run_id": run_id,
-        "workload": spec["name"],
-        "spec": spec,
+        "workload": as_workload(spec).name,
+        "spec": as_workload(spec).to_dict(),
         "spec_digest": spec_digest(spec),
         "topology": topology.to_dict(),
         "environment": collect_environment(spec),

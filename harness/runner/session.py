@@ -26,12 +26,14 @@ import ray
 import torch
 
 from harness.artifacts import layout
-from harness.grpo import trainer_class
 from harness.grpo.episodes import make_episode_env
 from harness.grpo.refit import Refitter
 from harness.grpo.rollouts import RolloutDriver
 from harness.progress import phase
 from harness.progress import step as step_progress
+from harness.registry import rollout as rollout_registry
+from harness.registry.trainer import trainer_class
+from harness.spec.typed import as_workload
 
 SHUTDOWN_TIMEOUT_S = 60
 
@@ -43,7 +45,7 @@ class Session:
         stores must already be restored (``checkpoint.restore_stores``). ``warm``: a
         ``harness.runner.warm.WarmRuntime`` to take Ray and warm processes from (ignored,
         i.e. a cold start, when ``warm.cold_reason`` names one for this spec)."""
-        self.spec = spec
+        self.spec = as_workload(spec)
         self.resume = resume
         self.first_step = 1 if resume is None else int(resume[1]["step"]) + 1
         self.topology = topology
@@ -73,10 +75,7 @@ class Session:
         return self
 
     def _start(self) -> None:
-        if self.spec["rollout"]["backend"] == "vllm":  # a clear error before any actor starts
-            from harness.rollout.vllm import require_vllm
-
-            require_vllm()
+        rollout_registry.preflight(self.spec.rollout.backend)  # a clear error before any actor starts
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
         from harness.runner import warm as warm_pool
@@ -126,16 +125,16 @@ class Session:
 
         spec = self.spec
         self.tokenizer = load_tokenizer()
-        task = make_task(spec["env"]["task"], int(spec["seed"]))
-        self.loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
-        self.episode_env = make_episode_env(spec, task, self.tokenizer)
+        task = make_task(spec.env.task, spec.seed)
+        self.loader = PromptLoader(task, spec.grpo.prompts_per_step, spec.seed)
+        self.episode_env = make_episode_env(spec.env, task, self.tokenizer)
         capture = self._start_capture()
         phase(self.say, f"spawning {self.topology.policy.world} policy workers")
         from harness.policy.group import PolicyGroup
 
         self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars, pool=pool)
         self._detail("policy workers", self.policy.ready_info)
-        phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec['rollout']['tp']}")
+        phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec.rollout.tp}")
         if pool is None:
             from harness.rollout.worker import rollout_worker_actor
 
@@ -155,7 +154,7 @@ class Session:
                              for w, engine in zip(self.workers, self.topology.engines)])
         self._detail("rollout workers", ready)
         self._await_dataplane()
-        self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir)
+        self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir, topology=self.topology)
         if self.resume is not None:
             ckpt, state = self.resume
             self.say(f"resuming after step {state['step']} from {ckpt}")
@@ -167,7 +166,7 @@ class Session:
             phase(self.say, "initial refit (policy weights to the engines)")
             self.refitter.refit(0)
         self.driver = RolloutDriver(spec, self.workers, self.tokenizer, self.episode_env, capture)
-        cls = trainer_class(spec["grpo"]["trainer"])
+        cls = trainer_class(spec.grpo.trainer)
         self.trainer = cls(spec, self.policy, self.workers, self.driver, self.loader, self.tokenizer,
                            self.episode_env, self.refitter.refit, dataplane=self.dataplane)
 
@@ -214,7 +213,7 @@ class Session:
         self._dataplane_check = None
         self._capture_config = None
         self.dataplane = None
-        if not self.spec["capture"]["enabled"] and self.spec["grpo"]["trainer"] != "dataplane":
+        if not self.spec.capture.enabled and self.spec.grpo.trainer != "dataplane":
             return None
         from harness.capture.admission import CaptureAdmitter
         from harness.capture.ledger import CaptureLedger
@@ -229,7 +228,7 @@ class Session:
         self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True).remote(path)
         self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
         self.dataplane = DataPlaneClient(self.dataplane_handle)
-        if not self.spec["capture"]["enabled"]:
+        if not self.spec.capture.enabled:
             return None
         self._capture_config = capture_config_from_spec(self.spec, self.run_dir, dataplane_actor=name)
         self.ledger = CaptureLedger(str(self.run_dir / layout.LEDGER))
@@ -239,15 +238,15 @@ class Session:
 
     # -- the loop --------------------------------------------------------------
     def run_iterations(self) -> None:
-        iterations = int(self.spec["grpo"]["iterations"])
-        every = int(self.spec["grpo"]["checkpoint_every"])
+        iterations = self.spec.grpo.iterations
+        every = self.spec.grpo.checkpoint_every
         for step in range(self.first_step, iterations + 1):
             t = time.perf_counter()
             step_progress(self.say, step, iterations)
             out = self.trainer.step(step)
             _append_jsonl(self.run_dir / layout.METRICS,
                           [{"step": step, "metrics": out.metrics, "timings": out.timings}])
-            if self.spec["capture"]["enabled"]:
+            if self.spec.capture.enabled:
                 _append_jsonl(self.run_dir / layout.ROLLOUTS, out.summaries)
             self.say(f"step {step}/{iterations}: loss={out.metrics.get('loss', float('nan')):.5f} "
                      f"reward={out.metrics.get('reward', float('nan')):.3f} ({time.perf_counter() - t:.1f}s)")

@@ -55,6 +55,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from harness.registry.policy import policy_backend
+from harness.registry.rollout import rollout_backend
+
 BASE_ENV = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 KINDS = ("policy", "rollout")
 HOOK_VAR = "GOLDEN_WORKER_SETUP_HOOK"
@@ -89,7 +92,7 @@ def private_ray_reason(spec: dict, environ: dict[str, str] | None = None) -> str
                 "runs in warm processes)")
     if spec["platform"]["device"] != "cpu":
         return f"platform.device is {spec['platform']['device']!r} (the warm runtime is CPU only)"
-    if spec["rollout"].get("backend", "native") != "native":
+    if not rollout_backend(spec["rollout"].get("backend", "native")).warm:  # harness.registry.rollout
         return f"rollout.backend is {spec['rollout']['backend']!r}"
     if hook and _fresh_reason(spec) is not None:  # fresh processes in a shared Ray would not run it
         return f"{HOOK_VAR} is set and {_fresh_reason(spec)}"
@@ -97,8 +100,10 @@ def private_ray_reason(spec: dict, environ: dict[str, str] | None = None) -> str
 
 
 def _fresh_reason(spec: dict) -> str | None:
-    if spec["policy"].get("backend", "native") != "native":
-        return f"policy.backend is {spec['policy']['backend']!r} (module-global parallel state)"
+    """Why the policy backend needs fresh worker processes (``harness.registry.policy``), or None."""
+    cold = policy_backend(spec["policy"].get("backend", "native")).cold
+    if cold:
+        return f"policy.backend is {spec['policy']['backend']!r} ({cold})"
     return None
 
 

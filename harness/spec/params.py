@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.spec.typed import as_mapping
 
-def estimate_params(model: dict[str, Any]) -> dict[str, int]:
-    """{"total": ..., "active": ..., "per_expert": ..., "embedding": ...}."""
+
+def estimate_params(model: Any) -> dict[str, int]:
+    """{"total": ..., "active": ..., "per_expert": ..., "embedding": ...} of the ``model``
+    block (``harness.spec.typed.ModelSpec`` or a dict)."""
+    model = as_mapping(model)
     h, hd = model["hidden"], model["head_dim"]
     heads, kv = model["heads"], model["kv_heads"]
     experts, inter = model["experts"], model["moe_intermediate"]

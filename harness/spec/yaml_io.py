@@ -4,11 +4,18 @@ Differences from ``yaml.safe_load`` (both make mistakes loud instead of silent):
 - a key repeated in one mapping is an error (PyYAML keeps the last one);
 - ``1e-3`` / ``1e6`` are floats, as in YAML 1.2 and JSON (PyYAML's YAML 1.1
   resolver reads them as strings, which would fail type checks far from
-  where the number was written).
+  where the number was written);
+- bounded: a file larger than ``max_bytes`` is refused from its size, before
+  it is read, and a document whose aliases expand to more than ``max_nodes``
+  nodes (a "billion laughs" alias bomb: a few lines that stand for billions of
+  values once anything walks them) is refused after composing, before any
+  value is constructed. Nesting deeper than the parser can follow is refused
+  too. Both limits are far above any real spec or tolerance file.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -16,6 +23,9 @@ from typing import Any
 import yaml
 
 from harness.spec.errors import SpecError
+
+MAX_YAML_BYTES = int(os.environ.get("GOLDEN_YAML_MAX_BYTES", 4 * 1024 * 1024))
+MAX_YAML_NODES = int(os.environ.get("GOLDEN_YAML_MAX_NODES", 1_000_000))
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -45,25 +55,83 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_yaml_text(text: str, *, source: str) -> Any:
-    """Parse YAML text; syntax errors become ``SpecError`` naming ``source``
-    and the line."""
+def expanded_size(root: yaml.Node, limit: int) -> int:
+    """Node count of ``root`` with every alias expanded (a shared node counts
+    once per reference), computed without expanding anything: sizes are
+    memoised per node, so the cost is linear in the composed graph. Returns
+    early with a value above ``limit`` once the count passes it."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            sizes[id(node)] = 1
+            continue
+        children = [item for pair in node.value for item in pair] if isinstance(node, yaml.MappingNode) else node.value
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+            continue
+        total = 1 + sum(sizes[id(child)] for child in children)
+        if total > limit:
+            return total
+        sizes[id(node)] = total
+    return sizes[id(root)]
+
+
+def load_yaml_text(text: str, *, source: str, max_nodes: int | None = None) -> Any:
+    """Parse YAML text; syntax errors, nesting too deep for the parser and
+    alias expansion over ``max_nodes`` (default ``MAX_YAML_NODES``) become
+    ``SpecError`` naming ``source`` and the line."""
+    limit = MAX_YAML_NODES if max_nodes is None else max_nodes
+    loader = StrictLoader(text)
     try:
-        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = expanded_size(node, limit)
+        if size > limit:
+            raise SpecError("(root)", f"document expands to more than {limit} nodes through its aliases "
+                            f"(anchors '&' and aliases '*'); refused before building any value", source=source)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "(root)"
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(where, f"invalid YAML: {problem}", source=source) from None
+    except RecursionError:
+        raise SpecError("(root)", "nesting too deep to parse", source=source) from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml_text(path: Path, *, max_bytes: int | None = None) -> str:
+    """The text of one YAML file, refused from its size when it is larger
+    than ``max_bytes`` (default ``MAX_YAML_BYTES``); never reads more than
+    the limit. ``SpecError`` when unreadable, too large or not UTF-8."""
+    limit = MAX_YAML_BYTES if max_bytes is None else max_bytes
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > limit:
+                raise SpecError("(file)", f"{size} bytes is more than the {limit}-byte limit for a YAML file "
+                                f"(GOLDEN_YAML_MAX_BYTES)", source=str(path))
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise SpecError("(file)", f"cannot read: {exc.strerror or exc}", source=str(path)) from None
+    if len(data) > limit:
+        raise SpecError("(file)", f"grew past the {limit}-byte limit while being read", source=str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError("(file)", f"not UTF-8 (byte {exc.start})", source=str(path)) from None
 
 
 def load_yaml_file(path: Path) -> Any:
-    """Read and parse one YAML file (``SpecError`` when unreadable)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError("(file)", f"cannot read: {exc.strerror or exc}", source=str(path)) from None
-    return load_yaml_text(text, source=str(path))
+    """Read (bounded) and parse one YAML file (``SpecError`` when unreadable)."""
+    return load_yaml_text(read_yaml_text(path), source=str(path))
 
 
 def parse_scalar(text: str) -> Any:

@@ -36,7 +36,7 @@ REFITS = 3
 
 
 def _spec() -> dict:
-    spec = load_spec(str(REPO / "goldens/qwen3_moe_tiny_smoke/workload.yaml"))
+    spec = load_spec(str(REPO / "goldens/qwen3_moe_tiny_smoke/workload.yaml")).to_dict()
     spec["rollout"] = {**spec["rollout"], "engines": 2, "tp": 1, "colocated": False,
                        "refit": {"transport": "auto", "buffer_size_bytes": 16384}}
     spec["plugins"] = {**spec["plugins"], "policy_profiler": None, "rollout_profiler": None}

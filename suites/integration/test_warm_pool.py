@@ -118,7 +118,7 @@ def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path, monke
     from harness.policy.local_world import synthetic_batch
     from harness.runner.warm import WarmRuntime
 
-    spec = load_spec(str(SMOKE))
+    spec = load_spec(str(SMOKE)).to_dict()
     spec["plugins"] = {**spec["plugins"], "policy_profiler": None}
     topology = plan(spec)
     runtime = WarmRuntime()

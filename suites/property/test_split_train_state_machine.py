@@ -1,7 +1,7 @@
 """The real split-train API as a hypothesis state machine (issue 8 item 7).
 
 A 1-rank gloo world (initialised once for the module on a free port) and a
-tiny 1-layer model: each example builds a fresh :class:`PolicyEngine` and
+tiny 1-layer model: each example builds a fresh :class:`NativePolicyEngine` and
 drives ``begin_train_step`` / ``train_microbatch`` / ``finish_train_step`` /
 ``abort_train_step`` in any order, through :class:`PolicyProfilerHooks` with a
 :class:`RecordingPolicyProfiler` (with injected profiler failures), exactly as
@@ -34,8 +34,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from harness.parallel.rendezvous import HeldStore
 from harness.plugins.policy_hooks import ABORT_REASONS, PolicyProfilerHooks
 from harness.plugins.recording import InjectedFailure, RecordingPolicyProfiler
-from harness.policy.engine import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, PolicyEngine, init_distributed
+from harness.policy.distributed import init_distributed
 from harness.policy.local_world import synthetic_batch, with_layout
+from harness.policy.native.engine import NativePolicyEngine
+from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN
 from harness.spec import load_spec
 
 SPEC_PATH = str(Path(__file__).resolve().parents[2] / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
@@ -79,7 +81,7 @@ def _rows(batch, n):
 class SplitTrain(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.engine = PolicyEngine(_STATE["spec"], 0)
+        self.engine = NativePolicyEngine(_STATE["spec"], 0)
         self.batch = _STATE["batch"]
         self.profiler = RecordingPolicyProfiler()
         self.hooks = PolicyProfilerHooks(self.profiler)
@@ -225,7 +227,7 @@ TestSplitTrain.settings = settings(
 def test_finish_without_microbatch_takes_no_step():
     """Found by the state machine: finishing an empty step used to step AdamW
     (momentum moved the weights) and return zero-count metrics."""
-    engine = PolicyEngine(_STATE["spec"], 0)
+    engine = NativePolicyEngine(_STATE["spec"], 0)
     engine.begin_train_step()
     engine.train_microbatch(_rows(_STATE["batch"], 2))
     engine.finish_train_step()  # Adam now has momentum

@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 
-GATE_PACKAGES = ["harness.spec", "harness.manifest", "harness.surfaces", "harness.parity", "harness.store",
-                 "harness.artifacts", "harness.postflight", "harness.cli", "harness.pytest_plugin"]
+GATE_PACKAGES = ["harness.spec", "harness.registry", "harness.manifest", "harness.surfaces", "harness.parity",
+                 "harness.store", "harness.artifacts", "harness.postflight", "harness.cli", "harness.pytest_plugin"]
 
 PROBE = r"""
 import importlib, json, pkgutil, sys

@@ -17,8 +17,9 @@ sees every module, also those whose dependencies are not installed):
 
 Backend names are the ``policy.backend`` / ``rollout.backend`` enums of the workload
 schema. A compare (``==``, ``!=``, ``in``, ``not in``) or ``match`` case against one of
-them is a backend switch; the files below hold today's, at most that many each. The
-backend registries are to replace them (the list only shrinks).
+them is a backend switch, and there is none: the backend registries
+(``harness/registry/``: one per role, keyed by the backend name) hold what differs
+between backends; code reads the selected entry instead of comparing names.
 """
 
 from __future__ import annotations
@@ -32,15 +33,9 @@ import pytest
 
 HARNESS = Path(__file__).resolve().parents[2] / "harness"
 
-# Backend-name compares that exist today, per file (at most this many each).
-BACKEND_COMPARES_ALLOWED = {
-    "policy/engine.py": 1,
-    "rollout/worker.py": 2,
-    "runner/session.py": 1,
-    "runner/warm.py": 2,  # the warm worker pool (branch speed), merging at the same time
-    "spec/constraints.py": 3,
-    "spec/load.py": 1,
-}
+# Backend-name compares allowed, per file (at most this many each): none. A backend is
+# selected by its registry entry (harness/registry/), which is keyed by the name.
+BACKEND_COMPARES_ALLOWED: dict[str, int] = {}
 
 Edge = tuple[str, str, str]  # (importer, imported, "file:line")
 

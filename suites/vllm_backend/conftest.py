@@ -6,8 +6,6 @@ vLLM, and the optional tier runs them (skips are not coverage).
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from harness.spec.load import load_spec
@@ -18,7 +16,7 @@ WORKLOAD = "qwen3_moe_tiny_vllm"
 
 def vllm_spec(**rollout) -> dict:
     """The golden vLLM workload's spec with ``rollout`` fields overridden."""
-    spec = copy.deepcopy(load_spec(WORKLOAD))
+    spec = load_spec(WORKLOAD).to_dict()
     spec["rollout"].update(rollout)
     return spec
 

@@ -1,10 +1,10 @@
 """`DTensorPolicyEngine`: the reference Qwen3-MoE (`harness.model.qwen3_moe`) on
-torch's DTensor APIs, behind the same methods as the native `PolicyEngine`
-(train, split API, get_logprobs, get_reference_logprobs, hf_state_dict,
+torch's DTensor APIs, behind the same methods as the native engine (the
+`harness.registry.policy.PolicyEngine` role: train, split API, get_logprobs, get_reference_logprobs, hf_state_dict,
 checkpoints).
 
 One rank = one process; the default process group must already exist
-(`harness.policy.engine.init_distributed`: gloo on CPU, NCCL on cuda). The
+(`harness.policy.distributed.init_distributed`: gloo on CPU, NCCL on cuda). The
 world is a 2-D device mesh ``(dp, tp)`` (tp innermost):
 
 * tensor parallel (`parallelize_module` over ``tp``): embedding row-wise

@@ -1,9 +1,9 @@
 """`MegatronPolicyEngine`: the megatron-core policy backend behind the same
-methods as `harness.policy.engine.PolicyEngine` (train, split API,
-get_logprobs, get_reference_logprobs, hf_state_dict, checkpoints).
+methods as the native engine (the `harness.registry.policy.PolicyEngine` role: train,
+split API, get_logprobs, get_reference_logprobs, hf_state_dict, checkpoints).
 
 One rank = one process; the default process group must already exist
-(`harness.policy.engine.init_distributed`). On `platform.device: cpu` the
+(`harness.policy.distributed.init_distributed`). On `platform.device: cpu` the
 compatibility layer (`compat.apply_cpu_compat`) is applied first.
 
 Supported layouts (this revision): cp == 1, etp == 1, any tp (with sp), pp
@@ -49,6 +49,7 @@ from harness.policy.megatron.model import (
 )
 from harness.policy.seeding import seed_rank
 from harness.policy.split_step import SplitTrainStep
+from harness.spec.typed import as_mapping, as_workload
 
 
 class MegatronLayoutError(ValueError):
@@ -57,20 +58,20 @@ class MegatronLayoutError(ValueError):
 
 def check_layout(spec: Mapping[str, Any]) -> None:
     """Refuse layouts this backend does not run yet, naming the field."""
-    p = spec["policy"]
-    if int(p["cp"]) > 1:
+    p = as_workload(spec).policy
+    if p.cp > 1:
         try:
             import transformer_engine  # noqa: F401
         except ImportError:
             raise MegatronLayoutError(
-                f"policy.cp={p['cp']}: megatron-core context parallelism needs Transformer Engine "
+                f"policy.cp={p.cp}: megatron-core context parallelism needs Transformer Engine "
                 "(TEDotProductAttention), which is not importable here; use policy.cp: 1 "
                 "or policy.backend: native"
             ) from None
         raise MegatronLayoutError("policy.cp > 1 with the megatron backend is not wired up yet; use policy.cp: 1")
-    if int(p["etp"]) != 1:
-        raise MegatronLayoutError(f"policy.etp={p['etp']}: the megatron backend supports etp == 1 only")
-    if int(p["tp"]) > 1 and not p["sp"]:
+    if p.etp != 1:
+        raise MegatronLayoutError(f"policy.etp={p.etp}: the megatron backend supports etp == 1 only")
+    if p.tp > 1 and not p.sp:
         raise MegatronLayoutError(
             "policy.sp must be true with policy.tp > 1 (megatron MoE + TP needs sequence parallel)"
         )
@@ -80,16 +81,14 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
     backend = "megatron"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
-        self.spec = spec
-        self.rank = rank
-        policy = spec["policy"]
-        self.device = spec.get("platform", {}).get("device", "cpu")
+        spec = self._bind(spec, rank)
+        policy = spec.policy
+        self.device = spec.platform.device
         check_layout(spec)
-        self.cfg = ModelConfig.from_spec(spec)
+        self.cfg = ModelConfig.from_spec(spec.model)
         world = dist.get_world_size()
-        expected = policy["tp"] * policy["pp"] * policy["cp"] * policy["dp"]
-        if world != expected:
-            raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {expected}")
+        if world != policy.world_size:
+            raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {policy.world_size}")
         compat.apply_cpu_compat(self.device)
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -100,14 +99,14 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
             # groups described with the harness kinds (tp, pp, dp, ep, edp, ...)
             with harness_group_names(ps):
                 ps.initialize_model_parallel(
-                    tensor_model_parallel_size=int(policy["tp"]),
-                    pipeline_model_parallel_size=int(policy["pp"]),
-                    context_parallel_size=int(policy["cp"]),
-                    expert_model_parallel_size=int(policy["ep"]),
-                    expert_tensor_parallel_size=int(policy["etp"]),
+                    tensor_model_parallel_size=policy.tp,
+                    pipeline_model_parallel_size=policy.pp,
+                    context_parallel_size=policy.cp,
+                    expert_model_parallel_size=policy.ep,
+                    expert_tensor_parallel_size=policy.etp,
                 )
-        model_parallel_cuda_manual_seed(int(spec["seed"]))
-        seed_rank(spec["seed"], rank)
+        model_parallel_cuda_manual_seed(spec.seed)
+        seed_rank(spec.seed, rank)
         self.coords = {
             "tp": ps.get_tensor_model_parallel_rank(),
             "pp": ps.get_pipeline_model_parallel_rank(),
@@ -116,13 +115,13 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
             "ep": ps.get_expert_model_parallel_rank(),
             "edp": ps.get_expert_data_parallel_rank(),
         }
-        self.tp = int(policy["tp"])
-        self.seq_len = int(policy["seq_len"])
-        self.mbs = int(policy["micro_batch_size"])
-        pp, stage = int(policy["pp"]), self.coords["pp"]
-        self.stage_layers = stage_layers(self.cfg.layers, pp, policy.get("pp_layout"))[stage]
+        self.tp = policy.tp
+        self.seq_len = policy.seq_len
+        self.mbs = policy.micro_batch_size
+        pp, stage = policy.pp, self.coords["pp"]
+        self.stage_layers = stage_layers(self.cfg.layers, pp, policy.pp_layout)[stage]
         self.model = build_gpt_model(
-            self.cfg, policy, self.device, pre_process=stage == 0, post_process=stage == pp - 1
+            self.cfg, as_mapping(policy), self.device, pre_process=stage == 0, post_process=stage == pp - 1
         )
         built = len(self.model.decoder.layers)
         first = self.model.decoder.layers[0].layer_number - 1 if built else self.stage_layers.start
@@ -133,9 +132,9 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
             )
         self.layer_offset = self.stage_layers.start
         self.names = NameMap(
-            self.cfg, self.tp, self.coords["tp"], int(policy["ep"]), self.coords["ep"], self.layer_offset
+            self.cfg, self.tp, self.coords["tp"], policy.ep, self.coords["ep"], self.layer_offset
         )
-        full = build_reference_model(self.cfg, spec["seed"]).state_dict()
+        full = build_reference_model(self.cfg, spec.seed).state_dict()
         self.full_names = list(full)  # every HF name; each stage loads only its own
         self.full_shapes = {k: tuple(v.shape) for k, v in full.items()}
         self.named = [(n, p) for n, p in self.model.named_parameters()]
@@ -148,7 +147,7 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         del full
         self._init_training_state(spec)
         self.is_last = stage == pp - 1
-        with_cp = int(policy["cp"]) > 1  # dense gradients over dp x cp ("dp" when cp == 1)
+        with_cp = policy.cp > 1  # dense gradients over dp x cp ("dp" when cp == 1)
         self._dp_group = (
             ps.get_data_parallel_group(with_context_parallel=with_cp)
             if ps.get_data_parallel_world_size(with_context_parallel=with_cp) > 1
@@ -315,7 +314,7 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
                 key = (n, ep_rank if is_expert(n) else 0, offset)  # stage-local names repeat over pp
                 shards.setdefault(key, {})[tp_rank if is_tp_sharded(n) else 0] = t
         out: dict[str, torch.Tensor] = {}
-        ep = int(self.spec["policy"]["ep"])
+        ep = self.spec.policy.ep
         for (n, ep_rank, offset), parts in shards.items():
             nm = NameMap(self.cfg, self.tp, 0, ep, ep_rank, offset)
             out.update(nm.to_hf(n, [parts[r] for r in sorted(parts)]))

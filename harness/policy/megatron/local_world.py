@@ -9,14 +9,14 @@ from typing import Any
 import torch
 
 from harness.policy.local_world import checksums, shard_for_dp
+from harness.spec.typed import as_workload
 
 
 def curve_job(engine, batch: Mapping[str, torch.Tensor], steps: int, ckpt_dir: str) -> dict[str, Any]:
     """Initial (reference) logprobs, `steps` monolithic steps, final full-weight
     checksums; then restore the initial checkpoint and run the same steps through
     the split API (2 chunks). Returns everything on every rank ({} sums off rank 0)."""
-    p = engine.spec["policy"]
-    shard = shard_for_dp(batch, p["dp"], engine.coords["dp"])
+    shard = shard_for_dp(batch, as_workload(engine.spec).policy.dp, engine.coords["dp"])
     init_sums = checksums(engine.hf_state_dict())
     logprobs0 = engine.get_logprobs(shard)
     engine.save_checkpoint(ckpt_dir)

@@ -1,8 +1,9 @@
-"""`PolicyEngine`: one policy rank's model, optimizer and train step, without Ray.
+"""`NativePolicyEngine`: one policy rank's model, optimizer and train step, without Ray
+(`policy.backend: native`; the role is `harness.registry.policy.PolicyEngine`).
 
 `PolicyWorker` (Ray actor) wraps it; tests can drive it directly from
 `torch.multiprocessing` ranks. The default process group must already be
-initialised over the policy world (`init_distributed`).
+initialised over the policy world (`harness.policy.distributed.init_distributed`).
 
 Train contract (NeMo RL):
 - the batch a rank receives is its DP shard of one global batch; it is cut
@@ -26,22 +27,17 @@ metric is already combined over microbatches and DP ranks.
 
 from __future__ import annotations
 
-import datetime
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from harness.algos.loss import (
-    global_valid_counts,
-)
+from harness.algos.loss import global_valid_counts
 from harness.devices import local_device, moved
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
-from harness.parallel import settle
 from harness.parallel.groups import (
     ProcessGroups,
     layout_from_spec,
@@ -50,68 +46,43 @@ from harness.parallel.groups import (
     validate_policy_layout,
 )
 from harness.parallel.pipeline import run_pipeline, stage_info
-from harness.parallel.rendezvous import join_store
-from harness.policy.checkpoint import CHECKPOINT_MARKER, ShardedCheckpoint  # noqa: F401
-from harness.policy.common import TRAIN_KEYS, EngineCommon  # noqa: F401
-from harness.policy.parallel_model import ParallelQwen3Moe
+from harness.policy.checkpoint import ShardedCheckpoint
+from harness.policy.common import EngineCommon
+from harness.policy.native.parallel_model import ParallelQwen3Moe
 from harness.policy.seeding import seed_rank
-from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN, SplitTrainStep  # noqa: F401
-
-
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
-    """Per-process determinism + the default process group (gloo on CPU, nccl on cuda).
-
-    Every rank joins the rendezvous store served by the process that started
-    the ranks at ``master_addr:master_port`` (harness.parallel.rendezvous: the
-    port is bound before it is handed out). Collectives time out after ``HARNESS_COLLECTIVE_TIMEOUT_S`` (default 300 s),
-    so a desynchronised rank becomes an error naming the worker instead of a
-    hang (the backends' own default is 30 minutes)."""
-    torch.set_num_threads(1)
-    if device == "cuda":
-        # cuBLAS needs a fixed workspace for deterministic results (set before its first use)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.cuda.set_device(local_device(rank, device))
-    torch.use_deterministic_algorithms(True)
-    settle.install()  # autograd's in-place choices must not depend on gloo's thread timing
-    if not dist.is_initialized():
-        backend = "nccl" if device == "cuda" else "gloo"
-        timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESS_COLLECTIVE_TIMEOUT_S", "300")))
-        store = join_store(master_addr, master_port, timeout.total_seconds())
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+from harness.policy.split_step import SplitTrainStep
 
 
 def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone() if t.device.type == "cpu" else t.cpu()
 
 
-class PolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
+class NativePolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
     backend = "native"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
-        self.spec = spec
-        self.rank = rank
-        policy = spec["policy"]
-        self.cfg = ModelConfig.from_spec(spec)
-        validate_policy_layout(policy, spec["model"])
+        spec = self._bind(spec, rank)
+        policy = spec.policy
+        self.cfg = ModelConfig.from_spec(spec.model)
+        validate_policy_layout(policy, spec.model)
         world = dist.get_world_size()
-        expected = policy["tp"] * policy["pp"] * policy["cp"] * policy["dp"]
-        if world != expected:
-            raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {expected}")
-        seed_rank(spec["seed"], rank)
+        if world != policy.world_size:
+            raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {policy.world_size}")
+        seed_rank(spec.seed, rank)
         layout = layout_from_topology(topology, policy) if topology is not None else layout_from_spec(policy)
         self.groups = ProcessGroups.create(layout, rank)
         self.coords = self.groups.coords
-        stages = stage_layers(self.cfg.layers, policy["pp"], policy.get("pp_layout"))
+        stages = stage_layers(self.cfg.layers, policy.pp, policy.pp_layout)
         stage = self.coords["pp"]
-        full = build_reference_model(self.cfg, spec["seed"]).state_dict()
+        full = build_reference_model(self.cfg, spec.seed).state_dict()
         self.full_names = list(full)
         self.full_shapes = {k: tuple(v.shape) for k, v in full.items()}
-        self.seq_len = int(policy["seq_len"])
-        self.mbs = int(policy["micro_batch_size"])
-        self.device = local_device(rank, spec.get("platform", {}).get("device", "cpu"))
+        self.seq_len = policy.seq_len
+        self.mbs = policy.micro_batch_size
+        self.device = local_device(rank, spec.platform.device)
         self.model = ParallelQwen3Moe(
             self.cfg, self.groups, stages[stage], full,
-            seq_len=self.seq_len, is_first=stage == 0, is_last=stage == policy["pp"] - 1,
+            seq_len=self.seq_len, is_first=stage == 0, is_last=stage == policy.pp - 1,
         ).to(self.device)
         del full
         self.named = self.model.hf_named_parameters()
@@ -258,37 +229,3 @@ class PolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
                     f"hf_state_dict: {name} assembled to {tuple(out[name].shape)}, expected {self.full_shapes[name]}"
                 )
         return out
-
-    # -- checkpoints ----------------------------------------------------------------------
-
-
-
-def _megatron_engine() -> type:
-    from harness.policy.megatron.engine import MegatronPolicyEngine
-
-    return MegatronPolicyEngine
-
-
-def _dtensor_engine() -> type:
-    from harness.policy.dtensor.engine import DTensorPolicyEngine
-
-    return DTensorPolicyEngine
-
-
-# policy.backend -> the engine class, imported only when selected
-ENGINES: dict[str, Any] = {
-    "native": lambda: PolicyEngine,
-    "megatron": _megatron_engine,
-    "dtensor": _dtensor_engine,
-}
-
-
-def create_engine(spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> Any:
-    """The engine for `spec.policy.backend` (`ENGINES`): `PolicyEngine` (native),
-    `harness.policy.megatron.engine.MegatronPolicyEngine` (megatron-core) or
-    `harness.policy.dtensor.engine.DTensorPolicyEngine` (torch DTensor); a
-    backend's module is imported only when selected."""
-    backend = spec["policy"].get("backend", "native")
-    if backend not in ENGINES:
-        raise ValueError(f"policy.backend={backend!r}: no policy engine (known: {sorted(ENGINES)})")
-    return ENGINES[backend]()(spec, rank, topology=topology)
