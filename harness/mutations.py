@@ -214,3 +214,20 @@ def rollout_token_changed_in_step2() -> None:
             return observe(_name, args, _original(self, *args, **kwargs))
 
         _patch(EngineWorker, name, observed)
+
+
+def teacher_logits_planted_wrong() -> None:
+    """training: a distillation teacher's TP rank 1 writes its vocab shard of the logits 0.5 too high
+    at one vocab entry of every sample (after its profiler step closed, so operators and
+    collectives are unchanged); the student's ``distill_kl`` and ``loss`` move from step 1."""
+    from harness.distill.teacher import TeacherWorkerImpl
+
+    original = TeacherWorkerImpl.teacher_logits
+
+    def teacher_logits(self, shard):
+        out = original(self, shard)
+        if self.engine.coords["tp"] == 1:
+            self._buffer[..., 0] += 0.5
+        return out
+
+    TeacherWorkerImpl.teacher_logits = teacher_logits

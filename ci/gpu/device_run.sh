@@ -4,10 +4,14 @@
 # time limit, with its log in $OUT/<phase>.log and one line per phase
 # (exit status, seconds) in $OUT/phases.log. docs/gpu.md lists the phases.
 #
-#   ci/gpu/device_run.sh env unit refit      # then: vllm; capture; check; before
+#   ci/gpu/device_run.sh env unit refit      # then: native; vllm; capture; check; before; smoke-check
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source ci/gpu/install.sh || exit 2
+if [ -n "${EXTRA_WHEELS:-}" ] && [ ! -f /tmp/site/.extra-installed ]; then  # e.g. megatron-core for its golden
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $EXTRA_WHEELS \
+        && touch /tmp/site/.extra-installed || exit 2
+fi
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 TOKENIZERS_PARALLELISM=false
 out=${OUT:-/tmp/device-out}
 keep=/tmp/golden-keep   # survives between calls while the machine stays warm
@@ -20,7 +24,18 @@ for phase in "$@"; do
              python3 -c "import torch, vllm, ray, zmq, jsonschema, deepdiff; from vllm import LLM;
 print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__version__, torch.cuda.get_device_name(0))"' ;;
         unit) timeout 180 python3 -m pytest -q -p no:cacheprovider suites/unit/test_refit_cuda_ipc.py \
-                  suites/unit/test_refit_zmq.py suites/unit/test_vllm_cuda_config.py ;;
+                  suites/unit/test_refit_zmq.py suites/unit/test_vllm_cuda_config.py \
+                  suites/unit/test_decode_probe_device.py suites/unit/test_grouped_experts.py ;;
+        native) timeout 330 python3 benches/native_gpu_bench.py --repeat 1 --per-request --profile \
+                    --out "$out/native_gpu_bench.json" ;;
+        capture:*) w=${phase#capture:}   # GOLDEN_REASON: the capture's --reason
+                   timeout 580 python3 -m harness.cli capture "$w" --platform cuda --reason "$GOLDEN_REASON" \
+                   && rm -rf "$keep/$w" && cp -r "goldens/$w/cuda" "$keep/$w" \
+                   && tar -C "goldens/$w" -cf "$out/golden_$w.tar" cuda ;;
+        check:*) w=${phase#check:}
+                 { [ ! -d "$keep/$w" ] || { rm -rf "goldens/$w/cuda" && cp -r "$keep/$w" "goldens/$w/cuda"; }; } \
+                 && timeout 580 python3 -m harness.cli check "$w" --platform cuda --run-dir "/tmp/run-$w";
+                 find "/tmp/run-$w" -name 'timings.json' -path '*surfaces*' | tar -cf "$out/run_$w.tar" -T - ;;
         refit) timeout 300 python3 benches/refit_cuda_ipc_bench.py ;;
         vllm) timeout 560 python3 benches/vllm_gpu_bench.py --batch 8 --new-tokens 32 --repeat 2 \
                   --out "$out/vllm_gpu_bench.json" ;;
@@ -29,13 +44,17 @@ print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__v
                  && rm -rf "$keep/$W" && cp -r goldens/$W/cuda "$keep/$W" \
                  && tar -C goldens/$W -cf "$out/golden_$W.tar" cuda ;;
         check) { [ -d goldens/$W/cuda ] || cp -r "$keep/$W" goldens/$W/cuda; } \
-               && timeout 580 python3 -m harness.cli check $W --platform cuda ;;
+               && timeout 580 python3 -m harness.cli check $W --platform cuda --run-dir /tmp/run-check;
+               find /tmp/run-check -name 'timings.json' -o -name 'manifest.json' | tar -cf "$out/check_run.tar" -T - ;;
+        smoke-check) timeout 300 python3 -m harness.cli check qwen3_moe_tiny_smoke --platform cuda \
+                         --run-dir /tmp/run-smoke;
+                     find /tmp/run-smoke -name '*.json' -path '*surfaces*' | tar -cf "$out/smoke_run.tar" -T - ;;
         before) { [ -d goldens/$W/cuda ] || cp -r "$keep/$W" goldens/$W/cuda; } \
                 && HARNESS_REFIT_STAGING=host timeout 330 python3 -m harness.cli check $W --platform cuda --run-dir /tmp/run-before;
                 find /tmp/run-before -name 'timings.json' -o -name 'manifest.json' | tar -cf "$out/before_run.tar" -T - ;;
         *) echo "device_run.sh: unknown phase $phase"; false ;;
-    esac > "$out/$phase.log" 2>&1
+    esac > "$out/${phase//:/_}.log" 2>&1
     rc=$?
     echo "phase $phase: rc $rc, $(( $(date +%s) - start )) s" | tee -a "$out/phases.log"
-    tail -n 25 "$out/$phase.log"
+    tail -n 25 "$out/${phase//:/_}.log"
 done

@@ -18,10 +18,10 @@ MANIFEST = "manifest.json"
 SURFACES_DIR = "surfaces"
 ARTIFACTS_DIR = "artifacts"
 
-TRACE_ROLES = ("policy", "rollout")
+TRACE_ROLES = ("policy", "rollout", "teacher")  # teacher: a distillation workload's teacher ranks
 TRACE_SUFFIX = ".trace.jsonl"
 
-_TRACE_RE = re.compile(r"^artifacts/(policy|rollout)/rank(\d{5,})(?:\.seg(\d+))?\.trace\.jsonl$")
+_TRACE_RE = re.compile(r"^artifacts/(policy|rollout|teacher)/rank(\d{5,})(?:\.seg(\d+))?\.trace\.jsonl$")
 
 
 def trace_path(role: str, rank: int, segment: int = 0) -> str:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from harness.artifacts.trace import TraceFile
 
-_STEP = re.compile(r"(?:^train/step|^rollout/step)(\d+)")
+_STEP = re.compile(r"(?:^train/step|^teacher/step|^rollout/step)(\d+)")
 
 
 def record_step(record: dict) -> int | None:

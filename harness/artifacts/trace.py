@@ -59,8 +59,8 @@ class TraceWriter:
         missing = [k for k in HEADER_FIELDS if k not in header]
         if missing:
             raise TraceFormatError(f"trace header for {self.path} is missing field(s): {', '.join(missing)}")
-        if header["role"] not in ("policy", "rollout"):
-            raise TraceFormatError(f"trace header field 'role' must be policy|rollout, got {header['role']!r}")
+        if header["role"] not in ("policy", "rollout", "teacher"):
+            raise TraceFormatError(f"trace header field 'role' must be policy|rollout|teacher, got {header['role']!r}")
         if isinstance(header["rank"], bool) or not isinstance(header["rank"], int) or header["rank"] < 0:
             raise TraceFormatError(f"trace header field 'rank' must be a non-negative int, got {header['rank']!r}")
         self.path.parent.mkdir(parents=True, exist_ok=True)

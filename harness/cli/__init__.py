@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("harness.cli.validate", "validate a manifest, a run directory or a golden directory"),
     "lint": ("harness.cli.lint", "check that scheduled workloads and stored goldens match"),
     "doctor": ("harness.cli.doctor", "check that configured plugins import in every worker environment"),
+    "env": ("harness.cli.env_cmd", "build, list and locate the per-backend worker environments"),
 }
 
 

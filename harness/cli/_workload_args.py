@@ -12,6 +12,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +42,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, workload_optional
     add_goldens_root(parser, dest="goldens")
     parser.add_argument("--platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--worker-env", default=None, metavar="current|auto|DIR",
+                        help="interpreter of the policy/rollout workers: current (default), auto (each backend's "
+                             "environment built by `golden env build`) or a cache DIR of built environments "
+                             "(env GOLDEN_WORKER_ENV)")
 
 
 def progress(args: argparse.Namespace):
@@ -67,15 +73,48 @@ def prepare(args: argparse.Namespace) -> Prepared:
     from harness.spec.errors import SpecError
     from harness.spec.roots import resolve_goldens_root
 
-    try:
-        root = resolve_goldens_root(args.goldens)
-        spec = flows.spec_for_platform(args.workload, tuple(args.overrides), args.platform, root)
-    except SpecError as exc:
-        raise Refused(str(exc)) from None
+    with _worker_env_selected(getattr(args, "worker_env", None)) as chosen:
+        try:
+            root = resolve_goldens_root(args.goldens)
+            spec = flows.spec_for_platform(args.workload, tuple(args.overrides), args.platform, root)
+        except SpecError as exc:
+            raise Refused(str(exc)) from None
+        _check_worker_env(spec, chosen)
     platform = flows.platform_of(spec, args.platform)
     run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec.name)
     claim_run_dir(run_dir)
     return Prepared(spec, platform, root, run_dir)
+
+
+@contextmanager
+def _worker_env_selected(value: str | None) -> Iterator[str]:
+    """The worker-environment selection (``--worker-env``, else ``GOLDEN_WORKER_ENV``) carried to the
+    backend check and the runner in ``GOLDEN_WORKER_ENV``; put back as it was when the command is refused."""
+    from harness.workerenv.select import SELECT_ENV, selection
+
+    previous = os.environ.get(SELECT_ENV)
+    chosen = selection(value)
+    os.environ[SELECT_ENV] = chosen
+    try:
+        yield chosen
+    except BaseException:
+        if previous is None:
+            os.environ.pop(SELECT_ENV, None)
+        else:
+            os.environ[SELECT_ENV] = previous
+        raise
+
+
+def _check_worker_env(spec: dict, chosen: str) -> None:
+    """Refuse (exit 2) a selected worker environment that is not built or not usable, naming the
+    backend and the build command."""
+    from harness.workerenv.declare import WorkerEnvError
+    from harness.workerenv.select import worker_pythons
+
+    try:
+        worker_pythons(spec, chosen)
+    except WorkerEnvError as exc:
+        raise Refused(str(exc)) from None
 
 
 def _creatable(path: Path, what: str) -> None:

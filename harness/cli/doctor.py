@@ -6,6 +6,13 @@ trace profilers it also parses their settings in ``plugins.env``
 (``HARNESS_TRACE_OPERATORS`` / ``_OPERATOR_STEPS`` / ``_COLLECTIVES``). Exit 0
 when every configured plugin imports and its settings parse, 1 when one does
 not (with the install hint or the bad value), 2 for an unusable spec.
+
+Worker environments (docs/worker-envs.md): ``golden doctor WORKLOAD --worker-env
+auto|DIR`` runs those checks in the environments the workload's workers would
+start in, plus, per environment, the backend's imports and the smoke check (one
+tiny step, ``harness.workerenv.smoke``). ``golden doctor --envs`` (no workload)
+checks every built environment of the cache with the built-in trace profilers;
+one that is not built is listed, not failed; a stale or broken one fails.
 """
 
 from __future__ import annotations
@@ -17,13 +24,19 @@ HELP = "check that configured plugins import in every worker environment"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workload", help="workload name under goldens/ or a path to workload.yaml")
+    parser.add_argument("workload", nargs="?", help="workload name under goldens/ or a path to workload.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value",
                         help="spec overrides, as for golden run (e.g. plugins.policy_profiler=null)")
     parser.add_argument(
         "--override", "-o", action="append", default=[], metavar="KEY=VALUE",
         help="spec override, e.g. plugins.policy_profiler=null (repeatable)",
     )
+    parser.add_argument("--worker-env", default=None, metavar="current|auto|DIR",
+                        help="check in the workers' built environments (as golden run --worker-env)")
+    parser.add_argument("--envs", action="store_true",
+                        help="check every built worker environment (backend imports, plugins, smoke step)")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR", help="worker-environment cache (with --envs)")
+    parser.add_argument("--no-smoke", action="store_true", help="skip the per-environment smoke step")
     from harness.cli._options import add_goldens_root
 
     add_goldens_root(parser, dest="goldens")
@@ -33,12 +46,21 @@ def run(args: argparse.Namespace) -> int:
     from harness.plugins.environments import check_plugins
     from harness.spec import SpecError, load_spec
 
+    if args.envs:
+        return _check_all_envs(args)
+    if not args.workload:
+        print("golden doctor: a WORKLOAD (or --envs) is required", file=sys.stderr)
+        return 2
     try:
         spec = load_spec(args.workload, [*args.overrides, *args.override], goldens_root=args.goldens)
     except (SpecError, OSError) as exc:
         print(f"golden doctor: {exc}", file=sys.stderr)
         return 2
     plugins = spec.get("plugins") or {}
+    from harness.workerenv.select import CURRENT, selection
+
+    if selection(args.worker_env) != CURRENT:
+        return _check_workload_envs(args, spec, plugins)
     for key in ("policy_profiler", "rollout_profiler"):
         if not plugins.get(key):
             print(f"{key}: not configured (nothing to check)")
@@ -51,6 +73,54 @@ def run(args: argparse.Namespace) -> int:
             failures += 1
             print(f"{check.environment.plugin_key}: {check.class_path} FAILS in the {where}: {check.error}")
             print(f"  hint: {check.hint}")
+    failures += _check_trace_settings(plugins)
+    return 1 if failures else 0
+
+
+def _print_env(backend: str, lines) -> int:
+    print(f"[{backend}]")
+    for line in lines:
+        print(f"  {line.text}")
+    return sum(not line.ok for line in lines)
+
+
+def _check_all_envs(args: argparse.Namespace) -> int:
+    from harness.workerenv import declare, stamp
+    from harness.workerenv.checks import check_environment
+
+    try:
+        cache = stamp.cache_dir(args.cache_dir)
+    except declare.WorkerEnvError as exc:
+        print(f"golden doctor: {exc}", file=sys.stderr)
+        return 2
+    print(f"worker environments in {cache}")
+    failures = 0
+    for backend in declare.ENVIRONMENTS:
+        if stamp.inspect(cache, backend, verify=False).status == "missing":
+            print(f"[{backend}]\n  not built (golden env build {backend})")
+            continue
+        failures += _print_env(backend, check_environment(cache, backend, run_smoke=not args.no_smoke))
+    return 1 if failures else 0
+
+
+def _check_workload_envs(args: argparse.Namespace, spec: dict, plugins: dict) -> int:
+    """The workload's plugins, backend imports and smoke step in the environments its workers use."""
+    from harness.workerenv import declare
+    from harness.workerenv.checks import check_environment
+    from harness.workerenv.select import cache_of, selection, worker_pythons
+
+    try:
+        chosen = selection(args.worker_env)
+        worker_pythons(spec, chosen)  # refuses a missing / broken environment, naming the backend
+        cache = cache_of(chosen)
+    except declare.WorkerEnvError as exc:
+        print(f"golden doctor: {exc}", file=sys.stderr)
+        return 2
+    per_env: dict[str, dict[str, str | None]] = {}
+    for role, backend in declare.backends_of(spec).items():
+        per_env.setdefault(backend, {})[role] = plugins.get(f"{role}_profiler")
+    failures = sum(_print_env(backend, check_environment(cache, backend, roles, run_smoke=not args.no_smoke))
+                   for backend, roles in per_env.items())
     failures += _check_trace_settings(plugins)
     return 1 if failures else 0
 

@@ -40,13 +40,15 @@ from harness.refit.handles import aggregate_per_sample_handles
 
 @dataclass(frozen=True)
 class TeacherHandle:
-    """Where a teacher buffer lives: ``kind`` ``"cpu_fd"`` or ``"cuda_ipc"``, and its tensor geometry."""
+    """Where a teacher buffer lives: ``kind`` ``"cpu_fd"`` or ``"cuda_ipc"``, its tensor geometry, and
+    ``owner``, the pid of the exporting process (which holds one buffer at a time)."""
 
     kind: str
     payload: tuple
     shape: tuple[int, ...]
     dtype: str
     device: str
+    owner: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,12 @@ def export_handle(storage: torch.Tensor) -> TeacherHandle:
         from torch.multiprocessing.reductions import reduce_tensor
 
         _, args = reduce_tensor(storage)
-        return TeacherHandle("cuda_ipc", tuple(args), shape, dtype, device)
+        return TeacherHandle("cuda_ipc", tuple(args), shape, dtype, device, os.getpid())
     if storage.device.type != "cpu":
         raise ValueError(f"teacher buffers live on cpu or cuda, not {storage.device}")
     storage.share_memory_()
     fd, nbytes = storage.untyped_storage()._share_fd_cpu_()
-    return TeacherHandle("cpu_fd", (os.getpid(), int(fd), int(nbytes)), shape, dtype, device)
+    return TeacherHandle("cpu_fd", (os.getpid(), int(fd), int(nbytes)), shape, dtype, device, os.getpid())
 
 
 def open_teacher_handle(handle: TeacherHandle) -> torch.Tensor:

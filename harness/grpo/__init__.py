@@ -1,2 +1,2 @@
-"""GRPO trainers (sync, dataplane, streaming) over the policy and rollout workers;
+"""GRPO trainers (sync, dataplane, streaming, distill) over the policy and rollout workers;
 ``harness.registry.trainer`` maps ``grpo.trainer`` to their classes."""

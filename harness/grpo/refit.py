@@ -76,26 +76,35 @@ class Refitter:
         self._closed = False
 
     def refit(self, step: int) -> dict:
-        """One refit after ``step`` (0 = initial sync). Returns {version, seconds, transport}."""
+        """One refit after ``step`` (0 = initial sync). Returns {version, seconds, transport,
+        phases}; ``phases`` (zmq): seconds summed over the engines' streams -- ``collect`` (the
+        policy's full weights on rank 0), ``send`` (the stream) and ``wait`` (the driver's round
+        trips and the engines' last loads)."""
         t = time.perf_counter()
+        phases: dict[str, float] = {}
         if self.transport == "zmq":
-            versions = [self._zmq(w) for w in self.workers]
+            versions = [self._zmq(w, phases) for w in self.workers]
         else:
             versions = self._broadcast()
         if len(set(versions)) != 1:
             raise RuntimeError(f"refit after step {step}: engines disagree on the weight version: {versions}")
-        record = {"step": step, "version": versions[0], "seconds": time.perf_counter() - t,
-                  "transport": self.transport}
+        seconds = time.perf_counter() - t
+        if phases:
+            phases["wait"] = max(0.0, seconds - sum(phases.values()))
+        record = {"step": step, "version": versions[0], "seconds": seconds,
+                  "transport": self.transport, "phases": phases}
         self.history.append(record)
         return record
 
-    def _zmq(self, worker) -> int:
+    def _zmq(self, worker, phases: dict[str, float]) -> int:
         addresses = ray.get(worker.refit_addresses.remote())
         receiving = worker.receive_weights.remote("zmq", addresses=addresses)
         try:
             for address in addresses:
-                self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size,
-                                           **self.zmq_extra)
+                stats = self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size,
+                                                   **self.zmq_extra)
+                for key, value in (getattr(stats, "seconds", None) or {}).items():
+                    phases[key] = phases.get(key, 0.0) + float(value)
         except BaseException:
             ray.cancel(receiving, force=False)
             raise

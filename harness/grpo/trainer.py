@@ -141,7 +141,9 @@ class Trainer:
                                  valid_mask=batch["sample_mask"] > 0)
         batch["advantages"] = expand_to_tokens(adv, batch["token_mask"])
         train_metrics = _timed(timings, "policy_training", lambda: self.train_phase(step, batch, timings))
-        _timed(timings, "refit", lambda: self.refit(step))
+        refit = _timed(timings, "refit", lambda: self.refit(step))
+        for key, value in ((refit or {}).get("phases") or {}).items():  # the refit's sub-phases (informational)
+            timings[f"refit/{key}"] = float(value)
         timings["total_step_time"] = time.perf_counter() - t0
         metrics = dict(train_metrics)
         metrics.update(result.metrics)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from harness import ops
+from harness.model.grouped import grouped_swiglu, stack_experts, use_grouped
 from harness.parallel import comm
 
 
@@ -55,13 +56,16 @@ def moe_forward(
     # regroup rows (source-major, expert-minor) into expert-major order
     perm = _expert_major_permutation(recv_counts)
     grouped = recv.index_select(0, perm)
-    per_expert = recv_counts.sum(0).tolist()
-    outs = []
-    start = 0
-    for (gate_w, up_w, down_w), n in zip(experts, per_expert):
-        outs.append(ops.swiglu(grouped[start : start + n], gate_w, up_w, down_w))
-        start += n
-    y_grouped = torch.cat(outs) if outs else grouped
+    if experts and use_grouped(grouped):  # cuda bf16: two grouped GEMMs (harness.model.grouped)
+        y_grouped = grouped_swiglu(grouped, *stack_experts(experts), recv_counts.sum(0))
+    else:
+        per_expert = recv_counts.sum(0).tolist()
+        outs = []
+        start = 0
+        for (gate_w, up_w, down_w), n in zip(experts, per_expert):
+            outs.append(ops.swiglu(grouped[start : start + n], gate_w, up_w, down_w))
+            start += n
+        y_grouped = torch.cat(outs) if outs else grouped
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(perm.numel(), device=perm.device)
     y_recv = y_grouped.index_select(0, inverse)

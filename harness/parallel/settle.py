@@ -17,7 +17,14 @@ so every library calling them through the module, megatron-core included):
 after a call with CPU tensors it waits until each tensor argument is back to
 the reference count it had before the call. :func:`wait_released` does the
 same for asynchronous sends and receives once their works are waited for and
-dropped (harness.parallel.pipeline). The wait is usually a few microseconds;
+dropped (harness.parallel.pipeline), and it wraps the functional collectives'
+``wait_tensor`` (``torch.distributed._functional_collectives``, what DTensor's
+redistributes wait on: the tensor-parallel all-reduces and all-gathers of
+``policy.backend: dtensor``), which reach gloo through the dispatcher and so
+bypass the ``torch.distributed`` functions. FSDP2's all-gathers and
+reduce-scatters are blocking ``torch.distributed`` calls on CPU
+(``all_gather_single`` / ``reduce_scatter_single``), covered by the first
+wrapper. The wait is usually a few microseconds;
 it is bounded (:data:`TIMEOUT_S`, then one warning and the run goes on, as
 before). CUDA tensors are left alone: NCCL works keep their tensors until the
 work is reaped, by design, and no CUDA golden has more than one rank.
@@ -73,24 +80,26 @@ def use_counts(tensors: Sequence[torch.Tensor]) -> list[int]:
 
 def wait_released(tensors: Sequence[torch.Tensor], baseline: Sequence[int], timeout_s: float = TIMEOUT_S) -> bool:
     """Wait until every tensor is referenced no more than its ``baseline``; False if that timed out."""
+    return _wait_until(lambda: all(t._use_count() <= n for t, n in zip(tensors, baseline)), timeout_s)
+
+
+def _wait_until(done: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> bool:
+    """Spin (yielding) until ``done()``; count the wait in :data:`stats`; False (one warning) on timeout."""
     global _warned
-    start = None
-    for tensor, count in zip(tensors, baseline):
-        while tensor._use_count() > count:
-            now = time.monotonic()
-            if start is None:
-                start = now
-            elif now - start > timeout_s:
-                stats["timeouts"] += 1
-                if not _warned:
-                    _warned = True
-                    log.warning("a collective's tensor was still referenced %.1f s after the call returned; "
-                                "autograd's in-place choices may differ between reruns", timeout_s)
-                return False
-            time.sleep(0)  # lets the backend's thread run (gloo's threads do not need the GIL)
-    if start is not None:
-        stats["waited"] += 1
-        stats["max_wait_s"] = max(stats["max_wait_s"], time.monotonic() - start)
+    if done():
+        return True
+    start = time.monotonic()
+    while not done():
+        if time.monotonic() - start > timeout_s:
+            stats["timeouts"] += 1
+            if not _warned:
+                _warned = True
+                log.warning("a collective's tensor was still referenced %.1f s after the call returned; "
+                            "autograd's in-place choices may differ between reruns", timeout_s)
+            return False
+        time.sleep(0)  # lets the backend's thread run (gloo's threads do not need the GIL)
+    stats["waited"] += 1
+    stats["max_wait_s"] = max(stats["max_wait_s"], time.monotonic() - start)
     return True
 
 
@@ -121,8 +130,30 @@ def settled(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def settled_wait(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn`` (funcol's ``wait_tensor``) that returns only once gloo's work let go of the tensor.
+
+    A functional collective's output is a fresh tensor that only its caller (one
+    Python object, one reference) and the collective's work hold; the work lets go
+    when gloo's worker thread releases it. So the tensor is settled once it is
+    referenced once. A tensor that something else holds too waits :data:`TIMEOUT_S`
+    and counts a timeout (``harness.policy.local_world`` fails a test world on one)."""
+
+    @functools.wraps(fn)
+    def call(tensor: torch.Tensor) -> torch.Tensor:
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            return fn(tensor)
+        result = fn(tensor)
+        _wait_until(lambda: tensor._use_count() <= 1)
+        return result
+
+    call.__harness_settled__ = True  # type: ignore[attr-defined]
+    return call
+
+
 def install() -> int:
-    """Wrap :data:`WRAPPED` in ``torch.distributed`` once per process; returns how many are wrapped."""
+    """Wrap :data:`WRAPPED` in ``torch.distributed`` and funcol's ``wait_tensor`` once per
+    process; returns how many ``torch.distributed`` functions are wrapped."""
     global _installed
     with _lock:
         if not _installed:
@@ -130,5 +161,9 @@ def install() -> int:
                 fn = getattr(dist, name, None)
                 if callable(fn) and not getattr(fn, "__harness_settled__", False):
                     setattr(dist, name, settled(fn))
+            from torch.distributed import _functional_collectives as funcol
+
+            if not getattr(funcol.wait_tensor, "__harness_settled__", False):
+                funcol.wait_tensor = settled_wait(funcol.wait_tensor)
             _installed = True
     return sum(1 for name in WRAPPED if getattr(getattr(dist, name, None), "__harness_settled__", False))

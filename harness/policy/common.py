@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from harness.algos.loss import ClippedPGLoss, aggregate_microbatch_metrics
+from harness.policy.master_weights import MasterWeightsAdamW, needs_master_weights
 from harness.spec.typed import Workload, as_workload
 
 TRAIN_KEYS = (
@@ -36,18 +37,27 @@ class EngineCommon:
 
     def _init_training_state(self, spec: Mapping[str, Any]) -> None:
         """Reference weights (the initial ``named`` parameters, on the CPU), AdamW
-        over ``named`` in that order, the loss and the step counters. Call once
-        ``named`` holds the rank's loaded parameters."""
+        over ``named`` in that order (over fp32 master copies for a low-precision
+        model of a backend that sets ``MASTER_WEIGHTS``), the loss and the step
+        counters. Call once ``named`` holds the rank's loaded parameters."""
         self.reference_state = {n: p.detach().clone().cpu() for n, p in self.named}
         spec = as_workload(spec)
         opt = spec.policy.optimizer
         self.lr, self.wd = float(opt.lr), float(opt.weight_decay)
         self.max_grad_norm = opt.max_grad_norm
-        self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.named], lr=self.lr, weight_decay=self.wd,
-            betas=(float(opt.beta1), float(opt.beta2)), eps=float(opt.eps), foreach=False,
-        )
-        self.loss_fn = ClippedPGLoss(spec.grpo.loss)
+        adamw = dict(lr=self.lr, weight_decay=self.wd, betas=(float(opt.beta1), float(opt.beta2)),
+                     eps=float(opt.eps), foreach=False)
+        params = [p for _, p in self.named]
+        if getattr(self, "MASTER_WEIGHTS", False) and needs_master_weights(params):
+            self.optimizer = MasterWeightsAdamW(params, **adamw)  # bf16 model: fp32 masters and AdamW state
+        else:
+            self.optimizer = torch.optim.AdamW(params, **adamw)
+        if spec.distill is not None:  # the GRPO loss plus the KL to the teacher (docs/distill.md)
+            from harness.distill.student import DistillLoss
+
+            self.loss_fn = DistillLoss(spec.grpo.loss, spec.distill)
+        else:
+            self.loss_fn = ClippedPGLoss(spec.grpo.loss)
         self.steps_done = 0
         self._split: dict[str, Any] | None = None
 

@@ -28,6 +28,7 @@ from harness.parallel.rendezvous import HeldStore
 from harness.policy.local_world import shard_for_dp
 from harness.policy.worker import PolicyWorker
 from harness.spec.typed import as_workload
+from harness.workerenv.select import actor_runtime_env
 
 DEATH_GRACE_S = 10.0
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -83,6 +84,9 @@ def first_failure(errors: Mapping[int, tuple[str, BaseException]], texts: Mappin
 
 
 class PolicyGroup:
+    worker_actor = PolicyWorker  # the actor class of a rank (a distillation teacher's: harness.distill.teacher)
+    role = "policy"  # how errors name the ranks
+
     def __init__(
         self,
         spec: Mapping[str, Any],
@@ -126,7 +130,8 @@ class PolicyGroup:
         args = (self._store.host, self._store.port, run_dir, topology)
         if pool is None:
             self.workers = [
-                PolicyWorker.options(num_cpus=0, runtime_env={"env_vars": env}, name=None).remote(
+                self.worker_actor.options(num_cpus=0, runtime_env=actor_runtime_env("policy", spec, env),
+                                          name=None).remote(
                     spec, r, self.world, *args
                 )
                 for r in range(self.world)
@@ -193,7 +198,7 @@ class PolicyGroup:
             peers = [f"rank {r} {errors[r][0]}: {texts[r]}" for r in errors if r != first]
             peers += [f"rank {index[p]} stalled" for p in pending]
             raise RuntimeError(
-                f"policy worker {first} (rank {first}, coords {self.coords[first]}) {kind} during {method}: "
+                f"{self.role} worker {first} (rank {first}, coords {self.coords[first]}) {kind} during {method}: "
                 f"{texts[first]}" + (f"; consequences on its peers: {'; '.join(peers)}" if peers else "")
             ) from exc
         return [results[r] for r in range(len(refs))]

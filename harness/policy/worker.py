@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -62,11 +63,12 @@ class PolicyWorkerImpl:
         self._dataplane_clients: dict[Any, Any] = {}  # actor handle -> DataPlaneClient, closed on shutdown
 
     def ready(self) -> dict[str, Any]:
-        """Rank, coordinates, pid and ``timings``: wall-clock stamps of this rank's start-up
-        (``process``, ``import_started``, ``imported``, ``init_started``, ``process_groups``,
-        ``engine``, ``profiler``) for the phase bench; a reused process keeps its first three."""
+        """Rank, coordinates, pid, ``python`` (the interpreter this rank runs) and ``timings``:
+        wall-clock stamps of this rank's start-up (``process``, ``import_started``, ``imported``,
+        ``init_started``, ``process_groups``, ``engine``, ``profiler``) for the phase bench;
+        a reused process keeps its first three."""
         return {"rank": self.rank, "coords": dict(self.engine.coords), "pid": os.getpid(),
-                "timings": dict(self.timings)}
+                "python": sys.executable, "timings": dict(self.timings)}
 
     # -- training -------------------------------------------------------------------
 
@@ -159,15 +161,27 @@ class PolicyWorkerImpl:
         is `kw["side_group"]` itself (a `SideGroup`) or, for a mapping of
         `create_side_group` arguments, rank 0's session group: joined (as a
         client of the driver's store) by the first broadcast and reused while
-        the signature is unchanged; `shutdown` closes it."""
-        named = self.engine.hf_state_dict()
+        the signature is unchanged; `shutdown` closes it.
+
+        With CUDA IPC staging (zmq, a cuda ``staging_device``) and an engine that
+        can (``DEVICE_STATE_DICT``), the weights stay on the GPU from the
+        parameters into the staging buffers: no host copy, no pickled tensors
+        (`PolicyEngine.hf_state_dict(on_device=True)`). The zmq result's
+        ``seconds`` holds ``collect`` (the full weights on rank 0) and ``send``."""
+        t0 = time.perf_counter()
+        on_device = (transport == "zmq" and kw.get("staging_device") not in (None, "cpu")
+                     and getattr(self.engine, "DEVICE_STATE_DICT", False))
+        named = self.engine.hf_state_dict(on_device=True) if on_device else self.engine.hf_state_dict()
         if self.rank != 0:
             return None
         items = list(named.items())
         if transport == "zmq":
             from harness.refit.zmq_stream import send_weights_zmq
 
-            return send_weights_zmq(items, **kw)
+            t1 = time.perf_counter()
+            stats = send_weights_zmq(items, **kw)
+            stats.seconds.update(collect=t1 - t0, send=time.perf_counter() - t1)
+            return stats
         if transport == "broadcast":
             from harness.refit import broadcast
 

@@ -120,8 +120,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def _rank_map(topology: dict) -> list[dict]:
     return [
         {"role": role, "rank": r["rank"], "node": r["node"], "device": r["device"], "coords": r["coords"]}
-        for role in ("policy", "rollout")
-        for r in topology[role]["ranks"]
+        for role in ("policy", "rollout", "teacher")
+        for r in (topology[role]["ranks"] if role in topology else ())
     ]
 
 

@@ -48,6 +48,8 @@ from harness.profiler.phase import PhaseProbe, resolve_probe_config
 TRACE_DIR_ENV = "HARNESS_TRACE_DIR"
 RUN_ID_ENV = "HARNESS_RUN_ID"
 SEGMENT_ENV = "HARNESS_TRACE_SEGMENT"
+ROLE_ENV = "HARNESS_TRACE_ROLE"  # "teacher" in a distillation teacher's workers (default "policy")
+POLICY_PROFILER_ROLES = {"policy": "train", "teacher": "teacher"}  # role -> phase prefix
 STEP_OFFSET_ENV = "HARNESS_STEP_OFFSET"
 
 _ROLLOUT_STEP = re.compile(r"step(\d+)(?:/|$)")
@@ -157,17 +159,25 @@ class _TraceProfiler:
 
 
 class TracePolicyProfiler(_TraceProfiler):
-    """Policy-profiler plugin writing ``artifacts/policy/rank{R:05d}.trace.jsonl``."""
+    """Policy-profiler plugin writing ``artifacts/policy/rank{R:05d}.trace.jsonl``.
+
+    In a distillation teacher's workers (``HARNESS_TRACE_ROLE=teacher``) it writes
+    ``artifacts/teacher/rank{R:05d}.trace.jsonl`` instead, one phase ``teacher/step{N}``
+    per teacher logits pass (harness.distill.teacher)."""
 
     role = "policy"
 
     def __init__(self, *, rank: int) -> None:
+        role = os.environ.get(ROLE_ENV) or "policy"
+        if role not in POLICY_PROFILER_ROLES:
+            raise RuntimeError(f"{ROLE_ENV}={role!r}: expected one of {sorted(POLICY_PROFILER_ROLES)}")
+        self.role = role
         super().__init__(rank=rank)
         self._steps_begun = self.step_offset
 
     def begin_train_step(self) -> None:
         self._steps_begun += 1
-        phase = f"train/step{self._steps_begun}"
+        phase = f"{POLICY_PROFILER_ROLES[self.role]}/step{self._steps_begun}"
         self._event("begin_train_step", phase)
         self._begin_phase(phase, self._steps_begun)
 

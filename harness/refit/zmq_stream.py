@@ -59,12 +59,14 @@ class WeightManifestError(RuntimeError):
 
 @dataclass
 class SendStats:
-    """What a sender did: groups sent (data payloads) and tensor/byte counts."""
+    """What a sender did: groups sent (data payloads) and tensor/byte counts; ``seconds``
+    (filled by the caller, e.g. ``PolicyWorker.stream_weights``): wall time per sub-phase."""
 
     groups: int = 0
     tensors: int = 0
     packed_bytes: int = 0
     oversized: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

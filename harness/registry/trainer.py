@@ -32,6 +32,7 @@ TRAINERS: dict[str, str] = {  # grpo.trainer -> "module:Class"
     "sync": "harness.grpo.sync:SyncTrainer",
     "dataplane": "harness.grpo.dataplane:DataPlaneTrainer",
     "streaming": "harness.grpo.streaming:StreamingTrainer",
+    "distill": "harness.grpo.distill:DistillTrainer",  # needs the distill: block (docs/distill.md)
 }
 
 

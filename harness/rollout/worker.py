@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -131,6 +132,7 @@ class RolloutWorker:
         return {
             "timings": dict(self.timings),
             "actor_pid": os.getpid(),
+            "python": sys.executable,
             "engine_pids": [] if self._procs is None else list(self._procs.pids),
             "engine_index": self.engine_index,
             "tp": self.tp,

@@ -50,6 +50,8 @@ def expected_artifacts(spec: Mapping[str, Any], topology) -> list[str]:
     paths = []
     if spec.plugins.policy_profiler:
         paths += [layout.policy_trace_path(r) for r in range(topology.policy.world)]
+        if topology.teacher is not None:  # the teacher's ranks run the policy profiler too
+            paths += [layout.trace_path("teacher", r) for r in range(topology.teacher.world)]
     if spec.plugins.rollout_profiler:
         paths += [layout.rollout_trace_path(r) for r in range(topology.rollout.world)]
     paths.append(layout.METRICS)

@@ -53,6 +53,7 @@ class Session:
         self.env_vars = env_vars
         self.say = say
         self.policy = None
+        self.teacher = None  # a distillation workload's teacher group (harness.distill.teacher)
         self.workers: list = []
         self.refitter: Refitter | None = None
         self.dataplane_handle = None
@@ -75,7 +76,11 @@ class Session:
         return self
 
     def _start(self) -> None:
-        rollout_registry.preflight(self.spec.rollout.backend)  # a clear error before any actor starts
+        from harness.workerenv import select as worker_env
+
+        worker_pythons = worker_env.worker_pythons(self.spec)  # refuses an unusable built environment
+        if not worker_env.in_worker_env("rollout"):  # else the rollout workers' environment answers for it
+            rollout_registry.preflight(self.spec.rollout.backend)  # a clear error before any actor starts
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
         from harness.runner import warm as warm_pool
@@ -83,7 +88,9 @@ class Session:
         pool = None  # the warm processes this run adopts (None: fresh ones)
         shared = self.warm is not None and warm_pool.private_ray_reason(self.spec) is None
         if self.warm is not None:
-            reason = warm_pool.cold_reason(self.spec)
+            reason = warm_pool.cold_reason(self.spec) or (
+                f"{worker_env.SELECT_ENV}={worker_env.selection()}: workers start in their backends' environments"
+                if worker_env.selection() != worker_env.CURRENT else None)
             if reason is None:
                 pool = self.warm
             else:
@@ -134,13 +141,19 @@ class Session:
 
         self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars, pool=pool)
         self._detail("policy workers", self.policy.ready_info)
+        if spec.get("distill") is not None:
+            from harness.distill.teacher import TeacherGroup
+
+            phase(self.say, f"spawning {self.topology.teacher.world} teacher workers")
+            self.teacher = TeacherGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars)
+            self._detail("teacher workers", self.teacher.ready_info)
         phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec.rollout.tp}")
         if pool is None:
             from harness.rollout.worker import rollout_worker_actor
 
             actor_cls = rollout_worker_actor()
             for engine in self.topology.engines:
-                w = actor_cls.options(runtime_env={"env_vars": self.env_vars}).remote(
+                w = actor_cls.options(runtime_env=worker_env.actor_runtime_env("rollout", spec, self.env_vars)).remote(
                     spec, engine.engine, engine.rank_prefix, str(self.run_dir), env_vars=self.env_vars,
                     capture_config=self._capture_config,
                 )
@@ -153,6 +166,7 @@ class Session:
                                             capture_config=self._capture_config)
                              for w, engine in zip(self.workers, self.topology.engines)])
         self._detail("rollout workers", ready)
+        _record_worker_pythons(self.run_dir, worker_env.selection(), worker_pythons, self.policy.ready_info, ready)
         self._await_dataplane()
         self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir, topology=self.topology)
         if self.resume is not None:
@@ -167,8 +181,9 @@ class Session:
             self.refitter.refit(0)
         self.driver = RolloutDriver(spec, self.workers, self.tokenizer, self.episode_env, capture)
         cls = trainer_class(spec.grpo.trainer)
+        extra = {"teacher": self.teacher} if self.teacher is not None else {}
         self.trainer = cls(spec, self.policy, self.workers, self.driver, self.loader, self.tokenizer,
-                           self.episode_env, self.refitter.refit, dataplane=self.dataplane)
+                           self.episode_env, self.refitter.refit, dataplane=self.dataplane, **extra)
 
     def _detail(self, what: str, ready: list[dict]) -> None:
         """The workers' ``ready()`` records (pids, start-up stamps in ``timings``) to a reporter
@@ -286,6 +301,11 @@ class Session:
                 self.policy.shutdown()
             except Exception as e:  # noqa: BLE001
                 errors.append(f"policy shutdown: {e!r}")
+        if self.teacher is not None:
+            try:
+                self.teacher.shutdown()
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"teacher shutdown: {e!r}")
         if self.refitter is not None:  # the side group's store, after every member closed its group
             self.refitter.close()
         if self.ledger is not None:
@@ -306,6 +326,23 @@ class Session:
         self._stop_reaper()
         if errors:
             self.say("teardown problems: " + "; ".join(errors))
+
+
+def _record_worker_pythons(run_dir: Path, chosen: str, wanted: dict[str, str], policy: list[dict],
+                           rollout: list[dict]) -> None:
+    """``worker_envs.json``: the selection, the interpreter each role was to run and the one each
+    worker reported (``ready()["python"]``). A run artifact, not a gated surface."""
+    from harness.workerenv.select import RECORD
+
+    doc = {"selection": chosen, "wanted": wanted,
+           "policy": [{"rank": r.get("rank"), "python": r.get("python")} for r in policy],
+           "rollout": [{"engine": r.get("engine_index"), "python": r.get("python")} for r in rollout]}
+    wrong = [(role, w) for role, ws in (("policy", doc["policy"]), ("rollout", doc["rollout"]))
+             for w in ws if w["python"] != wanted[role]]
+    (run_dir / RECORD).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    if wrong:
+        role, w = wrong[0]
+        raise RuntimeError(f"{role} worker {w} runs {w['python']}, not its environment's {wanted[role]}")
 
 
 def _finite_or_text(value):

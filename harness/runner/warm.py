@@ -96,6 +96,12 @@ def private_ray_reason(spec: dict, environ: dict[str, str] | None = None) -> str
         return f"rollout.backend is {spec['rollout']['backend']!r}"
     if hook and _fresh_reason(spec) is not None:  # fresh processes in a shared Ray would not run it
         return f"{HOOK_VAR} is set and {_fresh_reason(spec)}"
+    if hook:
+        from harness.workerenv import select  # standard library only
+
+        chosen = select.selection(environ=environ)
+        if chosen != select.CURRENT:  # the session then starts fresh workers, which would not run it
+            return f"{HOOK_VAR} is set and {select.SELECT_ENV}={chosen} (fresh workers in their environments)"
     return None
 
 

@@ -102,8 +102,13 @@ def backends_of(spec: dict) -> list[Backend]:
 
 
 def missing_backends(spec: dict) -> list[Backend]:
-    """The optional backends ``spec`` selects whose package is not installed."""
-    return [b for b in backends_of(spec) if not module_available(b.module)]
+    """The optional backends ``spec`` selects whose package is not installed here. A backend whose
+    workers run in a built worker environment (``--worker-env``, docs/worker-envs.md) is that
+    environment's business: its build imported the package, and the run refuses it if it is unusable."""
+    from harness.workerenv.select import in_worker_env
+
+    return [b for b in backends_of(spec)
+            if not in_worker_env(b.field.split(".", 1)[0]) and not module_available(b.module)]
 
 
 def require_backends(spec: dict, source: str | None = None) -> None:

@@ -280,6 +280,12 @@ RULES: tuple[Rule, ...] = (
 
 def violations(spec: Spec) -> list[TopologyError]:
     """One error per broken rule, in rule order (empty when the layout is valid)."""
+    from harness.spec import distill  # the distill block's rules (they reuse RULES on the teacher's spec)
+
+    return _layout_violations(spec) + distill.violations(spec, _layout_violations)
+
+
+def _layout_violations(spec: Spec) -> list[TopologyError]:
     return [TopologyError(rule.field, rule.formula, rule.explain(spec)) for rule in RULES if not rule.holds(spec)]
 
 

@@ -207,13 +207,19 @@ class Topology:
     stage_layers: tuple[int, ...]
     local_experts: int
     devices_used: int
+    teacher: RoleLayout | None = None  # distillation workloads only (harness.spec.distill)
 
     @property
     def groups(self) -> dict[str, dict[str, list[list[int]]]]:
         """``{"policy": {kind: [[ranks]]}, "rollout": {...}}`` (read-only view)."""
-        return {"policy": self.policy.groups, "rollout": self.rollout.groups}
+        groups = {"policy": self.policy.groups, "rollout": self.rollout.groups}
+        if self.teacher is not None:
+            groups["teacher"] = self.teacher.groups
+        return groups
 
     def role(self, name: str) -> RoleLayout:
+        if name == "teacher" and self.teacher is not None:
+            return self.teacher
         if name not in ROLES:
             raise TopologyError("role", "role in (policy, rollout)", f"unknown role {name!r}")
         return self.policy if name == "policy" else self.rollout
@@ -230,6 +236,7 @@ class Topology:
             "stage_layers": list(self.stage_layers),
             "local_experts": self.local_experts,
             "devices_used": self.devices_used,
+            **({"teacher": self.teacher.to_dict()} if self.teacher is not None else {}),
         }
 
 
@@ -251,6 +258,13 @@ def _slot(slot: int, gpus_per_node: int, head: int) -> tuple[int, int]:
 
 
 def _plan_policy(spec: dict[str, Any], gpn: int, head: int) -> RoleLayout:
+    return plan_policy_role(spec, gpn, head)
+
+
+def plan_policy_role(spec: dict[str, Any], gpn: int, head: int, *, role: str = "policy",
+                     first_slot: int = 0) -> RoleLayout:
+    """The ranks of ``spec.policy`` as role ``role``; rank g on device slot ``first_slot + g``
+    (the teacher of a distillation workload: ``harness.spec.distill``)."""
     p = spec["policy"]
     dense, expert = dense_grid(p), expert_grid(p)
     world = dense.size
@@ -258,13 +272,13 @@ def _plan_policy(spec: dict[str, Any], gpn: int, head: int) -> RoleLayout:
     ranks = []
     for g in range(world):
         coords = {**dense.coords(g), **expert.coords(g)}
-        node, device = _slot(g, gpn, head)
+        node, device = _slot(first_slot + g, gpn, head)
         ranks.append(RankInfo(g, node, device, {k: coords[k] for k in POLICY_COORDS}))
     groups = {kind: dense.groups(dims) for kind, dims in DENSE_GROUP_KINDS.items()}
     groups.update({kind: expert.groups(dims) for kind, dims in EXPERT_GROUP_KINDS.items()})
     sizes = {k: p[k] for k in ("tp", "cp", "dp", "pp", "ep", "etp")}
     sizes["edp"] = dict(expert.dims)["edp"]
-    return RoleLayout("policy", world, sizes, tuple(ranks), groups)
+    return RoleLayout(role, world, sizes, tuple(ranks), groups)
 
 
 def _plan_rollout(spec: dict[str, Any], gpn: int, head: int) -> tuple[RoleLayout, tuple[EngineInfo, ...]]:
@@ -300,6 +314,13 @@ def plan(spec: dict[str, Any]) -> Topology:
         NodeInfo(head + i, "worker", gpn) for i in range(plat["nodes"])
     )
     used = policy.world + (0 if spec["rollout"]["colocated"] else rollout.world)
+    teacher = None
+    if spec.get("distill") is not None:
+        from harness.spec.distill import TEACHER_ROLE, teacher_spec
+
+        # its own ranks, on the device slots after the student's (and a separate rollout's)
+        teacher = plan_policy_role(teacher_spec(spec), gpn, head, role=TEACHER_ROLE, first_slot=used)
+        used += teacher.world
     return Topology(
         workload=spec["name"],
         device=plat["device"],
@@ -311,6 +332,7 @@ def plan(spec: dict[str, Any]) -> Topology:
         stage_layers=tuple(stage_layers(spec)),
         local_experts=spec["model"]["experts"] // spec["policy"]["ep"],
         devices_used=used,
+        teacher=teacher,
     )
 
 

@@ -281,6 +281,29 @@ class PlatformSpec:
 
 
 @dataclass(frozen=True)
+class TeacherSpec:
+    """``distill.teacher``: the teacher's seed, the model fields it changes, its layout."""
+
+    seed: int
+    model: dict[str, Any] = field(default_factory=dict)
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    micro_batch_size: int = 2
+
+
+@dataclass(frozen=True)
+class DistillSpec:
+    """``distill`` (optional; docs/distill.md): the teacher and the KL term of the student's loss."""
+
+    teacher: TeacherSpec
+    kl_coef: float
+    kl_type: str
+    kl_direction: str
+    temperature: float
+
+
+@dataclass(frozen=True)
 class WorkloadBlocks:
     """The typed blocks of one workload (what :class:`Workload` exposes as attributes)."""
 
@@ -295,6 +318,7 @@ class WorkloadBlocks:
     plugins: PluginsSpec
     capture: CaptureSpec
     platform: PlatformSpec
+    distill: DistillSpec | None = None  # no default written (absent: no distillation)
 
 
 class Workload(FrozenDict):
@@ -331,6 +355,7 @@ class Workload(FrozenDict):
     plugins = property(lambda self: self._typed.plugins)
     capture = property(lambda self: self._typed.capture)
     platform = property(lambda self: self._typed.platform)
+    distill = property(lambda self: self._typed.distill)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r} of a loaded spec")

@@ -86,8 +86,9 @@ def load_yaml_text(text: str, *, source: str, max_nodes: int | None = None) -> A
     alias expansion over ``max_nodes`` (default ``MAX_YAML_NODES``) become
     ``SpecError`` naming ``source`` and the line."""
     limit = MAX_YAML_NODES if max_nodes is None else max_nodes
-    loader = StrictLoader(text)
+    loader: StrictLoader | None = None
     try:
+        loader = StrictLoader(text)  # the reader refuses non-printable characters here
         node = loader.get_single_node()
         if node is None:
             return None
@@ -104,7 +105,8 @@ def load_yaml_text(text: str, *, source: str, max_nodes: int | None = None) -> A
     except RecursionError:
         raise SpecError("(root)", "nesting too deep to parse", source=source) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_yaml_text(path: Path, *, max_bytes: int | None = None) -> str:

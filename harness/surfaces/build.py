@@ -64,7 +64,9 @@ def _doc(name: str, art: RunArtifacts, sections: dict[str, Any]) -> dict:
 
 def build_topology(art: RunArtifacts) -> dict:
     sections = {}
-    for role in ("policy", "rollout"):
+    for role in ("policy", "rollout", "teacher"):
+        if role not in art.topology:
+            continue  # teacher: distillation workloads only
         t = art.topology[role]
         sections[role] = {
             "world_size": t["world"],

@@ -39,3 +39,16 @@ def test_engine_batch_size_changes_no_tokens(first, tmp_path):
     assert other.ok, other.problems()
     for name in ("rollouts", "training"):
         assert other.postflight.surfaces[name] == first.postflight.surfaces[name], name
+
+
+def test_timings_carry_every_steps_phases_and_the_refit_breakdown(first):
+    """The informational timings surface: per GRPO step the driver's phases, and the zmq refit
+    split into collect (the policy's full weights on rank 0), send and wait; the parts are
+    measured inside the refit, so they never add up to more than it."""
+    phases = first.postflight.surfaces["timings"]["sections"]["driver"]["phases"]
+    for step in (1, 2, 3):
+        got = {k.split("/", 1)[1]: v["wall_s"] for k, v in phases.items() if k.startswith(f"step{step:04d}/")}
+        assert {"generation", "policy_training", "refit", "refit/collect", "refit/send", "refit/wait",
+                "total_step_time"} <= set(got), sorted(got)
+        parts = [got["refit/collect"], got["refit/send"], got["refit/wait"]]
+        assert min(parts) >= 0.0 and sum(parts) <= got["refit"] + 1e-6

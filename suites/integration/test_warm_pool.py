@@ -107,6 +107,7 @@ def test_which_specs_run_warm():
     assert private_ray_reason(megatron, environ={}) is None  # fresh processes, shared Ray
     # fresh processes would not run the hook: a private Ray applies it to every worker
     assert "megatron" in private_ray_reason(megatron, environ=mutation)
+    assert "GOLDEN_WORKER_ENV" in private_ray_reason(spec, environ={**mutation, "GOLDEN_WORKER_ENV": "auto"})
     cuda = {**spec, "platform": {**spec["platform"], "device": "cuda"}}
     assert "cuda" in private_ray_reason(cuda, environ={})
 

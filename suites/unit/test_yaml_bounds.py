@@ -71,3 +71,10 @@ def test_tolerance_file_duplicate_key_is_refused(tmp_path: Path) -> None:
     path.write_text("deterministic: true\ndeterministic: false\n")
     with pytest.raises(ToleranceFileError, match=r"duplicate key 'deterministic'"):
         load_tolerances(path)
+
+
+def test_control_character_is_a_spec_error() -> None:
+    # PyYAML's reader refuses it while the loader is built, before parsing starts
+    # (found by hypothesis in test_spec_props: a ReaderError escaped as a traceback).
+    with pytest.raises(SpecError, match=r"ctl\.yaml: \(root\): invalid YAML: unacceptable character #x0008"):
+        load_yaml_text("a: \x08\n", source="ctl.yaml")

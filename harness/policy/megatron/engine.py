@@ -79,6 +79,7 @@ def check_layout(spec: Mapping[str, Any]) -> None:
 
 class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
     backend = "megatron"
+    DEVICE_STATE_DICT = True  # hf_state_dict(on_device=True) in a 1-rank world: the CUDA IPC refit source
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
         spec = self._bind(spec, rank)
@@ -299,13 +300,22 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
 
     # -- full weights (refit export) ------------------------------------------------------------
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full HF-named tensors on policy rank 0 (collective; {} elsewhere)."""
+    def hf_state_dict(self, *, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """Full HF-named tensors on policy rank 0 (collective; {} elsewhere).
+
+        ``on_device`` (the CUDA IPC refit's source, ``PolicyWorker.stream_weights``): in a
+        1-rank world the tensors are built from the parameters on their device, without a
+        host copy or ``gather_object``; with more ranks the host path is used."""
         c = self.coords
-        mine = [(n, c["tp"], c["ep"], self.layer_offset, p.detach().cpu().clone())
-                for n, p in self.named if self._owns(n)]
-        gathered: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
+        world = dist.get_world_size()
+        if on_device and world == 1:
+            gathered: list[Any] | None = [[(n, c["tp"], c["ep"], self.layer_offset, p.detach())
+                                           for n, p in self.named if self._owns(n)]]
+        else:
+            mine = [(n, c["tp"], c["ep"], self.layer_offset, p.detach().cpu().clone())
+                    for n, p in self.named if self._owns(n)]
+            gathered = [None] * world if self.rank == 0 else None
+            dist.gather_object(mine, gathered, dst=0)
         if self.rank != 0:
             return {}
         shards: dict[tuple[str, int, int], dict[int, torch.Tensor]] = {}

@@ -59,6 +59,8 @@ def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
 
 class NativePolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
     backend = "native"
+    DEVICE_STATE_DICT = True  # hf_state_dict(on_device=True): the refit source for CUDA IPC staging
+    MASTER_WEIGHTS = True  # model.dtype bfloat16/float16: AdamW over fp32 masters (policy.master_weights)
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
         spec = self._bind(spec, rank)
@@ -185,9 +187,10 @@ class NativePolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
 
     # -- full weights -------------------------------------------------------------------
 
-    def _owned_shards(self) -> list[tuple[str, int | None, int, torch.Tensor]]:
+    def _owned_shards(self, copy: bool = True) -> list[tuple[str, int | None, int, torch.Tensor]]:
         """(name, shard dim, tp rank, tensor) for the shards this rank is the
-        designated owner of (each piece of the full model owned exactly once)."""
+        designated owner of (each piece of the full model owned exactly once).
+        ``copy``: a host copy of each (the CPU path); else the detached parameter itself."""
         c = self.coords
         dense_owner = c["dp"] == 0 and c["cp"] == 0
         out = []
@@ -200,20 +203,57 @@ class NativePolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
             else:
                 own = dense_owner
             if own:
-                out.append((name, spec.dim, c["tp"], _cpu_copy(p.detach())))
+                out.append((name, spec.dim, c["tp"], _cpu_copy(p.detach()) if copy else p.detach()))
         return out
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+    def hf_state_dict(self, *, on_device: bool = False) -> dict[str, torch.Tensor]:
         """Full HF-named tensors, assembled on policy rank 0 (collective over the
-        world; other ranks return {}). Order = the reference model's order."""
-        mine = self._owned_shards()
-        gathered: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
+        world; other ranks return {}). Order = the reference model's order.
+
+        Default: host copies, gathered with ``gather_object`` (the CPU path, and
+        what checksums and checkpoints read). ``on_device``: the tensors stay on
+        the policy's device and are not copied where no assembly is needed -- a
+        1-rank world returns the detached parameters themselves (valid until the
+        next optimizer step); with more ranks only the shards' (name, shape,
+        dtype) go through ``gather_object`` and the tensors travel by
+        point-to-point ``send``/``recv`` on the device (NCCL on cuda). This is
+        the refit's source for CUDA IPC staging (``stream_weights``)."""
+        if not on_device:
+            mine = self._owned_shards()
+            gathered: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
+            dist.gather_object(mine, gathered, dst=0)
+            if self.rank != 0:
+                return {}
+            return self._assemble(gathered)  # type: ignore[arg-type]
+        mine = self._owned_shards(copy=False)
+        world = dist.get_world_size()
+        if world == 1:
+            return self._assemble([mine], alias_single=True)
+        meta = [(name, dim, tp_rank, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                for name, dim, tp_rank, t in mine]
+        metas: list[Any] | None = [None] * world if self.rank == 0 else None
+        dist.gather_object(meta, metas, dst=0)
         if self.rank != 0:
+            for *_, t in mine:
+                dist.send(t.contiguous(), dst=0)
             return {}
+        shards = [mine]
+        for src in range(1, world):
+            received = []
+            for name, dim, tp_rank, shape, dtype in metas[src]:  # type: ignore[index]
+                buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+                dist.recv(buf, src=src)
+                received.append((name, dim, tp_rank, buf))
+            shards.append(received)
+        return self._assemble(shards, alias_single=True)
+
+    def _assemble(self, gathered: list[list[tuple[str, int | None, int, torch.Tensor]]],
+                  alias_single: bool = False) -> dict[str, torch.Tensor]:
+        """The full tensors from every rank's owned shards (TP shards concatenated in rank order);
+        ``alias_single``: a tensor held whole by one rank is returned as is, not concatenated."""
         pieces: dict[str, dict[int, torch.Tensor]] = {}
         dims: dict[str, int | None] = {}
-        for shards in gathered:  # type: ignore[union-attr]
+        for shards in gathered:
             for name, dim, tp_rank, t in shards:
                 pieces.setdefault(name, {})[tp_rank if dim is not None else 0] = t
                 dims[name] = dim
@@ -223,7 +263,10 @@ class NativePolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
             if parts is None:
                 raise RuntimeError(f"hf_state_dict: no rank owns {name}")
             dim = dims[name]
-            out[name] = parts[0] if dim is None else torch.cat([parts[r] for r in sorted(parts)], dim=dim)
+            if dim is None or (alias_single and len(parts) == 1):
+                out[name] = next(iter(parts.values()))
+            else:
+                out[name] = torch.cat([parts[r] for r in sorted(parts)], dim=dim)
             if tuple(out[name].shape) != self.full_shapes[name]:
                 raise RuntimeError(
                     f"hf_state_dict: {name} assembled to {tuple(out[name].shape)}, expected {self.full_shapes[name]}"

@@ -30,7 +30,7 @@ from harness import ops
 from harness.model.config import ModelConfig
 from harness.rollout.native.forward import Forward
 from harness.rollout.native.kv_cache import KVCachePool
-from harness.rollout.native.probe import choose_batched_decode
+from harness.rollout.native.probe import choose_batched_decode, choose_batched_sampling
 from harness.rollout.native.scheduler import Scheduler
 from harness.rollout.native.weights import PackedWeights
 from harness.rollout.sharding import ShardPlan
@@ -56,6 +56,7 @@ class Engine:
     per-request bits (``probe``); ``False`` forces the per-request decode;
     ``True`` requires the batched one (ValueError if the dtype or device is not
     supported or the probe fails). Either way the tokens and logprobs are the same.
+    On a GPU the probe also decodes real rows both ways (``probe.probe_decode``).
     """
 
     def __init__(
@@ -99,9 +100,11 @@ class Engine:
             if missing:
                 raise ValueError(f"engine weights are missing {len(missing)} tensor(s), first: {missing[:3]}")
             self.load_weights(weights.items())
+        batched = choose_batched_decode(self.forward, max_batch_size, batched_decode)
         self.scheduler = Scheduler(
             self.cfg, self.forward, self.kv, max_batch_size=max_batch_size, eos_token_id=eos_token_id,
-            batched_decode=choose_batched_decode(self.forward, max_batch_size, batched_decode),
+            batched_decode=batched,
+            batched_sampling=batched and choose_batched_sampling(self.device, self.cfg.vocab),
         )
 
     @property

@@ -16,6 +16,13 @@ the step* (so a request's tokens and logprobs never depend on the batch, on
   top-k) row-local; a token's MoE slot outputs are summed in expert-id order, as
   the per-request dispatch visits them. The result equals the per-request
   decode bit for bit where ``probe.py`` confirmed the kernels.
+* **Row-local batched decode** (``row_local``, chosen by the probe on a GPU, where
+  the batched attention or reductions do not reproduce the per-request bits):
+  only the matrix products are batched (the probe-verified projections); every
+  reduction and the attention run per row on the per-request shapes and layouts
+  (``ops.rms_norm`` of ``[1, H]``, the q and k norms apart, the row's own RoPE,
+  ``kv.write``/``kv.read`` and ``ops.causal_attention`` of the slot, ``ops.route``
+  of ``[1, E]``): the per-request computation itself, with the GEMMs shared.
 
 The TP sum is an ``all_gather`` followed by a sum in rank order, not an
 ``all_reduce`` (whose ring chunking makes an element's summation order depend on
@@ -37,6 +44,7 @@ import torch.nn.functional as F
 
 from harness import ops
 from harness.model.config import ModelConfig
+from harness.model.grouped import grouped_swiglu, use_grouped
 from harness.rollout.native.kv_cache import KVCachePool
 from harness.rollout.native.weights import PackedWeights
 from harness.rollout.sharding import ShardPlan
@@ -77,6 +85,7 @@ class Forward:
         self.rope_sin = sin.contiguous()
         self.rope_sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).contiguous()
         self.kv_head_of_q = torch.arange(plan.local_heads, device=device) // (plan.local_heads // plan.local_kv_heads)
+        self.row_local = False  # the probe may set it (a GPU): reductions and attention per row
 
     # -- collectives -------------------------------------------------------------
 
@@ -136,6 +145,11 @@ class Forward:
         order, counts = ops.moe_dispatch_order(indices, cfg.experts)
         token_of_slot = order // cfg.top_k
         slot_weight = weights.reshape(-1)[order]
+        if use_grouped(h):  # cuda bf16: two grouped GEMMs over the packed expert weights (no copy)
+            experts = self.layers[layer].experts
+            gate_up, down = experts.views(experts.pack)
+            y = grouped_swiglu(h.index_select(0, token_of_slot), gate_up.transpose(1, 2), down.transpose(1, 2), counts)
+            return torch.zeros_like(h).index_add_(0, token_of_slot, y * slot_weight[:, None])
         out = torch.zeros_like(h)
         start = 0
         for e, n in enumerate(counts.tolist()):
@@ -223,6 +237,49 @@ class Forward:
             out = out + y[:, j]
         return out
 
+    # -- row-local batched decode (reductions and attention on per-request shapes) -------------
+
+    def _norm_rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``ops.rms_norm`` of each row ``[1, H]`` alone (the per-request shape)."""
+        return torch.cat([ops.rms_norm(x[i : i + 1], weight, self.cfg.rms_eps) for i in range(x.shape[0])])
+
+    def decode_attention_rows(self, li: int, x: torch.Tensor, dec: DecodeBatch) -> torch.Tensor:
+        """``decode_attention`` with every non-GEMM op per row, as ``attention_partial`` runs it."""
+        cfg, plan, layer, p = self.cfg, self.plan, self.layers[li], f"model.layers.{li}.self_attn"
+        d, hq = cfg.head_dim, plan.local_heads
+        q, k, v = layer.qkv_proj(self._norm_rows(x, layer.input_norm))
+        outs = []
+        for i, seq in enumerate(dec.seqs):
+            qi, ki, vi = (t[i : i + 1].reshape(1, 1, -1, d) for t in (q, k, v))
+            if cfg.qk_norm:
+                qi = ops.rms_norm(qi, self.params[f"{p}.q_norm.weight"], cfg.rms_eps)
+                ki = ops.rms_norm(ki, self.params[f"{p}.k_norm.weight"], cfg.rms_eps)
+            positions, cos, sin = dec.row_ropes[i]
+            qi, ki = ops.apply_rope(qi, cos, sin), ops.apply_rope(ki, cos, sin)
+            self.kv.write(li, seq.slot, seq.cached, ki[0], vi[0])
+            k_all, v_all = self.kv.read(li, seq.slot, seq.cached + 1)
+            out = ops.causal_attention(qi, k_all, v_all, positions, torch.arange(seq.cached + 1, device=self.device))
+            outs.append(out.reshape(1, hq * d))
+        (out,) = layer.o_proj(torch.cat(outs))
+        return out
+
+    def decode_moe_rows(self, li: int, x: torch.Tensor) -> torch.Tensor:
+        """``decode_moe`` with the norm and the routing per row (``ops.route`` of ``[1, E]``)."""
+        cfg, layer = self.cfg, self.layers[li]
+        b, k = x.shape[0], cfg.top_k
+        h = self._norm_rows(x, layer.post_norm)
+        (router_logits,) = layer.router_proj(h)
+        routed = [ops.route(router_logits[i : i + 1], k, cfg.norm_topk_prob) for i in range(b)]
+        weights = torch.cat([w for _, w, _ in routed])
+        indices = torch.cat([ix for _, _, ix in routed])
+        experts, perm = indices.sort(dim=-1)
+        y = layer.experts(h.repeat_interleave(k, dim=0), experts.view(-1))
+        y = y.view(b, k, -1) * weights.gather(-1, perm).unsqueeze(-1)
+        out = y[:, 0] + 0.0
+        for j in range(1, k):
+            out = out + y[:, j]
+        return out
+
     # -- one step ------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -246,19 +303,22 @@ class Forward:
             if xd is None:
                 xs = [x + a for x, a in zip(xs, self.tp_sum(partials))]
             else:
-                summed = self.tp_sum([self.decode_attention(layer, xd, decode), *partials])
+                attend = self.decode_attention_rows if self.row_local else self.decode_attention
+                summed = self.tp_sum([attend(layer, xd, decode), *partials])
                 xd = xd + summed[0]
                 xs = [x + a for x, a in zip(xs, summed[1:])]
             partials = [self.moe_partial(layer, x) for x in xs]
             if xd is None:
                 xs = [x + m for x, m in zip(xs, self.tp_sum(partials))]
             else:
-                summed = self.tp_sum([self.decode_moe(layer, xd), *partials])
+                moe = self.decode_moe_rows if self.row_local else self.decode_moe
+                summed = self.tp_sum([moe(layer, xd), *partials])
                 xd = xd + summed[0]
                 xs = [x + m for x, m in zip(xs, summed[1:])]
         decode_logits = None
         if xd is not None:
-            norm = self.rms(xd, self.params["model.norm.weight"])
+            final = self.params["model.norm.weight"]
+            norm = self._norm_rows(xd, final) if self.row_local else self.rms(xd, final)
             (decode_logits,) = self.weights.lm_head_proj(norm)
         return decode_logits, [self.logits(x) for x in xs]
 
@@ -274,6 +334,7 @@ class DecodeBatch:
     sin_signed: torch.Tensor  # [B, 1, D]
     groups: list[tuple[int, int, int]]  # (first row, end row, cache length incl. the new token)
     group_heads: list[torch.Tensor]  # per group: KVCachePool.head_index of (slot, kv head of each q head)
+    row_ropes: list[tuple[torch.Tensor, ...]] | None = None  # row_local: each row's Forward.row_rope
 
     @classmethod
     def build(cls, fwd: Forward, seqs: Sequence[DecodeRow]) -> DecodeBatch:
@@ -304,4 +365,5 @@ class DecodeBatch:
             sin_signed=fwd.rope_sin_signed[positions].unsqueeze(1),
             groups=groups,
             group_heads=[heads[g0 * hq : g1 * hq] for g0, g1, _ in groups],
+            row_ropes=[fwd.row_rope(s.cached, 1) for s in seqs] if fwd.row_local else None,
         )

@@ -48,15 +48,19 @@ class Scheduler:
     """Runs ``generate`` over ``fwd`` with ``max_batch_size`` KV slots of ``kv``.
 
     ``batched_decode``: whether decoding rows share one batched forward (the probe's
-    verdict). ``eos_token_id``: the stop token, or None (stop on length only).
+    verdict); ``batched_sampling``: whether their logits are sampled together
+    (``sample_rows``) or row by row (``sample_token``, the same bits; where the probe
+    found ``sample_rows`` inexact on this device). ``eos_token_id``: the stop token,
+    or None (stop on length only).
     """
 
     def __init__(self, cfg: ModelConfig, fwd: Forward, kv: KVCachePool, *, max_batch_size: int,
-                 eos_token_id: int | None, batched_decode: bool) -> None:
+                 eos_token_id: int | None, batched_decode: bool, batched_sampling: bool = True) -> None:
         self.cfg, self.fwd, self.kv = cfg, fwd, kv
         self.max_batch_size = max_batch_size
         self.eos_token_id = eos_token_id
         self.batched_decode = batched_decode
+        self.batched_sampling = batched_sampling
 
     def _start(self, request: Mapping[str, Any]) -> RunningRequest:
         prompt = list(request["prompt_ids"])
@@ -107,7 +111,10 @@ class Scheduler:
         decode = DecodeBatch.build(self.fwd, decoding) if decoding else None
         rows = [(s.slot, s.cached, s.tokens[s.cached :]) for s in computed]
         decode_logits, row_logits = self.fwd.step(rows, decode)
-        if decode is not None:
+        if decode is not None and not self.batched_sampling:
+            for i, seq in enumerate(decode.seqs):
+                self._advance(seq, decode_logits[i : i + 1])
+        elif decode is not None:
             seqs = decode.seqs
             tokens, logprobs = sample_rows(
                 decode_logits,

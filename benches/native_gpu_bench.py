@@ -1,0 +1,214 @@
+"""The native stack on one GPU against transformers, on the same weights (issue 20's shapes).
+
+Config: 8 layers, hidden 1024, 16 heads / 4 KV heads of 128, 64 experts top-8,
+expert FFN 384, vocabulary 4096 (the medium golden's model with a 4096 vocabulary).
+
+1. Generation, greedy, ``--prompt`` tokens, ``--new-tokens`` new, at each ``--batches``:
+   the native engine as it starts on this device (the start-up probe decides batched
+   decode: its verdict and reason are printed), the native engine request by request
+   (``--per-request``: only at the first batch size, it is slow), and transformers
+   ``generate``; tokens/s, the ratios, and identical sequences (native vs transformers).
+2. Forward+backward of the reference model vs transformers' ``Qwen3MoeForCausalLM``,
+   ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16): median seconds, ratio.
+
+Prints a summary, writes ``--out`` (JSON). Never a test verdict.
+
+    python3 benches/native_gpu_bench.py --out /tmp/native_gpu_bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from harness.model.config import ModelConfig
+from harness.model.qwen3_moe import build_reference_model, hf_fused_state_dict
+
+CFG = dict(layers=8, hidden=1024, heads=16, kv_heads=4, head_dim=128, experts=64, top_k=8,
+           moe_intermediate=384, vocab=4096, max_position=512)
+
+
+def _sync_time(fn, repeat: int, warm=None) -> tuple[object, list[float]]:
+    out = (warm or fn)()  # warm-up
+    times = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return out, times
+
+
+def _hf_model(cfg: ModelConfig, state: dict, dtype: torch.dtype):
+    import transformers
+
+    hf = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**cfg.to_hf_dict()))
+    if any("gate_up_proj" in k for k in hf.state_dict()):
+        state = hf_fused_state_dict(state, cfg)
+    hf.load_state_dict(state)
+    return hf.to(device="cuda", dtype=dtype)
+
+
+class _Messages(logging.Handler):
+    """Collects the probe's log messages (its verdict's reason)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _generate_one(cfg: ModelConfig, state: dict, hf, prompts: torch.Tensor, args, per_request: bool) -> dict:
+    from harness.rollout.native.engine import Engine
+
+    batch = prompts.shape[0]
+    reqs = [{"request_id": f"r{j}", "prompt_ids": prompts[j].tolist(), "max_new_tokens": args.new_tokens,
+             "seed": j, "temperature": 0.0, "top_p": 1.0} for j in range(batch)]
+    row: dict = {}
+    messages = _Messages()
+    probe_log = logging.getLogger("harness.rollout.native.probe")
+    probe_log.addHandler(messages)
+    t = time.perf_counter()
+    engine = Engine(cfg, state, device="cuda", max_batch_size=batch)
+    row["engine_start_s"] = time.perf_counter() - t
+    probe_log.removeHandler(messages)
+    row["batched_decode"] = engine.batched_decode
+    row["batched_sampling"] = engine.scheduler.batched_sampling
+    row["probe_messages"] = messages.messages
+    layer = engine.packed.layers[0]
+    row["modes"] = [layer.qkv_proj.mode, layer.o_proj.mode, layer.router_proj.mode, layer.experts.mode]
+    total = batch * args.new_tokens
+    short = [dict(r, max_new_tokens=2) for r in reqs]  # warm-up: allocations, kernels; not the whole run
+    out, times = _sync_time(partial(engine.generate, reqs), args.repeat, partial(engine.generate, short))
+    native_tokens = [list(r["output_ids"]) for r in out]
+    row["native_tok_s"] = total / statistics.median(times)
+    if per_request:
+        solo = Engine(cfg, state, device="cuda", max_batch_size=batch, batched_decode=False)
+        t = time.perf_counter()
+        alone = solo.generate(reqs)
+        torch.cuda.synchronize()
+        row["native_per_request_tok_s"] = total / (time.perf_counter() - t)
+        row["batched_equals_per_request"] = [list(r["output_ids"]) for r in alone] == native_tokens
+        row["batched_logprobs_equal_per_request"] = [r["logprobs"] for r in alone] == [r["logprobs"] for r in out]
+    ids = prompts.cuda()
+
+    def hf_generate():
+        with torch.no_grad():
+            return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                               min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+
+    try:  # transformers' batched-mm experts ran out of memory at batch 64 on one H200: keep native's figure
+        out, times = _sync_time(hf_generate, args.repeat)
+    except torch.OutOfMemoryError as exc:
+        row["hf_error"] = repr(exc)[:200]
+        torch.cuda.empty_cache()
+        print(f"generate batch {batch}: native {row['native_tok_s']:.1f} tok/s; transformers: {row['hf_error']}")
+        return row
+    hf_tokens = out[:, args.prompt:].tolist()
+    row["hf_tok_s"] = total / statistics.median(times)
+    row["native_over_hf"] = row["native_tok_s"] / row["hf_tok_s"]
+    row["identical_vs_hf"] = sum(a == b for a, b in zip(native_tokens, hf_tokens))
+    print(f"generate batch {batch}: native {row['native_tok_s']:.1f} tok/s (batched_decode "
+          f"{row['batched_decode']}), transformers {row['hf_tok_s']:.1f} tok/s, ratio "
+          f"{row['native_over_hf']:.2f}; identical {row['identical_vs_hf']}/{batch}; "
+          f"per-request {row.get('native_per_request_tok_s')}; probe: {messages.messages}", flush=True)
+    return row
+
+
+def generation(cfg: ModelConfig, state: dict, args, report: dict) -> None:
+    hf = _hf_model(cfg, state, torch.float32).eval()
+    gen = torch.Generator().manual_seed(0)
+    for i, batch in enumerate(args.batches):
+        prompts = torch.randint(1, cfg.vocab, (batch, args.prompt), generator=gen)
+        report[f"generate_b{batch}"] = _generate_one(cfg, state, hf, prompts, args, args.per_request and i == 0)
+        torch.cuda.empty_cache()
+
+
+def _top_ops(fn, n: int = 12) -> list[tuple[str, int, float, float]]:
+    """(op, calls, self CUDA ms, self CPU ms) of one profiled ``fn()``, by self CUDA time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0.0))
+    return [(e.key, e.count, getattr(e, "self_device_time_total", 0.0) / 1e3, e.self_cpu_time_total / 1e3)
+            for e in rows[:n]]
+
+
+def _fwd_bwd_one(cfg: ModelConfig, state: dict, ids: torch.Tensor, dtype: torch.dtype, repeat: int,
+                 profile: bool = False) -> dict:
+    row: dict = {}
+    ours = build_reference_model(cfg, seed=0).to(device="cuda", dtype=dtype)
+
+    def step_ours():
+        logits, _ = ours(ids)
+        torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, cfg.vocab),
+                                          ids[:, 1:].reshape(-1)).backward()
+
+    hf = _hf_model(cfg, state, dtype)
+
+    def step_hf():
+        hf(input_ids=ids, labels=ids).loss.backward()
+
+    for arm, fn in (("native", step_ours), ("hf", step_hf)):
+        try:
+            _, times = _sync_time(fn, repeat)
+            row[f"{arm}_s"] = statistics.median(times)
+            if profile:
+                row[f"{arm}_top_ops"] = _top_ops(fn)
+        except Exception as exc:  # noqa: BLE001 - a bench reports, it does not stop
+            row[f"{arm}_error"] = repr(exc)[:300]
+    if "native_s" in row and "hf_s" in row:
+        row["native_over_hf"] = row["native_s"] / row["hf_s"]
+    return row
+
+
+def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
+    ids = torch.randint(0, cfg.vocab, (args.fb_batch, args.fb_seq), generator=torch.Generator().manual_seed(1))
+    ids = ids.cuda()
+    for name in args.dtypes:
+        row = _fwd_bwd_one(cfg, state, ids, getattr(torch, name), args.repeat, args.profile)
+        report[f"fwd_bwd_{name}"] = row
+        print(f"fwd+bwd {name} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--per-request", action="store_true")
+    ap.add_argument("--fb-batch", type=int, default=8)
+    ap.add_argument("--fb-seq", type=int, default=512)
+    ap.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
+    ap.add_argument("--parts", default="fwd_bwd,generate")
+    ap.add_argument("--profile", action="store_true", help="fwd+bwd: the top operators by GPU time")
+    ap.add_argument("--out", default="native_gpu_bench.json")
+    args = ap.parse_args()
+    torch.use_deterministic_algorithms(True)
+    cfg = ModelConfig(**CFG)
+    state = {k: v.detach() for k, v in build_reference_model(cfg, seed=0).state_dict().items()}
+    report: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "config": CFG}
+    parts = args.parts.split(",")
+    for part in parts:
+        {"generate": generation, "fwd_bwd": forward_backward}[part](cfg, state, args, report)
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))  # what ran, if cut off later
+    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    print(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Which interpreter each worker of a run starts with: ``--worker-env`` / ``GOLDEN_WORKER_ENV``.
+
+* ``current`` (the default, also when unset): every worker runs this interpreter,
+  as before (CI and the quickstart do not change);
+* ``auto``: each worker runs its backend's built environment in the default cache
+  (``stamp.cache_dir``): policy ranks ``policy.backend``'s, rollout workers
+  ``rollout.backend``'s;
+* a directory: the same, from that cache directory.
+
+:func:`worker_pythons` resolves a spec before anything starts and refuses (a
+WorkerEnvError, exit 2) an environment that is missing, incomplete, stale or
+broken, naming the backend and ``golden env build <backend>``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from harness.workerenv import declare, stamp
+
+SELECT_ENV = "GOLDEN_WORKER_ENV"
+CURRENT, AUTO = "current", "auto"
+
+
+def selection(value: str | None = None, environ: dict | None = None) -> str:
+    """The selection in force: ``value`` (the CLI flag), else ``$GOLDEN_WORKER_ENV``, else current."""
+    env = os.environ if environ is None else environ
+    chosen = value or env.get(SELECT_ENV) or CURRENT
+    return chosen.strip() or CURRENT
+
+
+def cache_of(chosen: str) -> Path | None:
+    """The cache directory a selection reads from (None: the current interpreter)."""
+    if chosen == CURRENT:
+        return None
+    if chosen == AUTO:
+        return stamp.cache_dir()
+    path = Path(chosen).expanduser()
+    if not path.is_dir():
+        raise declare.WorkerEnvError(f"--worker-env {chosen}: not 'current', 'auto' or an existing directory "
+                                     "of built worker environments")
+    return path.absolute()
+
+
+def worker_pythons(spec: dict, chosen: str | None = None, *, verify: bool = True) -> dict[str, str]:
+    """{role: interpreter} for the policy and rollout workers of ``spec`` under the selection
+    (default :func:`selection`); WorkerEnvError naming the backend when its environment is unusable."""
+    chosen = selection(chosen)
+    cache = cache_of(chosen)
+    roles = declare.backends_of(spec)
+    if cache is None:
+        return dict.fromkeys(roles, sys.executable)
+    out: dict[str, str] = {}
+    states: dict[str, stamp.EnvState] = {}
+    for role, backend in roles.items():
+        if backend not in declare.ENVIRONMENTS:
+            raise declare.WorkerEnvError(f"{role}.backend: {backend!r} has no worker environment "
+                                         f"(known: {', '.join(declare.ENVIRONMENTS)})")
+        state = states.get(backend) or stamp.inspect(cache, backend, verify=verify)
+        states[backend] = state
+        if state.status != "ok":
+            raise declare.WorkerEnvError(f"{role}.backend={backend}: {state.refusal()}"
+                                         + ("" if chosen == AUTO else f" --cache-dir {cache}"))
+        out[role] = os.fspath(state.python)
+    return out
+
+
+RECORD = "worker_envs.json"  # in the run directory: which interpreter each worker ran (not a gated surface)
+
+
+def actor_runtime_env(role: str, spec: dict, env_vars: dict[str, str]) -> dict:
+    """A Ray actor's ``runtime_env`` for a ``role`` worker of ``spec``: its env vars, and
+    ``py_executable`` when the selection puts that role in a built environment."""
+    runtime_env: dict = {"env_vars": dict(env_vars)}
+    if selection() != CURRENT:
+        python = worker_pythons(spec, verify=False)[role]
+        if python != sys.executable:
+            runtime_env["py_executable"] = python
+    return runtime_env
+
+
+def in_worker_env(role: str, environ: dict | None = None) -> bool:
+    """Whether ``role``'s workers run in a built environment under the selection in force (then
+    their backend's packages are that environment's business, not this interpreter's)."""
+    return role in ("policy", "rollout") and selection(None, environ) != CURRENT
