@@ -91,22 +91,47 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
 
 def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,
             goldens_root: Path | None = None, say: Say | None = None, platform: str | None = None,
-            warm=None) -> Execution:
+            warm=None, ray_address: str | None = None) -> Execution:
     """Run + postflight (on ``platform``'s device, see :func:`spec_for_platform`).
-    Raises only for unusable input (spec/topology errors). ``warm``: a
+    Raises only for unusable input (spec/topology errors, a Ray cluster that cannot
+    hold the plan: ``ClusterRefused``, checked before anything starts). ``warm``: a
     ``harness.runner.warm.WarmRuntime`` to reuse Ray and warm worker processes from
-    (docs/runner.md); None: a cold run with its own Ray instance."""
+    (docs/runner.md); None: a cold run with its own Ray instance. ``ray_address``
+    (else the spec's ``platform.ray_address``): join that Ray cluster, cold
+    (docs/cluster.md)."""
     from harness.runner.run import run_workload
     from harness.spec.load import check_runnable
+    from harness.spec.topology import plan
 
     spec = spec_for_platform(workload, overrides, platform, goldens_root)
     check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
+    address = ray_address_of(spec, ray_address)
+    topology = plan(spec).to_dict()
+    if address is None:
+        from harness.runner.capacity import local_refusal
+
+        refusal = local_refusal(topology)  # a plan of more nodes than a private instance: exit 2, ray not imported
+        if refusal is not None:
+            raise refusal
+    else:
+        from harness.runner.cluster import preflight
+
+        preflight(spec, topology, address)  # ClusterRefused (exit 2) before anything starts
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
     t = time.perf_counter()
-    run_workload(spec, run_dir, progress=say, warm=warm)
+    run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
     phase(say, "postflight")
     result = postflight(run_dir)
     return Execution(spec, run_dir, result, time.perf_counter() - t)
+
+
+def ray_address_of(spec: dict, explicit: str | None = None) -> str | None:
+    """The Ray cluster a run joins: ``explicit`` (``--ray-address``), else the spec's optional
+    ``platform.ray_address``, else None (a private local instance; ``RAY_ADDRESS`` is not
+    followed, so a golden never lands on a shared cluster by accident)."""
+    from harness.spec.typed import as_workload
+
+    return explicit or as_workload(spec).platform.ray_address or None
 
 
 def resume(run_dir: Path, *, say: Say | None = None) -> Execution:

@@ -95,6 +95,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--golden-platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)"
     )
     group.addoption("--golden-summary", default=None, help="write a Markdown summary of golden results here")
+    group.addoption("--golden-ray-address", default=None, metavar="ADDR",
+                    help="run every golden on this Ray cluster (cold, placed from the plan; docs/cluster.md) "
+                         "instead of the warm local runtime")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -296,6 +299,7 @@ class GoldenSession:
         self.tmp_root = tmp_root
         self.root_opt = config.getoption("--goldens-root")
         self.platform_opt = config.getoption("--golden-platform")
+        self.ray_address = config.getoption("--golden-ray-address", None)
         self.refresh = bool(config.getoption("--golden-refresh"))
         self.capture_missing = bool(config.getoption("--golden-capture-missing"))
         self.reason = config.getoption("--golden-reason")
@@ -378,7 +382,8 @@ class GoldenSession:
         progress = self._progress(workload)
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
-                                      platform=self.platform_opt, say=progress, warm=self.warm_runtime())
+                                      platform=self.platform_opt, say=progress, ray_address=self.ray_address,
+                                      warm=None if self.ray_address else self.warm_runtime())
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
         finally:

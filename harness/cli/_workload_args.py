@@ -41,6 +41,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, workload_optional
                              "then <workload>-<time>-<pid>)")
     add_goldens_root(parser, dest="goldens")
     parser.add_argument("--platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help="join this Ray cluster (e.g. head:6379) instead of starting a private local instance "
+                             "(default: the spec's platform.ray_address, else local; RAY_ADDRESS is not followed); "
+                             "a cluster that cannot hold the plan is refused before anything starts "
+                             "(docs/cluster.md)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--worker-env", default=None, metavar="current|auto|DIR",
                         help="interpreter of the policy/rollout workers: current (default), auto (each backend's "
@@ -208,7 +213,8 @@ def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = Non
     say = say if say is not None else progress(args)
     try:
         execution = flows.execute(args.workload, overrides=tuple(args.overrides), run_dir=prepared.run_dir,
-                                  goldens_root=args.goldens, say=say, platform=getattr(args, "platform", None))
+                                  goldens_root=args.goldens, say=say, platform=getattr(args, "platform", None),
+                                  ray_address=getattr(args, "ray_address", None))
     except SpecError as exc:
         say.close()
         print(f"golden {args.command}: {exc}", file=sys.stderr)

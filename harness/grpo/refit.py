@@ -74,6 +74,7 @@ class Refitter:
         self._store = None  # HeldStore of the broadcast side group (first broadcast refit .. close)
         self._side: dict | None = None  # the side group's signature, the same for every refit
         self._closed = False
+        self.store_host: str | None = None  # the side group's store address (None: loopback, one node)
 
     def refit(self, step: int) -> dict:
         """One refit after ``step`` (0 = initial sync). Returns {version, seconds, transport,
@@ -118,7 +119,8 @@ class Refitter:
         if self._side is None:
             from harness.parallel.rendezvous import HeldStore
 
-            self._store = HeldStore()  # bound here, before the port leaves this process
+            # bound here, before the port leaves this process
+            self._store = HeldStore() if self.store_host is None else HeldStore(self.store_host)
             self._side = {"host": self._store.host, "port": int(self._store.port),
                           "world_size": self._side_world,
                           "prefix": f"harness-refit/{uuid.uuid4().hex}"}

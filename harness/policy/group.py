@@ -96,10 +96,14 @@ class PolicyGroup:
         env_vars: Mapping[str, str] | None = None,
         address: str | None = None,
         pool: Any = None,
+        placement: Any = None,
     ) -> None:
         """``pool``: a ``harness.runner.warm.WarmRuntime`` whose warm policy processes the ranks
         adopt (Ray must be up); shutdown hands them back when every rank retired cleanly,
-        else kills them. Without it every rank is a new actor (a cold start)."""
+        else kills them. Without it every rank is a new actor (a cold start).
+        ``placement``: a ``harness.runner.placement.Placement`` pinning each new rank to its
+        planned bundle; when it spans nodes the rendezvous store is handed out on this
+        process's node address (reachable from every node), else on loopback."""
         spec = as_workload(spec)
         if topology is None:
             from harness.spec.topology import plan
@@ -126,12 +130,14 @@ class PolicyGroup:
                          log_to_driver=False)  # "local": RAY_ADDRESS is not followed (see runner/session.py)
             self._started_ray = True
         env = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", **(env_vars or {})}
-        self._store = HeldStore()  # served here for the group's lifetime (ranks may create groups later)
+        host = ray.util.get_node_ip_address() if placement is not None and placement.spans_nodes else None
+        # served here for the group's lifetime (ranks may create groups later)
+        self._store = HeldStore() if host is None else HeldStore(host)
         args = (self._store.host, self._store.port, run_dir, topology)
         if pool is None:
             self.workers = [
-                self.worker_actor.options(num_cpus=0, runtime_env=actor_runtime_env("policy", spec, env),
-                                          name=None).remote(
+                self.worker_actor.options(num_cpus=0, runtime_env=actor_runtime_env("policy", spec, env), name=None,
+                                          **({} if placement is None else placement.options(self.role, r))).remote(
                     spec, r, self.world, *args
                 )
                 for r in range(self.world)

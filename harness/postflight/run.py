@@ -22,6 +22,7 @@ from harness.artifacts import layout
 from harness.artifacts.trace import TraceFile
 from harness.manifest.build import artifact_entry, new_manifest, surface_entry
 from harness.manifest.validate import ManifestInvalid, validate_manifest
+from harness.postflight.placement import placement_check
 from harness.surfaces.build import GATED, INFORMATIONAL, RunArtifacts, build_all
 from harness.surfaces.canonical import surface_file_bytes
 from harness.surfaces.registry import normalise
@@ -104,6 +105,9 @@ def completeness_checks(art: RunArtifacts) -> list[dict]:
     steps = [m["step"] for m in art.metrics]
     checks.append(_check("metrics_complete", steps == list(range(1, iters + 1)),
                          f"steps logged {steps}, expected 1..{iters}"))
+    placed = placement_check(art.run_dir, run)
+    if placed is not None:
+        checks.append(placed)
     return checks
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.artifacts import layout
+from harness.postflight.placement import PLACEMENT_FILE
 from harness.runner.environment import collect_environment, git_commit
 from harness.spec.load import spec_digest
 from harness.spec.topology import plan
@@ -44,8 +45,10 @@ def _write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def expected_artifacts(spec: Mapping[str, Any], topology) -> list[str]:
-    """Trace files that a complete run must contain (one per profiler instance)."""
+def expected_artifacts(spec: Mapping[str, Any], topology, *, placed: bool = False) -> list[str]:
+    """Files a complete run must contain: a trace per profiler instance, the metrics, the
+    rollout summaries (capture on) and, for a run placed from the plan (``placed``: every
+    cold run), ``placement.json`` (``harness.runner.placement``)."""
     spec = as_workload(spec)
     paths = []
     if spec.plugins.policy_profiler:
@@ -57,6 +60,8 @@ def expected_artifacts(spec: Mapping[str, Any], topology) -> list[str]:
     paths.append(layout.METRICS)
     if spec.capture.enabled:
         paths.append(layout.ROLLOUTS)
+    if placed:
+        paths.append(PLACEMENT_FILE)
     return paths
 
 
@@ -79,10 +84,12 @@ def worker_env(spec: Mapping[str, Any], run_dir: Path, run_id: str) -> dict[str,
 
 
 def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] | None = None,
-                 warm=None) -> RunOutcome:
+                 warm=None, ray_address: str | None = None) -> RunOutcome:
     """Run ``spec`` into ``run_dir`` (must not exist or be empty). ``warm``: a
     ``harness.runner.warm.WarmRuntime`` whose Ray and warm processes the run reuses
-    (the pytest plugin's); None: a private Ray instance, started and torn down."""
+    (the pytest plugin's); None: a private Ray instance, started and torn down.
+    ``ray_address``: join that Ray cluster instead (``warm`` is then not used; check it
+    first with ``harness.runner.cluster.preflight``)."""
     run_dir = Path(run_dir)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run directory {run_dir} is not empty")
@@ -90,8 +97,18 @@ def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] |
     spec = as_workload(spec)
     topology = plan(spec)  # validates before anything starts
     run_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
-    return _execute(spec, topology, run_dir, run_id, _new_run_doc(spec, topology, run_id), None, progress,
-                    warm=warm)
+    if ray_address is not None:
+        warm = None
+    placed = warm is None or _private_ray(spec)
+    return _execute(spec, topology, run_dir, run_id, _new_run_doc(spec, topology, run_id, placed=placed), None,
+                    progress, warm=warm, ray_address=ray_address)
+
+
+def _private_ray(spec) -> bool:
+    """A warm runtime still runs this spec in a Ray of its own (so it is placed)."""
+    from harness.runner.warm import private_ray_reason
+
+    return private_ray_reason(spec) is not None
 
 
 def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = None) -> RunOutcome:
@@ -122,7 +139,7 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
                     trace_env={"HARNESS_TRACE_SEGMENT": str(segment), "HARNESS_STEP_OFFSET": str(state["step"])})
 
 
-def _new_run_doc(spec: dict, topology, run_id: str) -> dict:
+def _new_run_doc(spec: dict, topology, run_id: str, *, placed: bool = False) -> dict:
     return {
         "run_id": run_id,
         "workload": as_workload(spec).name,
@@ -133,14 +150,14 @@ def _new_run_doc(spec: dict, topology, run_id: str) -> dict:
         "git_commit": git_commit(),
         "status": "running",
         "error": None,
-        "expected_artifacts": expected_artifacts(spec, topology),
+        "expected_artifacts": expected_artifacts(spec, topology, placed=placed),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
 def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, resume,
              progress: Callable[[str], None] | None, trace_env: dict[str, str] | None = None,
-             warm=None) -> RunOutcome:
+             warm=None, ray_address: str | None = None) -> RunOutcome:
     say = progress or (lambda msg: None)
     _write_json(run_dir / layout.RUN_JSON, run_doc)
     t0 = time.perf_counter()
@@ -153,7 +170,8 @@ def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, re
         phase(say, "loading torch and ray")
         from harness.runner.session import Session  # torch + ray live behind this import
 
-        with Session(spec, topology, run_dir, env, say, resume=resume, warm=warm) as session:
+        with Session(spec, topology, run_dir, env, say, resume=resume, warm=warm,
+                     ray_address=ray_address) as session:
             session.run_iterations()
     except KeyboardInterrupt:
         error = "interrupted (Ctrl-C or SIGTERM)"

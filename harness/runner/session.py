@@ -1,11 +1,15 @@
 """The live part of a run: Ray, workers, data plane, trainer; torn down on exit.
 
-``Session`` is a context manager. ``__enter__`` starts, in order: Ray (local,
-``num_cpus`` = the machine's cores, actors at ``num_cpus=0``), the data plane
+``Session`` is a context manager. ``__enter__`` starts, in order: Ray (a private
+local instance, or the cluster at ``ray_address`` joined: ``harness.runner.cluster``),
+the placement group of a cold run (``harness.runner.placement``: every rank pinned to
+its planned slot, actors at ``num_cpus=0``), the data plane
 and capture ledger (when capture is on), the policy worker group, the rollout
-workers (engine-init windows close inside them), and an initial refit so the
+workers (engine-init windows close inside them), ``placement.json`` (where each
+rank actually runs), and an initial refit so the
 engines hold exactly the policy's weights (weight version 1). ``__exit__``
-shuts everything down in reverse order whatever happened, then Ray itself.
+shuts everything down in reverse order whatever happened, then Ray itself (a
+joined cluster: this driver only disconnects).
 A reaper (``harness.runner.reaper``) started before Ray kills whatever a run
 leaves behind: after ``ray.shutdown``, and when this driver dies (SIGKILL included).
 """
@@ -40,11 +44,15 @@ SHUTDOWN_TIMEOUT_S = 60
 
 class Session:
     def __init__(self, spec: dict, topology, run_dir: Path, env_vars: dict[str, str],
-                 say: Callable[[str], None], resume: tuple[Path, dict] | None = None, warm=None) -> None:
+                 say: Callable[[str], None], resume: tuple[Path, dict] | None = None, warm=None,
+                 ray_address: str | None = None) -> None:
         """``resume``: (checkpoint dir, its state) from ``checkpoint.latest``; the
         stores must already be restored (``checkpoint.restore_stores``). ``warm``: a
         ``harness.runner.warm.WarmRuntime`` to take Ray and warm processes from (ignored,
-        i.e. a cold start, when ``warm.cold_reason`` names one for this spec)."""
+        i.e. a cold start, when ``warm.cold_reason`` names one for this spec, or when
+        ``ray_address`` is given). ``ray_address``: join that Ray cluster instead of
+        starting a private local instance (``harness.runner.cluster``); every cold run
+        places its ranks from the plan (``harness.runner.placement``)."""
         self.spec = as_workload(spec)
         self.resume = resume
         self.first_step = 1 if resume is None else int(resume[1]["step"]) + 1
@@ -65,6 +73,10 @@ class Session:
         self._dataplane_check = None
         self._reaper = None
         self._token_before: str | None = None
+        self.ray_address = ray_address
+        self.placement = None  # harness.runner.placement.Placement of a cold run
+        if ray_address is not None:
+            self.warm = None  # a cluster run places fresh actors; the warm pool lives in its own Ray
 
     # -- start-up ------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -114,19 +126,25 @@ class Session:
             on_main_thread = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if on_main_thread else None
             self._start_reaper()  # before ray.init: every Ray process of the run inherits the token
-            phase(self.say, "starting Ray")
-            if os.environ.get("RAY_ADDRESS"):
+            phase(self.say, "starting Ray" if self.ray_address is None else f"joining Ray at {self.ray_address}")
+            if os.environ.get("RAY_ADDRESS") and self.ray_address is None:
                 self.say(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is ignored: a golden run starts its own "
                          "local Ray instance (no shared cluster, no other jobs' actors)")
-            # address="local": always a fresh local instance. Without it ray.init follows
-            # RAY_ADDRESS to an existing cluster and then refuses num_cpus.
-            ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
-                     log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")),
+            from harness.runner.cluster import init_ray
+
+            init_ray(self.spec, self.ray_address, log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")),
                      runtime_env=runtime_env)
             if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins
                 signal.signal(signal.SIGTERM, sigterm)
             self._started_ray = True
             self.say(f"ray up in {time.perf_counter() - t:.1f}s")
+        if not shared:
+            from harness.runner.placement import Placement
+
+            phase(self.say, f"placing {len(self.topology.nodes)} planned node(s)")
+            self.placement = Placement.create(self.spec, self.topology.to_dict(),
+                                              where=f"ray cluster {self.ray_address or 'local'}",
+                                              local=self.ray_address is None)
         from harness.envs.tasks import PromptLoader, make_task
         from harness.envs.tokenizer import load_tokenizer
 
@@ -139,7 +157,8 @@ class Session:
         phase(self.say, f"spawning {self.topology.policy.world} policy workers")
         from harness.policy.group import PolicyGroup
 
-        self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars, pool=pool)
+        self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars, pool=pool,
+                                  placement=self.placement)
         self._detail("policy workers", self.policy.ready_info)
         if spec.get("distill") is not None:
             from harness.distill.teacher import TeacherGroup
@@ -153,7 +172,9 @@ class Session:
 
             actor_cls = rollout_worker_actor()
             for engine in self.topology.engines:
-                w = actor_cls.options(runtime_env=worker_env.actor_runtime_env("rollout", spec, self.env_vars)).remote(
+                placed = {} if self.placement is None else self.placement.options("rollout", engine.rank_prefix)
+                w = actor_cls.options(runtime_env=worker_env.actor_runtime_env("rollout", spec, self.env_vars),
+                                      **placed).remote(
                     spec, engine.engine, engine.rank_prefix, str(self.run_dir), env_vars=self.env_vars,
                     capture_config=self._capture_config,
                 )
@@ -167,8 +188,12 @@ class Session:
                              for w, engine in zip(self.workers, self.topology.engines)])
         self._detail("rollout workers", ready)
         _record_worker_pythons(self.run_dir, worker_env.selection(), worker_pythons, self.policy.ready_info, ready)
+        if self.placement is not None:
+            self.placement.record(self.run_dir, self.policy.workers, self.workers)
         self._await_dataplane()
         self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir, topology=self.topology)
+        if self.placement is not None and self.placement.spans_nodes:
+            self.refitter.store_host = ray.util.get_node_ip_address()  # reachable from every node
         if self.resume is not None:
             ckpt, state = self.resume
             self.say(f"resuming after step {state['step']} from {ckpt}")
@@ -240,7 +265,8 @@ class Session:
         path = str(self.run_dir / layout.DATAPLANE)
         # Not waited for here: the actor's process starts while the workers do; _await_dataplane
         # checks it (as start_dataplane_actor would) once they are up, before the first refit.
-        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True).remote(path)
+        pin = {} if self.placement is None else self.placement.driver_node_options()  # beside the driver's reads
+        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True, **pin).remote(path)
         self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
         self.dataplane = DataPlaneClient(self.dataplane_handle)
         if not self.spec.capture.enabled:
@@ -321,8 +347,10 @@ class Session:
                 ray.kill(self.dataplane_handle)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"data plane shutdown: {e!r}")
+        if self.placement is not None:
+            self.placement.remove()
         if self._started_ray:
-            ray.shutdown()
+            ray.shutdown()  # a joined cluster: this driver disconnects, the cluster keeps running
         self._stop_reaper()
         if errors:
             self.say("teardown problems: " + "; ".join(errors))

@@ -278,6 +278,7 @@ class PlatformSpec:
     gpus_per_node: int
     head_node: bool
     platforms: tuple[str, ...]
+    ray_address: str | None = None  # no default written: join this Ray cluster (docs/cluster.md)
 
 
 @dataclass(frozen=True)

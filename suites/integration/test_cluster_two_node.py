@@ -1,0 +1,152 @@
+"""Goldens on a real multi-node Ray cluster, started here (docs/cluster.md).
+
+One ``ray.cluster_utils.Cluster`` for the module: a head and a worker raylet, each
+its own Ray node with 4 logical CPUs (the box has 2 cores; every actor still runs at
+``num_cpus=0`` inside its placement-group bundle). On it:
+
+* the flagship layout over 2 nodes x 4 slots (``qwen3_moe_tiny_2node``) runs through
+  ``flows.execute(..., ray_address=...)`` and its gated surfaces equal the stored
+  ``cpu-cluster`` golden; ``placement.json`` shows ranks 0-3 on one Ray node and
+  4-7 on the other, and the cluster is still up afterwards (the run only joined it);
+* a planted placement swap (``GOLDEN_PLANT_PLACEMENT_SWAP``: policy ranks 3 and 4
+  pinned to each other's bundles) is scheduled for real on this cluster (stand-in
+  actors: each lands on the other node) and postflight's rule names both ranks; the
+  completed 2-node run with that swap in its ``placement.json`` gets no verdict
+  (``NoVerdict``, exit 3). (``benches/local_cluster.py`` with the variable set runs a
+  whole swapped check: exit 3, docs/cluster.md);
+* a plan the cluster cannot hold is refused by ``golden check`` with exit 2 before
+  anything starts, naming the nodes and their CPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from harness import flows
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD = "qwen3_moe_tiny_2node"
+PLATFORM = "cpu-cluster"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    try:
+        c.add_node(num_cpus=4)
+        c.wait_for_nodes()
+        yield c
+    finally:
+        c.shutdown()
+
+
+def _alive_nodes(address: str) -> int:
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        return sum(1 for n in ray.nodes() if n["Alive"])
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_node_run(cluster, tmp_path_factory):
+    execution = flows.execute(WORKLOAD, run_dir=tmp_path_factory.mktemp("two_node") / "run", platform=PLATFORM,
+                              ray_address=cluster.address)
+    assert execution.ok, execution.problems()
+    return execution
+
+
+def test_two_node_golden_at_parity_placed_as_planned(cluster, two_node_run) -> None:
+    verdict = flows.compare_with_golden(two_node_run, PLATFORM)
+    assert verdict.ok, [(f.surface, f.section, f.path) for f in verdict.findings][:5]
+    doc = json.loads((two_node_run.run_dir / "placement.json").read_text())
+    node_of = {(r["role"], r["rank"]): r["actual"]["node_id"] for r in doc["ranks"]}
+    policy = [node_of[("policy", r)] for r in range(8)]
+    assert len(set(policy[:4])) == 1 and len(set(policy[4:])) == 1 and policy[0] != policy[4]
+    assert node_of[("rollout", 0)] == policy[0]  # the engine beside the zmq sender
+    assert [r["actual"]["bundle"] for r in doc["ranks"] if r["role"] == "policy"] == list(range(8))
+    checks = {c["name"]: c for c in two_node_run.postflight.checks}
+    assert checks["placement_as_planned"]["outcome"] == "pass"
+    topology = two_node_run.postflight.surfaces["topology"]
+    assert "node_id" not in json.dumps(topology) and policy[0] not in json.dumps(topology)  # node index only
+    assert _alive_nodes(cluster.address) == 2  # the run joined the cluster and left it running
+
+
+SWAPPED = ["policy rank 3: planned node 0 device 3, actual node 1 device 0",
+           "policy rank 4: planned node 1 device 0, actual node 0 device 3"]
+
+
+def test_planted_swap_is_scheduled_on_the_other_nodes(cluster, tmp_path, monkeypatch) -> None:
+    import ray
+
+    from harness.postflight.placement import placement_problems
+    from harness.runner.cluster import init_ray
+    from harness.runner.placement import SWAP_ENV, Placement
+    from harness.spec.load import load_spec
+    from harness.spec.topology import plan
+
+    spec = load_spec(WORKLOAD)
+    topo = plan(spec).to_dict()
+    monkeypatch.setenv(SWAP_ENV, "policy:3,4")
+    init_ray(spec, cluster.address, log_to_driver=False)
+    try:
+        placement = Placement.create(spec, topo, where="test cluster")
+
+        @ray.remote(num_cpus=0)
+        class Rank:  # a stand-in rank: where Ray puts it is all this checks
+            def ping(self) -> int:
+                return os.getpid()
+
+        policy = [Rank.options(**placement.options("policy", r)).remote() for r in range(8)]
+        rollout = [Rank.options(**placement.options("rollout", 0)).remote()]
+        recorded = placement.record(tmp_path, policy, rollout)
+        placement.remove()
+    finally:
+        ray.shutdown()
+    assert placement_problems(topo, recorded) == SWAPPED
+    node_ids = {(r["role"], r["rank"]): r["actual"]["node_id"] for r in recorded["ranks"]}
+    assert node_ids[("policy", 3)] == node_ids[("policy", 7)] != node_ids[("policy", 4)] == node_ids[("policy", 0)]
+
+
+def test_a_run_placed_against_the_plan_gets_no_verdict(two_node_run, tmp_path) -> None:
+    from harness.postflight.read import NoVerdict, load_run
+    from harness.postflight.run import postflight
+
+    run = tmp_path / "run"
+    shutil.copytree(two_node_run.run_dir, run, ignore=shutil.ignore_patterns("ipc"))  # sockets do not copy
+    doc = json.loads((run / "placement.json").read_text())
+    a, b = doc["ranks"][3]["actual"], doc["ranks"][4]["actual"]  # ranks 3 and 4 ran on each other's slots
+    doc["ranks"][3]["actual"], doc["ranks"][4]["actual"] = b, a
+    (run / "placement.json").write_text(json.dumps(doc))
+    result = postflight(run)
+    assert result.status == "incomplete"
+    assert [c["detail"] for c in result.failed_checks] == ["; ".join(SWAPPED)]
+    with pytest.raises(NoVerdict, match=r"check placement_as_planned failed: policy rank 3: planned node 0 "
+                                        r"device 3, actual node 1 device 0"):
+        load_run(run)
+
+
+def test_a_cluster_too_small_is_refused_before_anything_starts(cluster, tmp_path, capsys) -> None:
+    from harness.cli import main
+
+    run_dir = tmp_path / "run"
+    cmd = ["check", WORKLOAD, "--platform", PLATFORM, "--ray-address", cluster.address, "--run-dir", str(run_dir), "-q"]
+    assert main([*cmd, "platform.nodes=3"]) == 2
+    err = capsys.readouterr().err
+    assert (f"golden check: platform.ray_address: ray cluster {cluster.address} has 2 alive node(s), the plan needs "
+            "3 node(s) (3 x 4 cpu slots, each node CPU >= 4)") in err
+    assert main([*cmd, "platform.nodes=1", "platform.gpus_per_node=8"]) == 2
+    err = capsys.readouterr().err
+    assert "only 0 of 2 alive node(s) can hold 8 cpu slots (CPU >= 8)" in err
+    assert err.count(": 4 CPU, 0 GPU") == 2  # both nodes named with their CPUs
+    assert not run_dir.exists()
