@@ -11,9 +11,49 @@ new platform's goldens the same way.
 Mutations are numerically neutral where possible (they add work whose result
 is discarded) so the finding lands on the intended surface and not only on
 ``training``.
+
+``WARM_SAFE`` names the mutations that may also run in a warm process
+(``harness.runner.warm``: the hook runs in a process whose actor already
+exists). They patch only module functions and plain classes the workload
+looks up at call time, each through ``_patch``, which records the attribute it
+replaces, so :func:`undo` puts every one back (the warm pool calls it after
+the run, then reuses the process). A patch of an actor class's method
+(``PolicyWorkerImpl``, ``RolloutWorker``) would not take there: Ray wraps every
+method of an actor class when it loads it, so the actor keeps the methods it
+had then; such a mutation runs in a private, cold Ray instance, where the hook
+runs first.
 """
 
 from __future__ import annotations
+
+WARM_SAFE = frozenset({"extra_tp_collective", "extra_operator", "dp_debug_barrier",
+                       "extra_all_gather_on_tp_rank1", "rollout_token_changed_in_step2"})
+
+_MISSING = object()
+_applied: list[tuple[object, str, object]] = []  # (owner, name, the raw attribute replaced), oldest first
+
+
+def _patch(owner: object, name: str, value: object) -> None:
+    """Set ``owner.name`` (a module or a class) and record what was there, for :func:`undo`."""
+    _applied.append((owner, name, vars(owner).get(name, _MISSING)))
+    setattr(owner, name, value)
+
+
+def undo() -> int:
+    """Put back every attribute the mutations replaced in this process, newest first, and check
+    each is the original object again; returns how many. Raises RuntimeError when one is not
+    (the caller must then discard the process)."""
+    undone = 0
+    while _applied:
+        owner, name, old = _applied.pop()
+        if old is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, old)
+        if vars(owner).get(name, _MISSING) is not old:
+            raise RuntimeError(f"mutation undo: {getattr(owner, '__name__', owner)}.{name} is not the original")
+        undone += 1
+    return undone
 
 
 def extra_tp_collective() -> None:
@@ -31,7 +71,7 @@ def extra_tp_collective() -> None:
         dist.all_reduce(probe, group=tp_group)
         return out
 
-    tensor.row_parallel_sp = row_parallel_sp
+    _patch(tensor, "row_parallel_sp", row_parallel_sp)
 
 
 def extra_operator() -> None:
@@ -45,7 +85,7 @@ def extra_operator() -> None:
     def sp_gather(x, tp_group):
         return original(x + torch.zeros_like(x).tanh(), tp_group)
 
-    tensor.sp_gather = sp_gather
+    _patch(tensor, "sp_gather", sp_gather)
 
 
 def policy_rank1_dies_in_step2() -> None:
@@ -84,7 +124,7 @@ def dp_debug_barrier() -> None:
         dist.barrier()
         return original(params, kinds, groups)
 
-    data.reduce_gradients = reduce_gradients
+    _patch(data, "reduce_gradients", reduce_gradients)
 
 
 def extra_all_gather_on_tp_rank1() -> None:
@@ -108,7 +148,7 @@ def extra_all_gather_on_tp_rank1() -> None:
                 own["group"], own["tp_rank"] = g, layout.coords[rank]["tp"]
         return made
 
-    groups_mod.ProcessGroups.create = classmethod(create_with_own_groups)
+    _patch(groups_mod.ProcessGroups, "create", classmethod(create_with_own_groups))
     original = data.reduce_gradients
 
     def reduce_gradients(params, kinds, groups):
@@ -117,21 +157,22 @@ def extra_all_gather_on_tp_rank1() -> None:
             dist.all_gather_into_tensor(torch.zeros(4, dtype=torch.float32), probe, group=own["group"])
         return original(params, kinds, groups)
 
-    data.reduce_gradients = reduce_gradients
+    _patch(data, "reduce_gradients", reduce_gradients)
 
 
 def rollout_token_changed_in_step2() -> None:
     """rollouts: one sampled token of the first generation batch of step 2 is changed (token id
-    + 1) after the engine returns it and before capture stages it, as a sampler bug would."""
+    + 1) after the engine returns it and before capture stages it, as a sampler bug would. It
+    patches the plain classes the rollout actor calls (``EngineProcesses`` for internal engine
+    processes, ``EngineWorker`` in the actor), not the actor class (see ``WARM_SAFE``)."""
     import re
 
-    from harness.rollout.worker import RolloutWorker
+    from harness.rollout.engine_procs import EngineProcesses
+    from harness.rollout.engine_worker import EngineWorker
 
-    original = RolloutWorker._call_async
-    state = {"step": None, "done": False}
+    state: dict = {"step": None, "done": False, "vocab": None}
 
-    async def _call_async(self, method, *args, **kwargs):
-        result = await original(self, method, *args, **kwargs)
+    def observe(method: str, args: tuple, result):
         if method == "begin_rollout":
             m = re.search(r"step(\d+)", str(args[0]) if args else "")
             state["step"] = int(m.group(1)) if m else None
@@ -139,11 +180,40 @@ def rollout_token_changed_in_step2() -> None:
             ids = result[0]["output_ids"]
             if ids:
                 at = min(1, len(ids) - 1)
-                ids[at] = (ids[at] + 1) % self.spec.model.vocab
+                ids[at] = (ids[at] + 1) % int(state["vocab"])
                 state["done"] = True
         return result
 
-    RolloutWorker._call_async = _call_async
+    start = EngineProcesses.start.__func__
+
+    def start_recording(cls, spec, **kwargs):
+        state["vocab"] = int(spec["model"]["vocab"])
+        return start(cls, spec, **kwargs)
+
+    _patch(EngineProcesses, "start", classmethod(start_recording))
+    call = EngineProcesses.call
+
+    def call_observed(self, method, *args, **kwargs):
+        results = call(self, method, *args, **kwargs)
+        if results:
+            observe(method, args, results[0])
+        return results
+
+    _patch(EngineProcesses, "call", call_observed)
+    init = EngineWorker.__init__
+
+    def init_recording(self, spec, *args, **kwargs):
+        state["vocab"] = int(spec["model"]["vocab"])
+        init(self, spec, *args, **kwargs)
+
+    _patch(EngineWorker, "__init__", init_recording)
+    for name in ("begin_rollout", "generate"):  # the in-actor engine (TP 1, sync)
+        original = getattr(EngineWorker, name)
+
+        def observed(self, *args, _original=original, _name=name, **kwargs):
+            return observe(_name, args, _original(self, *args, **kwargs))
+
+        _patch(EngineWorker, name, observed)
 
 
 def teacher_logits_planted_wrong() -> None:

@@ -1,7 +1,15 @@
 """Internal engine processes and the actor-side RPC client (vLLM ``collective_rpc``).
 
-``EngineProcesses.start`` spawns one process per TP rank (``spawn`` context).
-Each joins a private gloo world of the engine's TP ranks (TCP rendezvous on
+``EngineProcesses.start`` starts one process per TP rank, forked by this
+process's multiprocessing fork server (``forkserver`` context) with torch and
+``torch.distributed`` preloaded: the fork server (a fresh interpreter, no threads,
+started on the first engine of this process and kept for its life) imports torch
+once, so an engine of TP n pays one torch import instead of n, and a warm rollout
+actor's later workloads none. Each process starts as a ``spawn`` one would:
+``multiprocessing`` hands it this process's ``sys.path``, working directory and
+main module, and ``engine_process_main`` replaces its environment with this
+process's current one plus the engine's ``env`` (the fork server's own is the
+one of the workload that started it). Each joins a private gloo world of the engine's TP ranks (TCP rendezvous on
 127.0.0.1) and creates its TP group with ``group_desc="rollout_tp"``, then
 builds an ``EngineWorker``. The actor talks to each process over a duplex
 pipe: ``call(method, ...)`` sends the same call to every rank and returns
@@ -26,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 READY_TIMEOUT_S = 300.0
+PRELOAD = ("torch", "torch.distributed")  # imported once, in the fork server
 EXIT_TIMEOUT_S = 20.0
 
 
@@ -37,11 +46,20 @@ def _die_with_parent() -> None:
         pass
 
 
+def _context() -> Any:
+    """The fork-server context; the preload list is read when this process's server starts."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
 def engine_process_main(
     conn: Any, spec: dict, tp_rank: int, tp_size: int, port: int, profiler_rank: int, env: dict
 ) -> None:
-    """Entry point of one internal engine process (picklable, module level)."""
+    """Entry point of one internal engine process (picklable, module level). ``env``: the
+    whole environment the process runs with (the starter's, plus the engine's variables)."""
     _die_with_parent()
+    os.environ.clear()
     os.environ.update(env)
     import torch
     import torch.distributed as dist
@@ -105,7 +123,8 @@ class EngineProcesses:
         """Spawn ``tp_size`` processes and wait until every engine is built and warmed up."""
         from harness.parallel.rendezvous import HeldStore
 
-        ctx = mp.get_context("spawn")
+        ctx = _context()
+        environ = {**os.environ, **{k: str(v) for k, v in env.items()}}
         store = HeldStore() if tp_size > 1 else None
         port = store.port if store is not None else 0
         processes, conns = [], []
@@ -113,7 +132,7 @@ class EngineProcesses:
             parent, child = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=engine_process_main,
-                args=(child, spec, rank, tp_size, port, rank_prefix + rank, dict(env)),
+                args=(child, spec, rank, tp_size, port, rank_prefix + rank, environ),
                 name=f"{label}-tp{rank}",
                 daemon=True,
             )

@@ -385,6 +385,22 @@ class RolloutWorkerHost(RolloutWorker):
         self._baseline = ProcessBaseline.capture()
         self._adopted = False
 
+    def run_setup_hook(self, name: str) -> None:
+        """Apply a worker setup hook before ``adopt`` (``undo_setup_hook`` after ``retire``)."""
+        from harness.runner.process_state import run_setup_hook
+
+        if self._adopted:
+            raise RuntimeError(f"warm rollout process {os.getpid()}: setup hook while adopted")
+        run_setup_hook(name)
+
+    def undo_setup_hook(self, name: str) -> int:
+        """Undo the hook's patches after ``retire``; raises if that is not certain."""
+        from harness.runner.process_state import undo_setup_hook
+
+        if self._adopted:
+            raise RuntimeError(f"warm rollout process {os.getpid()}: hook undo while adopted")
+        return undo_setup_hook(name)
+
     def adopt(self, env_vars: Mapping[str, str], *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self._adopted:
             raise RuntimeError(f"warm rollout process {os.getpid()} is still adopted by a workload")

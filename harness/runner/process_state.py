@@ -17,12 +17,15 @@ back what a workload can change process-wide:
   (and its warn-only flag), grad mode, default dtype and float32 matmul
   precision.
 
-It does not (and cannot) undo monkeypatches of modules: the runner never
-pools a workload that installs a worker setup hook (``harness.mutations``).
+It does not undo monkeypatches of modules by itself: a process that ran a
+worker setup hook (:func:`run_setup_hook`, the planted regressions of
+``harness.mutations.WARM_SAFE``) is pooled again only after
+:func:`undo_setup_hook` put back every attribute the hook replaced (else it is
+killed).
 Module-level caches that stay are the idempotent, workload-independent ones
 (``harness.parallel.settle``'s install, the operator counter's compiled
 library, the collective recorder's dispatcher kernels, which record only
-while a recorder is active). ``suites/golden/test_warm_isolation.py`` proves
+while a recorder is active). ``suites/golden/test_cold_warm_isolation.py`` proves
 the result: warm and cold runs give byte-identical gated surfaces.
 
 Standard library at import; torch is imported by ``capture``.
@@ -30,6 +33,7 @@ Standard library at import; torch is imported by ``capture``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import time
@@ -48,6 +52,30 @@ def process_start_time(pid: int | None = None) -> float | None:
         return btime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+
+
+def run_setup_hook(name: str) -> None:
+    """Call the worker setup hook ``name`` (``package.module.function``) in this process, as Ray
+    calls a job's ``worker_process_setup_hook`` in a fresh worker; a name that does not resolve
+    raises ValueError naming it."""
+    module, _, func = name.rpartition(".")
+    try:
+        hook = getattr(importlib.import_module(module), func) if module else None
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"GOLDEN_WORKER_SETUP_HOOK={name!r} does not resolve: {exc}") from exc
+    if not callable(hook):
+        raise ValueError(f"GOLDEN_WORKER_SETUP_HOOK={name!r} is not a module.function")
+    hook()
+
+
+def undo_setup_hook(name: str) -> int:
+    """Undo what the setup hook ``name`` patched: its module's ``undo()`` (``harness.mutations``
+    has one); returns what it returns. Raises when the module has none or the undo fails."""
+    module = importlib.import_module(name.rpartition(".")[0])
+    undo = getattr(module, "undo", None)
+    if not callable(undo):
+        raise RuntimeError(f"GOLDEN_WORKER_SETUP_HOOK={name!r}: its module has no undo()")
+    return int(undo())
 
 
 @dataclass

@@ -20,13 +20,23 @@ What is not pooled: the data-plane actor, internal rollout engine processes
 (``rollout.tp > 1`` or async) and rendezvous stores (all per workload), and
 whole workloads that :func:`cold_reason` names. The megatron policy backend
 (megatron-core keeps its parallel state in module globals) gets fresh worker
-processes in the runtime's Ray. A worker setup hook (``GOLDEN_WORKER_SETUP_HOOK``:
-Ray's job-level ``worker_process_setup_hook``, the planted regressions of
-``harness.mutations``), a device other than the CPU or the vLLM rollout backend
+processes in the runtime's Ray. A device other than the CPU, the vLLM rollout
+backend, and a worker setup hook (``GOLDEN_WORKER_SETUP_HOOK``: Ray's job-level
+``worker_process_setup_hook``) outside ``harness.mutations.WARM_SAFE``
 (:func:`private_ray_reason`) need a Ray instance of their own: such a run, like
 any run without a runtime, is cold, and :func:`step_aside` first shuts down a
 warm runtime's Ray so the cold run starts its own instance with its own job
 ``runtime_env``; the runtime starts again on its next use.
+
+Planted regressions run warm: a hook of ``harness.mutations.WARM_SAFE`` (they
+patch only module functions and plain classes that policy and rollout processes
+look up at call time) is applied by :meth:`WarmRuntime.acquire` in every process
+it hands out, before the workload adopts it, as Ray applies it in a fresh worker
+before the actor exists. Such a process is *tainted*: after its workload
+retired it, :meth:`WarmRuntime.release` has it undo the hook (``harness.mutations.undo``
+puts back every attribute a mutation replaced and checks it is the original
+object) and pools it again; one whose undo fails is killed and a clean
+replacement starts at once.
 
 The runtime never outlives its owner's Ray: actors are ordinary (not
 detached) actors of the driver's job, and the runtime starts a reaper
@@ -50,21 +60,56 @@ from harness.registry.rollout import rollout_backend
 
 BASE_ENV = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 KINDS = ("policy", "rollout")
+HOOK_VAR = "GOLDEN_WORKER_SETUP_HOOK"
+WARM_HOOKS = "harness.mutations."  # with harness.mutations.WARM_SAFE: hooks that may run warm
 WARM_ENV = "GOLDEN_WARM"  # "0": the pytest plugin runs every workload cold
 
 _current: WarmRuntime | None = None  # the runtime whose Ray is up in this process
 _lock = threading.Lock()
 
 
+def setup_hook(environ: dict[str, str] | None = None) -> str | None:
+    """The worker setup hook (``module.function``) a run carries, or None."""
+    env = os.environ if environ is None else environ
+    return (env.get(HOOK_VAR) or "").strip() or None
+
+
+def hook_runs_warm(hook: str) -> bool:
+    """Whether the setup hook ``hook`` may run in warm processes: a ``harness.mutations``
+    function listed in its ``WARM_SAFE`` (it patches nothing that Ray froze in an actor class)."""
+    if not hook.startswith(WARM_HOOKS):
+        return False
+    from harness.mutations import WARM_SAFE  # standard library only
+
+    return hook[len(WARM_HOOKS):] in WARM_SAFE
+
+
 def private_ray_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None:
     """Why ``spec`` needs a Ray instance of its own (job-level settings), or None."""
-    env = os.environ if environ is None else environ
-    if env.get("GOLDEN_WORKER_SETUP_HOOK"):
-        return "GOLDEN_WORKER_SETUP_HOOK is set (a job-level worker setup hook)"
+    hook = setup_hook(environ)
+    if hook and not hook_runs_warm(hook):
+        return (f"{HOOK_VAR}={hook} is a job-level worker setup hook (only harness.mutations.WARM_SAFE "
+                "runs in warm processes)")
     if spec["platform"]["device"] != "cpu":
         return f"platform.device is {spec['platform']['device']!r} (the warm runtime is CPU only)"
     if not rollout_backend(spec["rollout"].get("backend", "native")).warm:  # harness.registry.rollout
         return f"rollout.backend is {spec['rollout']['backend']!r}"
+    if hook and _fresh_reason(spec) is not None:  # fresh processes in a shared Ray would not run it
+        return f"{HOOK_VAR} is set and {_fresh_reason(spec)}"
+    if hook:
+        from harness.workerenv import select  # standard library only
+
+        chosen = select.selection(environ=environ)
+        if chosen != select.CURRENT:  # the session then starts fresh workers, which would not run it
+            return f"{HOOK_VAR} is set and {select.SELECT_ENV}={chosen} (fresh workers in their environments)"
+    return None
+
+
+def _fresh_reason(spec: dict) -> str | None:
+    """Why the policy backend needs fresh worker processes (``harness.registry.policy``), or None."""
+    cold = policy_backend(spec["policy"].get("backend", "native")).cold
+    if cold:
+        return f"policy.backend is {spec['policy']['backend']!r} ({cold})"
     return None
 
 
@@ -74,10 +119,7 @@ def cold_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None
     private = private_ray_reason(spec, environ)
     if private is not None:
         return private
-    cold = policy_backend(spec["policy"].get("backend", "native")).cold  # harness.registry.policy
-    if cold:
-        return f"policy.backend is {spec['policy']['backend']!r} ({cold})"
-    return None
+    return _fresh_reason(spec)
 
 
 def step_aside() -> None:
@@ -112,9 +154,12 @@ class WarmRuntime:
         self._owns_ray = False
         self._reaper = None
         self._token_before: str | None = None
+        self._tainted: dict[str, str] = {}  # actor id -> the setup hook the process ran
         self.started = 0   # warm processes started
         self.reused = 0    # acquisitions answered by an idle process
         self.ray_starts = 0
+        self.hooks_undone = 0    # processes pooled again after their hook was undone
+        self.tainted_killed = 0  # processes killed because an undo failed
 
     # -- Ray -------------------------------------------------------------------------------
     def ray_up(self) -> bool:
@@ -134,6 +179,7 @@ class WarmRuntime:
             if ray.is_initialized():
                 raise RuntimeError("a warm golden runtime needs this process's Ray, but another Ray instance is up")
             self._idle = {k: [] for k in KINDS}
+            self._tainted = {}
             self._start_reaper()  # before ray.init: every process of this Ray inherits the token
             try:
                 start_local_ray({"env_vars": dict(BASE_ENV)}, say)
@@ -180,26 +226,60 @@ class WarmRuntime:
             return rollout_worker_host_actor()
         raise ValueError(f"unknown warm process kind {kind!r} (expected one of {KINDS})")
 
+    def _spawn(self, kind: str, n: int) -> list:
+        cls = self._actor_class(kind)
+        fresh = [cls.options(num_cpus=0, runtime_env={"env_vars": dict(BASE_ENV)}).remote() for _ in range(n)]
+        self.started += n
+        return fresh
+
     def acquire(self, kind: str, n: int) -> list:
-        """``n`` warm processes of ``kind``: idle ones first (in the order they were released),
-        then new ones. The caller must ``adopt`` each and later ``release`` or ``discard`` it."""
+        """``n`` warm processes of ``kind``: idle ones first (the last released first), then new
+        ones. The caller must ``adopt`` each and later ``release`` or ``discard`` it.
+        With a ``harness.mutations.WARM_SAFE`` hook set (:func:`setup_hook`), each runs it first
+        and is tainted until ``release`` has undone it."""
+        import ray
+
         if not self._owns_ray:
             raise RuntimeError("WarmRuntime.acquire before ensure_ray")
         idle = self._idle[kind]
         taken, self._idle[kind] = idle[:n], idle[n:]
         self.reused += len(taken)
-        cls = self._actor_class(kind)
-        fresh = [cls.options(num_cpus=0, runtime_env={"env_vars": dict(BASE_ENV)}).remote()
-                 for _ in range(n - len(taken))]
-        self.started += len(fresh)
-        return taken + fresh
+        handles = taken + self._spawn(kind, n - len(taken))
+        hook = setup_hook()
+        if hook is not None:
+            if not hook_runs_warm(hook):  # the session chose a private Ray for such a run
+                raise RuntimeError(f"{HOOK_VAR}={hook} cannot run in warm processes")
+            self._tainted.update({_actor_id(h): hook for h in handles})
+            ray.get([h.run_setup_hook.remote(hook) for h in handles])
+        return handles
 
     def release(self, kind: str, handles: list) -> None:
-        """Hand back processes whose workload retired them cleanly."""
-        if self._owns_ray:
-            self._idle[kind].extend(handles)
-        else:
+        """Hand back processes whose workload retired them cleanly. A tainted one (it ran a
+        setup hook) first undoes the hook; if that fails it is killed and a clean replacement
+        starts now."""
+        import ray
+
+        if not self._owns_ray:
             self.discard(handles)
+            return
+        tainted = [h for h in handles if _actor_id(h) in self._tainted]
+        back = [h for h in handles if _actor_id(h) not in self._tainted]
+        if tainted:
+            refs = [h.undo_setup_hook.remote(self._tainted.pop(_actor_id(h))) for h in tainted]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=30)
+            for h, ref in zip(tainted, refs):
+                try:
+                    if ref not in ready:
+                        raise TimeoutError("undo did not answer")
+                    ray.get(ref)
+                except Exception:  # noqa: BLE001 - any failure: the process is not reusable
+                    self.discard([h])
+                    self.tainted_killed += 1
+                    back.extend(self._spawn(kind, 1))
+                    continue
+                self.hooks_undone += 1
+                back.append(h)
+        self._idle[kind][:0] = back  # the last released are acquired first
 
     @staticmethod
     def discard(handles: list) -> None:
@@ -215,7 +295,8 @@ class WarmRuntime:
         return {k: len(v) for k, v in self._idle.items()}
 
     def stats(self) -> dict[str, Any]:
-        return {"ray_starts": self.ray_starts, "started": self.started, "reused": self.reused, "idle": self.idle()}
+        return {"ray_starts": self.ray_starts, "started": self.started, "reused": self.reused,
+                "hooks_undone": self.hooks_undone, "tainted_killed": self.tainted_killed, "idle": self.idle()}
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -228,9 +309,14 @@ class WarmRuntime:
             for kind in KINDS:
                 handles, self._idle[kind] = self._idle[kind], []
                 self.discard(handles)
+            self._tainted = {}
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
             self._owns_ray = False
             self._stop_reaper()
             if _current is self:
                 _current = None
+
+
+def _actor_id(handle) -> str:
+    return handle._ray_actor_id.hex()

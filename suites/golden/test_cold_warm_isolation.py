@@ -11,6 +11,12 @@ first run starts the processes), and checks for each run:
 * the second workload of each order really reused processes of the first
   (the pool's counters and the workers' pids).
 
+A planted regression (``harness.mutations.WARM_SAFE``, run warm) must leave
+nothing behind: the smoke golden with ``extra_operator`` planted through the
+runtime (the mutation must show: its operators surface moves), then the same
+golden clean in the very processes that ran the mutation (it was undone),
+byte-identical to the cold golden.
+
 The other CPU goldens are proven warm by ``pytest -m golden`` itself: this file
 sorts before ``test_goldens.py``, whose workloads then all run in processes
 used before (the megatron golden runs in fresh processes by design: ``warm.cold_reason``).
@@ -75,3 +81,24 @@ def test_warm_run_equals_cold_golden(golden, order, tmp_path_factory):
     assert reused_pids, f"{order[1]}'s policy ranks ran in none of {order[0]}'s processes"
     assert set(first_rec.pids["rollout workers"]) == set(second_rec.pids["rollout workers"])
     _assert_golden_bytes(second, f"{order[1]} in processes {order[0]} used before")
+
+
+def test_a_mutation_run_leaves_nothing_for_the_next_workload(golden, tmp_path_factory, monkeypatch):
+    if golden.warm_runtime() is None:
+        pytest.fail("GOLDEN_WARM=0: the warm runtime is off, nothing to compare", pytrace=False)
+    runtime = golden.warm_runtime()
+    workload = CHEAP[0]
+    with monkeypatch.context() as mp:
+        mp.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.extra_operator")
+        mutated, mutated_rec = _run(golden, workload, tmp_path_factory)
+    golden_dir = default_goldens_root() / workload / "cpu" / "surfaces"
+    operators = (mutated.run_dir / "surfaces" / "operators.json").read_bytes()
+    assert operators != (golden_dir / "operators.json").read_bytes(), "the planted extra operator did not show"
+    before = runtime.stats()
+    clean, clean_rec = _run(golden, workload, tmp_path_factory)
+    after = runtime.stats()
+    assert after["ray_starts"] == before["ray_starts"], "the clean run started another Ray instance"
+    assert before["tainted_killed"] == 0 and before["hooks_undone"] >= 2, before  # a policy and a rollout process
+    for what in ("policy workers", "rollout workers"):
+        assert set(mutated_rec.pids[what]) == set(clean_rec.pids[what]), f"{what}: not the mutated run's processes"
+    _assert_golden_bytes(clean, f"{workload} in the processes of a mutation run")

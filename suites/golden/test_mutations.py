@@ -20,6 +20,13 @@ other gated finding grouped under it; the barrier's HTML report shows it first i
 headless Chromium (a screenshot is taken; the DOM it rendered is checked). Worker-side mutations go through the runner's
 ``GOLDEN_WORKER_SETUP_HOOK`` (see ``harness.mutations``); driver-side ones are
 applied with monkeypatch in this process, where the trainer runs.
+
+Every run goes through the ``golden`` fixture's warm runtime (docs/runner.md):
+the baseline and the driver-side mutations in pooled processes, each worker
+hook in pooled processes that run it before adopting the workload and undo it
+after (``WarmRuntime.release``); ``GOLDEN_WARM=0`` runs them all cold. The last
+test runs the baseline again, clean, in the processes that ran every mutation
+above, and requires its gated surfaces byte-identical to the baseline's.
 """
 
 from __future__ import annotations
@@ -37,16 +44,32 @@ BASE = ("grpo.iterations=2",)
 pytestmark = [pytest.mark.slow, pytest.mark.golden]
 
 
-def _run(tmp_path_factory, name: str, overrides=()):
-    execution = flows.execute(WORKLOAD, overrides=BASE + tuple(overrides),
-                              run_dir=tmp_path_factory.mktemp(name) / "run")
+class PidRecorder:
+    """A progress sink that keeps the workers' pids (``Session._detail``)."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, set[int]] = {}
+
+    def __call__(self, text: str) -> None:
+        pass
+
+    def detail(self, what: str, records: list[dict]) -> None:
+        self.pids[what] = {r.get("pid", r.get("actor_pid")) for r in records}
+
+
+def _run(golden, tmp_path_factory, name: str, overrides=(), say=None):
+    execution = flows.execute(WORKLOAD, overrides=BASE + tuple(overrides), say=say,
+                              run_dir=tmp_path_factory.mktemp(name) / "run", warm=golden.warm_runtime())
     assert execution.ok, execution.problems()
     return execution
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    return _run(tmp_path_factory, "baseline")
+def baseline(golden, tmp_path_factory):
+    rec = PidRecorder()
+    execution = _run(golden, tmp_path_factory, "baseline", say=rec)
+    execution.pids = rec.pids
+    return execution
 
 
 def _verdict(baseline, mutated):
@@ -65,10 +88,10 @@ def _one_cause(verdict):
 
 
 @pytest.fixture(scope="module")
-def barrier_run(tmp_path_factory):
+def barrier_run(golden, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.dp_debug_barrier")
-        return _run(tmp_path_factory, "barrier")
+        return _run(golden, tmp_path_factory, "barrier")
 
 
 def _findings(baseline, mutated, surface):
@@ -78,9 +101,9 @@ def _findings(baseline, mutated, surface):
     return [f for f in verdict.findings if f.surface == surface and f.status in ("fail", "stale")]
 
 
-def test_extra_collective_in_tp_layer(baseline, tmp_path_factory, monkeypatch):
+def test_extra_collective_in_tp_layer(golden, baseline, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.extra_tp_collective")
-    found = _findings(baseline, _run(tmp_path_factory, "collective"), "collectives")
+    found = _findings(baseline, _run(golden, tmp_path_factory, "collective"), "collectives")
     assert found
     ranks = {f.section for f in found}
     assert ranks == {"policy/rank00000", "policy/rank00001"}  # both TP ranks issue it
@@ -88,34 +111,34 @@ def test_extra_collective_in_tp_layer(baseline, tmp_path_factory, monkeypatch):
     assert any(f.phase == "train/step1" for f in found)
 
 
-def test_extra_operator(baseline, tmp_path_factory, monkeypatch):
+def test_extra_operator(golden, baseline, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.extra_operator")
-    mutated = _run(tmp_path_factory, "operator")
+    mutated = _run(golden, tmp_path_factory, "operator")
     found = _findings(baseline, mutated, "operators")
     assert found and all(f.section.startswith("policy/") and f.coords is not None for f in found)
     # numerically neutral: the loss curve is unchanged
     assert mutated.postflight.surfaces["training"] == baseline.postflight.surfaces["training"]
 
 
-def test_missing_rollout_window(baseline, tmp_path_factory, monkeypatch):
+def test_missing_rollout_window(golden, baseline, tmp_path_factory, monkeypatch):
     from harness.grpo.trainer import Trainer
 
     monkeypatch.setattr(Trainer, "rollout_window", lambda self, step_id: contextlib.nullcontext())
-    found = _findings(baseline, _run(tmp_path_factory, "lifecycle"), "lifecycle")
+    found = _findings(baseline, _run(golden, tmp_path_factory, "lifecycle"), "lifecycle")
     assert any(f.section == "rollout/rank00000" for f in found)
 
 
-def test_one_changed_token_in_multiturn_rollout(baseline, tmp_path_factory, monkeypatch):
+def test_one_changed_token_in_multiturn_rollout(golden, baseline, tmp_path_factory, monkeypatch):
     import harness.envs.tool_env as tool_env
 
     monkeypatch.setattr(tool_env, "RETRY_PROMPT", tool_env.RETRY_PROMPT.replace("again", "agaim"))
-    found = _findings(baseline, _run(tmp_path_factory, "rollouts"), "rollouts")
+    found = _findings(baseline, _run(golden, tmp_path_factory, "rollouts"), "rollouts")
     assert found
     assert all(f.section.startswith("step000") and "-attempt1-row" in f.section for f in found)
 
 
-def test_changed_loss_coefficient(baseline, tmp_path_factory):
-    found = _findings(baseline, _run(tmp_path_factory, "training", ["grpo.loss.kl_beta=0.05"]), "training")
+def test_changed_loss_coefficient(golden, baseline, tmp_path_factory):
+    found = _findings(baseline, _run(golden, tmp_path_factory, "training", ["grpo.loss.kl_beta=0.05"]), "training")
     # step 1 trains from the reference weights (KL 0); the coefficient shows from step 2
     assert any(f.section == "step0002" and f.key.endswith("loss") for f in found)
 
@@ -137,9 +160,9 @@ def test_debug_barrier_in_dp_path_is_one_inserted_collective(baseline, barrier_r
     assert all(c.kind == "added" for _, c in cause.consequences if c.surface == "collectives")
 
 
-def test_extra_all_gather_on_one_tp_rank_is_one_cause(baseline, tmp_path_factory, monkeypatch):
+def test_extra_all_gather_on_one_tp_rank_is_one_cause(golden, baseline, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.extra_all_gather_on_tp_rank1")
-    cause = _one_cause(_verdict(baseline, _run(tmp_path_factory, "allgather")))
+    cause = _one_cause(_verdict(baseline, _run(golden, tmp_path_factory, "allgather")))
     f = cause.cause
     assert (f.surface, f.section, f.phase, f.kind) == ("collectives", "policy/rank00001", "train/step1", "added")
     assert f.actual[:2] == ["all_gather_into_tensor", "debug"] and f.coords["tp"] == 1
@@ -147,9 +170,9 @@ def test_extra_all_gather_on_one_tp_rank_is_one_cause(baseline, tmp_path_factory
     assert not [c for _, c in cause.consequences if c.section == "policy/rank00000"]   # rank 0 is unchanged
 
 
-def test_changed_sampled_token_in_step2_is_one_cause(baseline, tmp_path_factory, monkeypatch):
+def test_changed_sampled_token_in_step2_is_one_cause(golden, baseline, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.rollout_token_changed_in_step2")
-    verdict = _verdict(baseline, _run(tmp_path_factory, "token"))
+    verdict = _verdict(baseline, _run(golden, tmp_path_factory, "token"))
     cause = _one_cause(verdict)
     f = cause.cause
     assert f.surface == "rollouts" and f.section.startswith("step0002-attempt1-row"), f
@@ -160,8 +183,8 @@ def test_changed_sampled_token_in_step2_is_one_cause(baseline, tmp_path_factory,
     assert all(c.fields == ("numel",) for _, c in cause.consequences if c.surface == "collectives")
 
 
-def test_changed_ep_layout_is_one_topology_cause(baseline, tmp_path_factory):
-    verdict = _verdict(baseline, _run(tmp_path_factory, "topology", ["policy.ep=1"]))
+def test_changed_ep_layout_is_one_topology_cause(golden, baseline, tmp_path_factory):
+    verdict = _verdict(baseline, _run(golden, tmp_path_factory, "topology", ["policy.ep=1"]))
     assert any(f.section == "policy" for f in verdict.findings if f.surface == "topology")
     cause = _one_cause(verdict)
     f = cause.cause
@@ -187,3 +210,16 @@ def test_barrier_is_the_first_finding_in_the_html_report(baseline, barrier_run, 
     assert 'data-surface="collectives"' in first and 'data-kind="added"' in first and "barrier" in first
     assert 'data-section="policy/rank00000"' in first and 'data-phase="train/step1"' in first
     assert dom.index('id="causes"') < dom.index('id="maps"') < dom.index('id="findings"')
+
+
+def test_a_clean_run_after_the_mutations_equals_the_baseline(golden, baseline, tmp_path_factory):
+    runtime = golden.warm_runtime()
+    rec = PidRecorder()
+    again = _run(golden, tmp_path_factory, "baseline-again", say=rec)
+    stats = runtime.stats() if runtime is not None else {}
+    if runtime is not None:
+        assert rec.pids == baseline.pids, "the re-run is not in the baseline's processes"
+    moved = [s for s in flows.gated_only(baseline.postflight.surfaces)
+             if (again.run_dir / "surfaces" / f"{s}.json").read_bytes()
+             != (baseline.run_dir / "surfaces" / f"{s}.json").read_bytes()]
+    assert not moved, f"gated surfaces {moved} moved after the mutations ran in these processes ({stats})"

@@ -54,10 +54,27 @@ def _alive(pid: int) -> bool:
 
 def _children(pid: int) -> set[int]:
     kids: set[int] = set()
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            kids.update(int(x) for x in f.read().split())
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return kids
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids.update(int(x) for x in f.read().split())
+        except FileNotFoundError:
+            continue
     return kids
+
+
+def _descendants(pid: int) -> set[int]:
+    """Children and their children: engine processes are forked by the actor's fork server."""
+    out, stack = set(), [pid]
+    while stack:
+        for child in _children(stack.pop()) - out:
+            out.add(child)
+            stack.append(child)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +104,7 @@ def test_placement_of_engines(cluster):
     assert info["tp1_sync"]["engine_pids"] == []
     assert len(info["tp2_async"]["engine_pids"]) == 2 and len(info["tp1_async"]["engine_pids"]) == 1
     for name in ("tp2_async", "tp1_async"):
-        assert set(info[name]["engine_pids"]) <= _children(info[name]["actor_pid"])
+        assert set(info[name]["engine_pids"]) <= _descendants(info[name]["actor_pid"])
 
 
 def test_async_concurrent_requests_equal_sync_results(cluster):
@@ -256,7 +273,7 @@ def test_shutdown_closes_profilers_side_groups_and_leaves_no_children(cluster, s
         time.sleep(0.2)
     assert not any(_alive(p) for p in pids)
     for name in ("tp2_async", "tp1_async"):
-        assert not (_children(info[name]["actor_pid"]) & set(info[name]["engine_pids"]))
+        assert not (_descendants(info[name]["actor_pid"]) & set(info[name]["engine_pids"]))
     rollout_dir = cluster["run_dir"] / "artifacts" / "rollout"
     for rank in range(4):
         last = json.loads((rollout_dir / f"rank{rank:05d}.trace.jsonl").read_text().splitlines()[-1])

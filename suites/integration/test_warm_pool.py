@@ -6,7 +6,12 @@
 * ``cold_reason`` / ``private_ray_reason``: which specs may adopt warm processes.
 * A real 1-rank ``PolicyGroup`` over Ray: a clean shutdown hands the process
   back and the next group adopts the same pid, with the same freshly seeded
-  weights; a group whose call failed kills its processes instead of pooling them.
+  weights; a group whose call failed kills its processes instead of pooling them;
+  a group that ran a setup hook (a planted regression) has it undone and is
+  pooled again, and the next group gets the clean weights in that process.
+* ``run_setup_hook`` names a hook that does not resolve.
+* ``harness.mutations.undo`` puts back every attribute each ``WARM_SAFE``
+  mutation replaced (the very objects), also after two mutations stacked.
 """
 
 from __future__ import annotations
@@ -51,6 +56,38 @@ def test_restore_undoes_process_wide_changes(monkeypatch):
         assert not torch.are_deterministic_algorithms_enabled()
 
 
+def test_a_setup_hook_that_does_not_resolve_is_named():
+    from harness.runner.process_state import run_setup_hook
+
+    with pytest.raises(ValueError, match="harness.mutations.no_such_hook"):
+        run_setup_hook("harness.mutations.no_such_hook")
+    with pytest.raises(ValueError, match="no_module_here.f"):
+        run_setup_hook("no_module_here.f")
+
+
+def test_every_warm_safe_mutation_is_undone_exactly():
+    import harness.mutations as mutations
+    import harness.parallel.data as data
+    import harness.parallel.groups as groups
+    import harness.parallel.tensor as tensor
+    from harness.rollout.engine_procs import EngineProcesses
+    from harness.rollout.engine_worker import EngineWorker
+
+    owners = (tensor, data, groups.ProcessGroups, EngineProcesses, EngineWorker)
+    before = [dict(vars(o)) for o in owners]
+    for name in sorted(mutations.WARM_SAFE):
+        getattr(mutations, name)()
+        assert [dict(vars(o)) for o in owners] != before, f"{name} patched nothing here"
+        if name == "extra_operator":  # stack a second one on top before undoing both
+            mutations.extra_tp_collective()
+        assert mutations.undo() >= 1
+        after = [dict(vars(o)) for o in owners]
+        for owner, old, new in zip(owners, before, after):
+            assert old.keys() == new.keys(), (name, owner)
+            assert all(new[k] is old[k] for k in old if k != "__dict__"), (name, owner)
+    assert mutations.undo() == 0
+
+
 def test_process_start_time_is_in_the_past():
     started = process_start_time()
     assert started is not None and 0 < started <= time.time()
@@ -59,18 +96,24 @@ def test_process_start_time_is_in_the_past():
 def test_which_specs_run_warm():
     spec = load_spec(str(SMOKE))
     assert cold_reason(spec, environ={}) is None
-    hook = {"GOLDEN_WORKER_SETUP_HOOK": "harness.mutations.extra_operator"}
-    assert "GOLDEN_WORKER_SETUP_HOOK" in cold_reason(spec, environ=hook)
-    assert "GOLDEN_WORKER_SETUP_HOOK" in private_ray_reason(spec, environ=hook)
+    mutation = {"GOLDEN_WORKER_SETUP_HOOK": "harness.mutations.extra_operator"}
+    assert cold_reason(spec, environ=mutation) is None  # planted regressions run warm (then killed)
+    for other in ("suites.faults.planted.stage_returns_before_commit",  # not harness.mutations
+                  "harness.mutations.policy_rank1_dies_in_step2"):  # patches an actor class: not WARM_SAFE
+        assert "GOLDEN_WORKER_SETUP_HOOK" in cold_reason(spec, environ={"GOLDEN_WORKER_SETUP_HOOK": other})
+        assert "GOLDEN_WORKER_SETUP_HOOK" in private_ray_reason(spec, environ={"GOLDEN_WORKER_SETUP_HOOK": other})
     megatron = {**spec, "policy": {**spec["policy"], "backend": "megatron"}}
     assert "megatron" in cold_reason(megatron, environ={})
     assert private_ray_reason(megatron, environ={}) is None  # fresh processes, shared Ray
+    # fresh processes would not run the hook: a private Ray applies it to every worker
+    assert "megatron" in private_ray_reason(megatron, environ=mutation)
+    assert "GOLDEN_WORKER_ENV" in private_ray_reason(spec, environ={**mutation, "GOLDEN_WORKER_ENV": "auto"})
     cuda = {**spec, "platform": {**spec["platform"], "device": "cuda"}}
     assert "cuda" in private_ray_reason(cuda, environ={})
 
 
 @pytest.mark.slow
-def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path):
+def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path, monkeypatch):
     pytest.importorskip("ray")
     from harness.policy.group import PolicyGroup
     from harness.policy.local_world import synthetic_batch
@@ -102,5 +145,16 @@ def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path):
         third = group("c")
         assert third.ready_info[0]["pid"] != pid
         third.shutdown()
+        monkeypatch.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.extra_operator")
+        mutated = group("m")
+        mutated_pid = mutated.ready_info[0]["pid"]
+        mutated.shutdown()
+        assert runtime.stats()["hooks_undone"] == 1 and runtime.stats()["tainted_killed"] == 0
+        assert runtime.idle() == {"policy": 1, "rollout": 0}  # undone, pooled again
+        monkeypatch.delenv("GOLDEN_WORKER_SETUP_HOOK")
+        clean = group("d")
+        assert clean.ready_info[0]["pid"] == mutated_pid
+        assert clean.parameter_checksums() == sums
+        clean.shutdown()
     finally:
         runtime.close()
