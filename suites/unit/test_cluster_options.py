@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import shutil
 import socket
-from pathlib import Path
 
 import pytest
 
 from harness.runner.capacity import ClusterRefused
 from harness.runner.cluster import probe
+from suites.inner_golden import INNER_GOLDEN_TEST, REPO, SMOKE
 
 pytest_plugins = ["pytester"]
-REPO = Path(__file__).resolve().parents[2]
-SMOKE = "qwen3_moe_tiny_smoke"
-TEST_FILE = """
-import pytest
-from harness.pytest_plugin import golden_params
-
-
-@pytest.mark.golden
-@pytest.mark.parametrize("workload,surface", golden_params({root!r}))
-def test_golden_surface(golden, workload, surface):
-    golden.check(workload, surface)
-"""
+TEST_FILE = INNER_GOLDEN_TEST
 
 
 def _closed_port() -> str:

@@ -13,20 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from suites.inner_golden import INNER_GOLDEN_TEST, REPO, SMOKE
+
 pytest_plugins = ["pytester"]
 
-REPO = Path(__file__).resolve().parents[2]
-SMOKE = "qwen3_moe_tiny_smoke"
-
-TEST_FILE = """
-import pytest
-from harness.pytest_plugin import golden_params
-
-@pytest.mark.golden
-@pytest.mark.parametrize("workload,surface", golden_params({root!r}))
-def test_golden_surface(golden, workload, surface):
-    golden.check(workload, surface)
-"""
+TEST_FILE = INNER_GOLDEN_TEST
 
 
 def _workload(root: Path, name: str, *, golden: bool, seed: int | None = None) -> None:
