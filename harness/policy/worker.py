@@ -31,6 +31,7 @@ import torch  # noqa: E402 - after the import stamp
 
 from harness.policy.distributed import init_distributed  # noqa: E402 - after the import stamp
 from harness.registry.policy import create_engine  # noqa: E402 - after the import stamp
+from harness.runner.process_state import WarmHost  # noqa: E402 - after the import stamp
 from harness.spec.typed import as_workload  # noqa: E402 - after the import stamp
 
 _IMPORTED = time.time()
@@ -224,34 +225,14 @@ def _start_timings(**stamps: float) -> dict[str, float | None]:
     return {"process": process_start_time(), "import_started": _IMPORT_STARTED, "imported": _IMPORTED, **stamps}
 
 
-class PolicyWorkerHost(PolicyWorkerImpl):
+class PolicyWorkerHost(WarmHost, PolicyWorkerImpl):
     """A warm policy process (``harness.runner.warm``): started once with torch imported, then
     adopted by one workload after another. Each ``adopt`` restores the fresh-process state
     (``ProcessBaseline``), applies the workload's environment and builds the rank exactly as
     ``PolicyWorkerImpl.__init__`` does (new process groups, model, optimizer, seeds, profiler);
     ``retire`` shuts the rank down and drops every reference to it."""
 
-    def __init__(self) -> None:  # nothing of a workload yet
-        from harness.runner.process_state import ProcessBaseline
-
-        self._baseline = ProcessBaseline.capture()
-        self._adopted = False
-
-    def run_setup_hook(self, name: str) -> None:
-        """Apply a worker setup hook before ``adopt`` (``undo_setup_hook`` after ``retire``)."""
-        from harness.runner.process_state import run_setup_hook
-
-        if self._adopted:
-            raise RuntimeError(f"warm policy process {os.getpid()}: setup hook while adopted")
-        run_setup_hook(name)
-
-    def undo_setup_hook(self, name: str) -> int:
-        """Undo the hook's patches after ``retire``; raises if that is not certain."""
-        from harness.runner.process_state import undo_setup_hook
-
-        if self._adopted:
-            raise RuntimeError(f"warm policy process {os.getpid()}: hook undo while adopted")
-        return undo_setup_hook(name)
+    warm_role = "policy"
 
     def adopt(self, env_vars: Mapping[str, str], *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self._adopted:

@@ -44,6 +44,7 @@ from harness.plugins.rollout_hooks import (
 from harness.refit.zmq_stream import DEFAULT_TIMEOUT_MS, ipc_address
 from harness.registry.rollout import start_function
 from harness.rollout.sharding import ShardPlan
+from harness.runner.process_state import WarmHost
 from harness.spec.typed import as_workload
 
 CAPTURE_ABORT_REASON = "generation_error"
@@ -372,34 +373,14 @@ class RolloutWorker:
             raise error
 
 
-class RolloutWorkerHost(RolloutWorker):
+class RolloutWorkerHost(WarmHost, RolloutWorker):
     """A warm rollout actor process (``harness.runner.warm``), adopted by one workload after
     another: ``adopt`` restores the fresh-process state (``ProcessBaseline``), applies the
     workload's environment and builds the engine exactly as ``RolloutWorker.__init__`` does
     (internal engine processes are new for every workload); ``retire`` shuts it down and
     drops every reference to it."""
 
-    def __init__(self) -> None:  # nothing of a workload yet
-        from harness.runner.process_state import ProcessBaseline
-
-        self._baseline = ProcessBaseline.capture()
-        self._adopted = False
-
-    def run_setup_hook(self, name: str) -> None:
-        """Apply a worker setup hook before ``adopt`` (``undo_setup_hook`` after ``retire``)."""
-        from harness.runner.process_state import run_setup_hook
-
-        if self._adopted:
-            raise RuntimeError(f"warm rollout process {os.getpid()}: setup hook while adopted")
-        run_setup_hook(name)
-
-    def undo_setup_hook(self, name: str) -> int:
-        """Undo the hook's patches after ``retire``; raises if that is not certain."""
-        from harness.runner.process_state import undo_setup_hook
-
-        if self._adopted:
-            raise RuntimeError(f"warm rollout process {os.getpid()}: hook undo while adopted")
-        return undo_setup_hook(name)
+    warm_role = "rollout"
 
     def adopt(self, env_vars: Mapping[str, str], *args: Any, **kwargs: Any) -> dict[str, Any]:
         if self._adopted:

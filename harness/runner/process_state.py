@@ -135,3 +135,27 @@ class ProcessBaseline:
         torch.set_grad_enabled(self.grad_enabled)
         torch.set_default_dtype(self.default_dtype)
         torch.set_float32_matmul_precision(self.matmul_precision)
+
+
+class WarmHost:
+    """What the warm process hosts (``PolicyWorkerHost``, ``RolloutWorkerHost``) share: the
+    fresh-process baseline captured at start, the adopted flag, and setup hooks applied or
+    undone only while no workload holds the process. ``warm_role`` names the host in errors."""
+
+    warm_role = "worker"
+
+    def __init__(self) -> None:  # nothing of a workload yet
+        self._baseline = ProcessBaseline.capture()
+        self._adopted = False
+
+    def run_setup_hook(self, name: str) -> None:
+        """Apply a worker setup hook before ``adopt`` (``undo_setup_hook`` after ``retire``)."""
+        if self._adopted:
+            raise RuntimeError(f"warm {self.warm_role} process {os.getpid()}: setup hook while adopted")
+        run_setup_hook(name)
+
+    def undo_setup_hook(self, name: str) -> int:
+        """Undo the hook's patches after ``retire``; raises if that is not certain."""
+        if self._adopted:
+            raise RuntimeError(f"warm {self.warm_role} process {os.getpid()}: hook undo while adopted")
+        return undo_setup_hook(name)

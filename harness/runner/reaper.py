@@ -133,6 +133,7 @@ class Reaper:
 
     def __init__(self, token: str) -> None:
         self.token = token
+        self.token_before: str | None = None  # the driver's TOKEN_VAR before start_reaper set it
         env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
         self.process = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), token, str(os.getpid())],
@@ -145,6 +146,28 @@ class Reaper:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
+
+
+def start_reaper(tag: str = "") -> Reaper:
+    """A reaper for this driver, its token exported as ``TOKEN_VAR`` so that every
+    process started from now on (``ray.init`` included) carries it; ``stop_reaper``
+    puts the previous value back."""
+    import uuid
+
+    reaper = Reaper(f"{os.getpid()}-{tag}{uuid.uuid4().hex[:12]}")
+    reaper.token_before = os.environ.get(TOKEN_VAR)
+    os.environ[TOKEN_VAR] = reaper.token
+    return reaper
+
+
+def stop_reaper(reaper: Reaper) -> None:
+    """Restore the driver's ``TOKEN_VAR`` and close ``reaper`` (it sweeps whatever
+    ``ray.shutdown`` left behind)."""
+    if reaper.token_before is None:
+        os.environ.pop(TOKEN_VAR, None)
+    else:
+        os.environ[TOKEN_VAR] = reaper.token_before
+    reaper.close()
 
 
 def _alive(pid: int) -> bool:

@@ -72,7 +72,6 @@ class Session:
         self._warm_rollout = False
         self._dataplane_check = None
         self._reaper = None
-        self._token_before: str | None = None
         self.ray_address = ray_address
         self.placement = None  # harness.runner.placement.Placement of a cold run
         if ray_address is not None:
@@ -229,25 +228,16 @@ class Session:
 
     def _start_reaper(self) -> None:
         """A reaper that SIGKILLs the run's processes once this driver is gone (runner/reaper.py)."""
-        import uuid
+        from harness.runner.reaper import start_reaper
 
-        from harness.runner.reaper import TOKEN_VAR, Reaper
-
-        self._reaper = Reaper(f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        self._token_before = os.environ.get(TOKEN_VAR)
-        os.environ[TOKEN_VAR] = self._reaper.token
+        self._reaper = start_reaper()
 
     def _stop_reaper(self) -> None:
-        from harness.runner.reaper import TOKEN_VAR
+        from harness.runner.reaper import stop_reaper
 
-        if self._reaper is None:
-            return
-        if self._token_before is None:
-            os.environ.pop(TOKEN_VAR, None)
-        else:
-            os.environ[TOKEN_VAR] = self._token_before
-        self._reaper.close()  # sweeps whatever ray.shutdown left behind
-        self._reaper = None
+        if self._reaper is not None:
+            stop_reaper(self._reaper)
+            self._reaper = None
 
     def _start_capture(self):
         self._dataplane_check = None

@@ -153,7 +153,6 @@ class WarmRuntime:
         self._idle: dict[str, list] = {k: [] for k in KINDS}
         self._owns_ray = False
         self._reaper = None
-        self._token_before: str | None = None
         self._tainted: dict[str, str] = {}  # actor id -> the setup hook the process ran
         self.started = 0   # warm processes started
         self.reused = 0    # acquisitions answered by an idle process
@@ -194,25 +193,16 @@ class WarmRuntime:
     def _start_reaper(self) -> None:
         """The runtime's reaper (``harness.runner.reaper``, as a cold ``Session`` has one): a
         driver that dies, even SIGKILLed, leaves no process of this Ray, pool included."""
-        import uuid
+        from harness.runner.reaper import start_reaper
 
-        from harness.runner.reaper import TOKEN_VAR, Reaper
-
-        self._reaper = Reaper(f"{os.getpid()}-warm-{uuid.uuid4().hex[:12]}")
-        self._token_before = os.environ.get(TOKEN_VAR)
-        os.environ[TOKEN_VAR] = self._reaper.token
+        self._reaper = start_reaper("warm-")
 
     def _stop_reaper(self) -> None:
-        from harness.runner.reaper import TOKEN_VAR
+        from harness.runner.reaper import stop_reaper
 
-        if self._reaper is None:
-            return
-        if self._token_before is None:
-            os.environ.pop(TOKEN_VAR, None)
-        else:
-            os.environ[TOKEN_VAR] = self._token_before
-        self._reaper.close()  # sweeps whatever ray.shutdown left behind
-        self._reaper = None
+        if self._reaper is not None:
+            stop_reaper(self._reaper)
+            self._reaper = None
 
     # -- the pool ----------------------------------------------------------------------------
     def _actor_class(self, kind: str):
