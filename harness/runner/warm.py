@@ -63,6 +63,17 @@ KINDS = ("policy", "rollout")
 HOOK_VAR = "GOLDEN_WORKER_SETUP_HOOK"
 WARM_HOOKS = "harness.mutations."  # with harness.mutations.WARM_SAFE: hooks that may run warm
 WARM_ENV = "GOLDEN_WARM"  # "0": the pytest plugin runs every workload cold
+# Workers the raylet starts at once (Ray's default: the number of cores, so 2 here). A worker
+# forked from the zygote costs a fork and Ray's own start-up, so the flagship's eight ranks and
+# its rollout actor start together instead of two by two.
+STARTUP_CONCURRENCY = 16
+ZYGOTE_ENV = "GOLDEN_ZYGOTE"  # "0": the runtime's workers start as fresh interpreters (no fork server)
+# The variables a worker may start with and still be forked by the zygote: the runner's own
+# (harness.runner.run.worker_env, BASE_ENV), which nothing the zygote preloads reads at import.
+# A workload's plugins.env may name anything (a TORCH_* variable read at import): such workers
+# start as fresh interpreters.
+ZYGOTE_START_VARS = frozenset({*BASE_ENV, "HARNESS_TRACE_DIR", "HARNESS_RUN_ID", "NRL_POLICY_PROFILER_CLASS",
+                               "NRL_ROLLOUT_PROFILER_CLASS"})
 
 _current: WarmRuntime | None = None  # the runtime whose Ray is up in this process
 _lock = threading.Lock()
@@ -122,6 +133,23 @@ def cold_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None
     return _fresh_reason(spec)
 
 
+def zygote_runtime_env(runtime_env: dict) -> dict:
+    """``runtime_env`` for an actor of this process's warm runtime, with the runtime's zygote
+    (``harness.runner.zygote``) as its ``py_executable`` when one is up and the actor may be
+    forked from it: no ``py_executable`` of its own (a built worker environment) and only
+    :data:`ZYGOTE_START_VARS` in its ``env_vars``. Unchanged otherwise (no warm runtime: a
+    cold CLI run never forks from a zygote)."""
+    runtime = _current
+    zygote = runtime._zygote if runtime is not None else None
+    env_vars = runtime_env.get("env_vars") or {}
+    if (zygote is None or not zygote.alive() or "py_executable" in runtime_env
+            or set(runtime_env) - {"env_vars"} or set(env_vars) - ZYGOTE_START_VARS):
+        return runtime_env
+    from harness.runner.zygote import ADDRESS_VAR, worker_command
+
+    return {"env_vars": {**env_vars, ADDRESS_VAR: zygote.address}, "py_executable": worker_command()}
+
+
 def step_aside() -> None:
     """Before a cold run: shut down the warm runtime that holds this process's Ray, if any."""
     runtime = _current
@@ -141,7 +169,8 @@ def start_local_ray(runtime_env: dict, say: Callable[[str], None] | None = None)
         say(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is ignored: a golden run starts its own "
             "local Ray instance (no shared cluster, no other jobs' actors)")
     ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
-             log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")), runtime_env=runtime_env)
+             log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")), runtime_env=runtime_env,
+             _system_config={"worker_maximum_startup_concurrency": STARTUP_CONCURRENCY})
     if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins
         signal.signal(signal.SIGTERM, sigterm)
 
@@ -153,6 +182,7 @@ class WarmRuntime:
         self._idle: dict[str, list] = {k: [] for k in KINDS}
         self._owns_ray = False
         self._reaper = None
+        self._zygote = None  # harness.runner.zygote.Zygote while Ray is up (GOLDEN_ZYGOTE=0: none)
         self._tainted: dict[str, str] = {}  # actor id -> the setup hook the process ran
         self.started = 0   # warm processes started
         self.reused = 0    # acquisitions answered by an idle process
@@ -188,7 +218,17 @@ class WarmRuntime:
             self._owns_ray = True
             self.ray_starts += 1
             _current = self
+            self._start_zygote()
             return True
+
+    def _start_zygote(self) -> None:
+        """The fork server this runtime's workers start from (``harness.runner.zygote``); it
+        imports torch while the caller goes on (its clients queue until it listens)."""
+        if os.environ.get(ZYGOTE_ENV, "1").strip() == "0":
+            return
+        from harness.runner.zygote import Zygote
+
+        self._zygote = Zygote({**os.environ, **BASE_ENV})  # after start_reaper: it carries the token
 
     def _start_reaper(self) -> None:
         """The runtime's reaper (``harness.runner.reaper``, as a cold ``Session`` has one): a
@@ -218,7 +258,8 @@ class WarmRuntime:
 
     def _spawn(self, kind: str, n: int) -> list:
         cls = self._actor_class(kind)
-        fresh = [cls.options(num_cpus=0, runtime_env={"env_vars": dict(BASE_ENV)}).remote() for _ in range(n)]
+        runtime_env = zygote_runtime_env({"env_vars": dict(BASE_ENV)})
+        fresh = [cls.options(num_cpus=0, runtime_env=runtime_env).remote() for _ in range(n)]
         self.started += n
         return fresh
 
@@ -286,7 +327,8 @@ class WarmRuntime:
 
     def stats(self) -> dict[str, Any]:
         return {"ray_starts": self.ray_starts, "started": self.started, "reused": self.reused,
-                "hooks_undone": self.hooks_undone, "tainted_killed": self.tainted_killed, "idle": self.idle()}
+                "hooks_undone": self.hooks_undone, "tainted_killed": self.tainted_killed, "idle": self.idle(),
+                "zygote": self._zygote is not None and self._zygote.alive()}
 
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -303,6 +345,9 @@ class WarmRuntime:
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
             self._owns_ray = False
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None
             self._stop_reaper()
             if _current is self:
                 _current = None

@@ -72,13 +72,17 @@ RECORD = "worker_envs.json"  # in the run directory: which interpreter each work
 
 def actor_runtime_env(role: str, spec: dict, env_vars: dict[str, str]) -> dict:
     """A Ray actor's ``runtime_env`` for a ``role`` worker of ``spec``: its env vars, and
-    ``py_executable`` when the selection puts that role in a built environment."""
+    ``py_executable`` when the selection puts that role in a built environment, else the warm
+    runtime's fork server when this process has one (``harness.runner.warm.zygote_runtime_env``)."""
     runtime_env: dict = {"env_vars": dict(env_vars)}
     if selection() != CURRENT:
         python = worker_pythons(spec, verify=False)[role]
         if python != sys.executable:
             runtime_env["py_executable"] = python
-    return runtime_env
+        return runtime_env
+    from harness.runner.warm import zygote_runtime_env  # standard library only
+
+    return zygote_runtime_env(runtime_env)
 
 
 def in_worker_env(role: str, environ: dict | None = None) -> bool:

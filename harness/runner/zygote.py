@@ -1,0 +1,260 @@
+"""A fork server for Ray worker processes: torch and the harness's worker modules imported once.
+
+A Ray worker of a warm runtime normally starts as ``python default_worker.py ...``
+(through Ray's ``setup_worker.py`` when the actor has a ``runtime_env``) and then
+imports torch and the harness: about 1 s of CPU per process, paid by every
+policy rank and rollout actor (the flagship has nine). With a zygote, such a
+worker's ``runtime_env`` carries ``py_executable`` = :func:`worker_command`: Ray
+starts ``zygote_client.py`` (standard library only, no ``site``) in place of
+the interpreter; the client hands its command line, environment, working
+directory, pid and standard file descriptors to this server over a Unix socket,
+and the server forks a child that becomes the worker:
+
+* the child restores SIGCHLD (the one handler the server changes), takes the
+  client's stdin/stdout/stderr (``dup2``), working directory and whole
+  environment (``os.environ`` replaced; the socket variable dropped), draws
+  fresh seeds for Python's ``random`` and numpy's global generator (as a new
+  interpreter does), sets ``sys.argv`` and ``sys.path`` as a fresh worker has
+  them, and runs ``default_worker.py`` as ``__main__``: Ray is imported there,
+  in the child, so its C++ core starts in the child as in a fresh process. The
+  worker registers with the raylet under the child's pid;
+* the child dies with its client (a thread waits on the client's pidfd), and
+  the client exits when the child does (it waits on the child's pidfd,
+  forwarding SIGTERM/SIGINT), so Ray's view of "the process it started" holds
+  both ways;
+* the server is single-threaded, imports :data:`PRELOAD` and never ray, reaps
+  its children, exits with its parent (``PR_SET_PDEATHSIG``) and on
+  :meth:`Zygote.close`; it carries the runtime's reaper token
+  (``harness.runner.reaper``) in its environment, and so does every child's
+  ``/proc`` environment.
+
+What a forked worker shares with a fresh one: what a workload can see. The
+preloads are modules a worker imports anyway before any workload code runs,
+imported under the start-up environment of a pool process (``BASE_ENV`` of
+``harness.runner.warm`` over the driver's; ``OMP_NUM_THREADS=1`` before
+torch's OpenMP runtime loads); nothing in them reads a workload's variables at
+import, and ``harness.runner.warm.zygote_runtime_env`` forks only workers whose
+start-up variables are the runner's own. torch's default generator is
+untouched by the server (a fresh process's fixed seed). What differs: the
+Python hash seed is the server's (no surface depends on string hash order: a
+cold run's ranks each draw their own) and the preloads' module-level
+timestamps are the server's start. ``suites/integration/test_zygote.py``
+compares a forked worker with a fresh one.
+
+If the client cannot reach a server it runs the worker itself
+(``os.execv`` of the interpreter): slower, never different.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ADDRESS_VAR = "GOLDEN_ZYGOTE_SOCKET"  # the client reads the server's socket path here
+# Imported once, at the server's start. Never ray: Ray's C++ core keeps per-process state from the
+# moment its library loads (the job id it was started for, the seed of the generator behind its
+# random object ids), so every child of a server that loaded it would share it. The server exits
+# if a preload pulls ray in; its clients then start their workers as fresh interpreters.
+PRELOAD = ("torch", "torch.distributed", "numpy", "harness.policy.distributed", "harness.policy.native.engine",
+           "harness.rollout.worker", "harness.rollout.engine_worker", "harness.runner.process_state",
+           "harness.spec.typed", "harness.parallel.settle", "harness.refit.zmq_stream", "harness.profiler.trace")
+READY_TIMEOUT_S = 120.0
+CLIENT = Path(__file__).with_name("zygote_client.py")
+
+
+def worker_command() -> str:
+    """The ``runtime_env["py_executable"]`` that starts a Ray worker through the zygote."""
+    return f"{sys.executable} -S -E {CLIENT}"
+
+
+class Zygote:
+    """One fork server process (see the module docstring); ``close`` ends it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._dir = tempfile.mkdtemp(prefix="golden-zygote-")
+        self.address = os.path.join(self._dir, "s")
+        ready = os.path.join(self._dir, "ready")
+        self.proc = subprocess.Popen([sys.executable, "-m", "harness.runner.zygote", self.address, ready],
+                                     env=env, stdin=subprocess.DEVNULL, start_new_session=False)
+        self._ready = ready
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
+        """Whether the server imported its preloads and listens (False: it died or timed out)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.path.exists(self._ready):
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+        return False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for name in ("s", "ready"):
+            try:
+                os.unlink(os.path.join(self._dir, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(self._dir)
+        except OSError:
+            pass
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    data = b""
+    fds: list[int] = []
+    while not data.endswith(b"\n"):
+        chunk, got, _flags, _addr = socket.recv_fds(conn, 1 << 20, 8)
+        if not chunk:
+            raise EOFError("client closed the connection before its request")
+        data += chunk
+        fds.extend(got)
+    return json.loads(data), fds
+
+
+def _watch_client(pid: int) -> None:
+    """In the child: die when the client (the process Ray started) is gone."""
+    import select
+    import threading
+
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # already gone
+        os.kill(os.getpid(), signal.SIGKILL)
+        return
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="zygote-client-watch", daemon=True).start()
+
+
+# sys.path as the interpreter built it, without the server's own first entry (``-m``: its working
+# directory); set in serve() before any preload, so a child can rebuild a fresh worker's sys.path.
+_BASE_PATH: list[str] = []
+_SERVER_ENTRY: list[str] = []  # that first entry
+
+
+def _worker_sys_path(script: str, loaded: list[str]) -> list[str]:
+    """The ``sys.path`` a fresh ``python script`` has once it imported the preloads: the entries
+    the preloads inserted (``import ray`` puts its ``thirdparty_files`` first), the script's
+    folder, then the interpreter's own."""
+    added = [p for p in loaded if p not in _BASE_PATH and p not in _SERVER_ENTRY]
+    return [*added, os.path.dirname(script), *_BASE_PATH]
+
+
+def _reseed() -> None:
+    """Draw the seeds a fresh interpreter draws at start-up: Python's ``random`` and numpy's global
+    generator from the OS (every child would otherwise continue the server's one state). torch's
+    default generator starts from its fixed seed in a fresh process; the server never draws from it."""
+    import random
+
+    random.seed()
+    import numpy as np
+
+    np.random.seed()
+
+
+def _become_worker(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """In the forked child: take the client's process identity and run the worker script."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the only handler the server changed
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update({k: v for k, v in request["env"].items() if k != ADDRESS_VAR})
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    conn.close()
+    _watch_client(int(request["client_pid"]))
+    _reseed()
+    argv = list(request["argv"])
+    script = os.path.abspath(argv[0])
+    sys.argv = [script, *argv[1:]]
+    sys.path[:] = _worker_sys_path(script, list(sys.path))
+    import runpy
+
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the worker's own failure: report it as a fresh process would
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(code)
+
+
+def serve(address: str, ready: str) -> None:
+    """The server loop (``python -m harness.runner.zygote ADDRESS READY_FILE``)."""
+    import importlib
+
+    _SERVER_ENTRY[:], _BASE_PATH[:] = sys.path[:1], sys.path[1:]
+    _die_with_parent()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(address)
+    server.listen(128)  # clients queue here while the preloads import
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if "ray" in sys.modules:
+        raise SystemExit("harness.runner.zygote: a preload imported ray; not serving")
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    Path(ready).write_text(str(os.getpid()))
+    while True:
+        conn, _ = server.accept()
+        try:
+            request, fds = _recv_request(conn)
+        except (OSError, ValueError, EOFError):
+            conn.close()
+            continue
+        pid = os.fork()
+        if pid == 0:
+            server.close()
+            try:
+                _become_worker(conn, request, fds)
+            finally:
+                os._exit(1)
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2])

@@ -1,0 +1,72 @@
+"""The process Ray starts for a zygote worker (``harness.runner.zygote``): standard library only.
+
+Run as ``python -S -E zygote_client.py default_worker.py ARGS...`` (the actor's
+``runtime_env["py_executable"]``). It sends its command line, environment,
+working directory, pid and stdin/stdout/stderr to the server named by
+``$GOLDEN_ZYGOTE_SOCKET``, which forks the worker, then waits for that worker to
+exit, forwarding SIGTERM and SIGINT to it. Without a reachable server it runs
+the worker itself (``os.execv`` of this interpreter, site enabled): slower,
+never different.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+ADDRESS_VAR = "GOLDEN_ZYGOTE_SOCKET"
+
+
+def _run_here() -> None:
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+
+
+def main() -> None:
+    address = os.environ.get(ADDRESS_VAR, "")
+    if not address:
+        _run_here()
+    request = {"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "client_pid": os.getpid()}
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(address)
+        payload = json.dumps(request).encode() + b"\n"
+        sent = socket.send_fds(conn, [payload], [0, 1, 2])  # a stream socket may take part of it
+        conn.sendall(payload[sent:])
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(4096)
+            if not chunk:
+                raise EOFError("the zygote closed the connection")
+            data += chunk
+        child = int(json.loads(data)["pid"])
+        conn.close()
+    except (OSError, ValueError, EOFError, KeyError):
+        _run_here()
+        return
+    try:
+        pidfd = os.pidfd_open(child)
+    except OSError:  # the worker is already gone
+        sys.exit(1)
+
+    def forward(signum, _frame) -> None:
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            ready, _, _ = select.select([pidfd], [], [])
+        except InterruptedError:
+            continue
+        if ready:
+            break
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

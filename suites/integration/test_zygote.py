@@ -1,0 +1,133 @@
+"""The warm runtime's fork server (``harness.runner.zygote``) with a real Ray instance.
+
+One ``WarmRuntime`` (Ray up, zygote started), then actors created with
+``zygote_runtime_env``:
+
+* each is a child of the zygote (forked, not a fresh interpreter), has its own
+  pid, runs Ray's ``default_worker.py`` as ``__main__`` with the ``sys.argv``
+  and ``sys.path`` of a fresh worker (and its signal handlers, torch thread
+  counts and working directory), and sees exactly the environment Ray gave its
+  client: the actor's ``env_vars``, none of the zygote's own start-up variables
+  (``ZYGOTE_PROBE``), and not the socket variable;
+* ``ray.kill`` leaves neither the worker nor its client (the process Ray
+  started, which waits for it) behind, and the other worker runs on;
+* an actor whose ``env_vars`` name a variable outside ``ZYGOTE_START_VARS`` (a
+  workload's ``plugins.env``) is not forked (a fresh interpreter);
+* with ``GOLDEN_ZYGOTE=0`` the runtime starts no zygote and nothing is forked.
+
+A Ray worker's start-up is Ray's own; nothing here is a test double.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import ray
+
+from harness.runner import warm
+from harness.runner.warm import WarmRuntime, zygote_runtime_env
+from harness.runner.zygote import ADDRESS_VAR
+
+pytestmark = pytest.mark.slow
+
+
+@ray.remote
+class Probe:
+    def info(self) -> dict:
+        import signal
+
+        import torch
+
+        def _handler(h) -> str:
+            return getattr(h, "__qualname__", None) or repr(h)  # a function by name, not by address
+
+        main = sys.modules["__main__"]
+        return {"pid": os.getpid(), "ppid": os.getppid(), "env": dict(os.environ), "argv0": sys.argv[0],
+                "path": list(sys.path), "main": getattr(main, "__file__", None),
+                "signals": {s.name: _handler(signal.getsignal(s))
+                            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD, signal.SIGHUP)},
+                "threads": (torch.get_num_threads(), torch.get_num_interop_threads()), "cwd": os.getcwd()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _clients(address: str) -> set[int]:
+    """Live zygote clients of this zygote (the processes Ray started: their environment names it)."""
+    mark = f"{ADDRESS_VAR}={address}".encode()
+    return {int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _alive(int(e.name))
+            and b"zygote_client.py" in _read(f"/proc/{e.name}/cmdline")
+            and mark in _read(f"/proc/{e.name}/environ").split(b"\0")}
+
+
+def test_workers_fork_from_the_zygote_with_their_own_environment(monkeypatch):
+    runtime = WarmRuntime()
+    try:
+        monkeypatch.setenv(warm.ZYGOTE_ENV, "0")
+        runtime.ensure_ray()  # Ray (raylet, and so every worker's environment) without the probe
+        monkeypatch.delenv(warm.ZYGOTE_ENV)
+        monkeypatch.setenv("ZYGOTE_PROBE", "server")  # in the zygote's start-up environment only
+        runtime._start_zygote()
+        zygote = runtime._zygote
+        assert zygote is not None and zygote.wait_ready(), "the zygote did not start"
+        monkeypatch.delenv("ZYGOTE_PROBE")
+        env = {"OMP_NUM_THREADS": "1", "HARNESS_RUN_ID": "probe-run"}
+        runtime_env = zygote_runtime_env({"env_vars": env})
+        assert "py_executable" in runtime_env
+        a, b = (Probe.options(num_cpus=0, runtime_env=runtime_env).remote() for _ in range(2))
+        infos = ray.get([a.info.remote(), b.info.remote()], timeout=120)
+        for info in infos:
+            assert info["ppid"] == zygote.proc.pid, "the worker is not a child of the zygote"
+            assert info["env"]["HARNESS_RUN_ID"] == "probe-run"
+            assert "ZYGOTE_PROBE" not in info["env"] and ADDRESS_VAR not in info["env"]
+            assert info["argv0"].endswith("default_worker.py") and info["main"] == info["argv0"]
+        assert infos[0]["pid"] != infos[1]["pid"]
+        assert b"ZYGOTE_PROBE=server" in _read(f"/proc/{infos[0]['pid']}/environ")  # forked: the server's
+        clients = _clients(zygote.address)
+        assert len(clients) == 2, clients  # one per worker
+        ray.kill(a)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (_alive(infos[0]["pid"]) or len(_clients(zygote.address)) > 1):
+            time.sleep(0.2)
+        assert not _alive(infos[0]["pid"]), "the killed worker is still running"
+        assert len(_clients(zygote.address)) == 1, "the killed worker's client is still running"
+        assert _alive(infos[1]["pid"])
+
+        plugin_env = zygote_runtime_env({"env_vars": {**env, "TORCH_SHOW_CPP_STACKTRACES": "1"}})
+        assert "py_executable" not in plugin_env  # such a worker starts as a fresh interpreter
+        fresh = ray.get(Probe.options(num_cpus=0, runtime_env=plugin_env).remote().info.remote(), timeout=120)
+        assert fresh["ppid"] != zygote.proc.pid
+        assert infos[1]["path"] == fresh["path"], "a forked worker's sys.path differs from a fresh one's"
+        for key in ("argv0", "signals", "threads", "cwd"):
+            assert infos[1][key] == fresh[key], f"a forked worker's {key} differs from a fresh one's"
+    finally:
+        runtime.close()
+    assert warm._current is None and runtime._zygote is None
+    assert not _alive(zygote.proc.pid)
+
+
+def test_no_zygote_when_turned_off(monkeypatch):
+    monkeypatch.setenv(warm.ZYGOTE_ENV, "0")
+    runtime = WarmRuntime()
+    try:
+        runtime.ensure_ray()
+        assert runtime._zygote is None
+        assert zygote_runtime_env({"env_vars": {"OMP_NUM_THREADS": "1"}}) == {"env_vars": {"OMP_NUM_THREADS": "1"}}
+    finally:
+        runtime.close()
