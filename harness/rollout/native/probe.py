@@ -29,7 +29,7 @@ engine's start dispatches exactly the operators it did before.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -216,7 +216,72 @@ class _ProbeRow:
         self.slot, self.tokens, self.cached = slot, tokens, len(tokens) - 1
 
 
-def probe_decode(fwd: Forward, max_batch_size: int) -> str | None:
+def choose_invariant(fwd: Forward, max_batch_size: int, requested: bool) -> bool:
+    """The invariant decode kernels (``invariant``): on where ``probe_invariant`` passes (it sets
+    ``fwd.kernels``). ``requested`` True (``decode_kernels="invariant"``): a failing probe is a
+    ValueError naming the reason; False (the device default): a warning, and False."""
+    problem = probe_invariant(fwd, max_batch_size)
+    if problem is None:
+        log.info("rollout engine on %s: batched decode on the batch-invariant kernels", fwd.device)
+        return True
+    if requested:
+        raise ValueError(f"invariant decode kernels requested but unavailable on {fwd.device}: {problem}")
+    log.warning("rollout engine on %s: invariant decode kernels off (%s)", fwd.device, problem)
+    return False
+
+
+def probe_invariant(fwd: Forward, max_batch_size: int) -> str | None:
+    """Whether the invariant kernels hold on this machine: the projections' row modes
+    (``probe_batched_kernels``, projections only), then ``probe_decode`` with each row's
+    reference its own batch of one on the same kernels (the guarantee itself). Sets
+    ``fwd.kernels`` to ``"invariant"`` on success, back to ``"standard"`` otherwise; on cuda
+    it also tries the per-request MoE as grouped GEMMs (``fwd.grouped_prefill``)."""
+    from harness.rollout.native.invariant import INVARIANT_DTYPES
+
+    if fwd.dtype not in INVARIANT_DTYPES:
+        return f"dtype {fwd.dtype} is not one of {INVARIANT_DTYPES}"
+    if fwd.device.type == "cuda":
+        widen_gather(fwd)
+    problem = probe_batched_kernels(fwd, max_batch_size, projections_only=True)
+    if problem is not None:
+        return problem
+    fwd.kernels = "invariant"
+    fwd.grouped_prefill = fwd.device.type == "cuda" and grouped_fp_ok(fwd)
+    problem = probe_decode(fwd, max_batch_size, alone=lambda row: fwd.step([], DecodeBatch.build(fwd, [row]))[0][0])
+    if problem is not None:
+        fwd.kernels, fwd.grouped_prefill = "standard", False
+    return problem
+
+
+# Bytes of gathered expert weights a GPU decode step may copy (per layer) before it loops
+# over the experts instead: the copy is one kernel, the loop one host sync and E bmm's.
+GPU_GATHER_BYTES = 4 << 30
+
+
+def widen_gather(fwd: Forward) -> None:
+    """On a GPU: gather every decode slot's expert weights in one copy (up to ``GPU_GATHER_BYTES``)."""
+    for layer in fwd.layers:
+        layer.experts.gather_limit = max(layer.experts.gather_limit,
+                                         GPU_GATHER_BYTES // layer.experts.pack.element_size())
+
+
+def grouped_fp_ok(fwd: Forward) -> bool:
+    """Whether ``torch._grouped_mm`` runs this dtype here (its result agrees with the loop to
+    rounding; prefill is per request, so any deterministic kernel keeps the guarantee)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    x = torch.ones(4, 8, dtype=fwd.dtype, device=fwd.device)
+    w = torch.ones(2, 8, 16, dtype=fwd.dtype, device=fwd.device)
+    try:
+        y = torch._grouped_mm(x, w, offs=torch.tensor([1, 4], dtype=torch.int32, device=fwd.device))
+    except (RuntimeError, NotImplementedError) as exc:
+        log.info("rollout engine on %s: no grouped GEMM for %s (%s)", fwd.device, fwd.dtype, str(exc)[:120])
+        return False
+    return bool(torch.all(y == 8))
+
+
+def probe_decode(fwd: Forward, max_batch_size: int,
+                 alone: Callable[[_ProbeRow], torch.Tensor] | None = None) -> str | None:
     """One decode step of real rows, batched and per request, on the engine's weights.
 
     For each batch size ``n`` (2, 3, 5, 8, 16 and ``max_batch_size``, where they fit):
@@ -225,7 +290,8 @@ def probe_decode(fwd: Forward, max_batch_size: int) -> str | None:
     (``Forward.step`` with the one new token); every row's logits must be equal bit
     for bit. A row's own tokens are the same in every batch it appears in, so this
     also checks that a row does not depend on its neighbours. Frees every slot it
-    takes. Returns the first problem, or None.
+    takes. Returns the first problem, or None. ``alone``: a row's reference logits
+    (default: the per-request step of its one new token).
     """
     gen = torch.Generator().manual_seed(1)
     room = min(fwd.cfg.max_position - 1, 40)
@@ -242,11 +308,14 @@ def probe_decode(fwd: Forward, max_batch_size: int) -> str | None:
             batch = DecodeBatch.build(fwd, rows)
             batched, _ = fwd.step([], batch)
             for i, row in enumerate(batch.seqs):
-                _, (alone,) = fwd.step([(row.slot, row.cached, row.tokens[-1:])])
-                if not torch.equal(batched[i], alone[-1]):
+                if alone is None:
+                    ref = fwd.step([(row.slot, row.cached, row.tokens[-1:])])[1][0][-1]
+                else:
+                    ref = alone(row)
+                if not torch.equal(batched[i], ref):
                     return (f"batched decode logits differ from the per-request ones (batch of {n}, a row "
                             f"with {row.cached} cached positions; max |diff| "
-                            f"{float((batched[i] - alone[-1]).abs().max()):.3g})")
+                            f"{float((batched[i] - ref).abs().max()):.3g})")
         finally:
             for slot in slots:
                 fwd.kv.release(slot)
