@@ -83,6 +83,7 @@ def _native_arm(cfg: ModelConfig, state: dict, reqs: list, args, kernels: str, p
     engine = Engine(cfg, state, device="cuda", max_batch_size=batch, decode_kernels=kernels)
     row["engine_start_s"] = time.perf_counter() - t
     probe_log.removeHandler(messages)
+    print(f"  [{kernels} b{batch}] engine started in {row['engine_start_s']:.1f} s: {messages.messages}", flush=True)
     row["batched_decode"] = engine.batched_decode
     row["batched_sampling"] = engine.scheduler.batched_sampling
     row["grouped_prefill"] = engine.forward.grouped_prefill
@@ -93,7 +94,9 @@ def _native_arm(cfg: ModelConfig, state: dict, reqs: list, args, kernels: str, p
     short = [dict(r, max_new_tokens=2) for r in reqs]  # warm-up: allocations, kernels; not the whole run
     out, times = _sync_time(partial(engine.generate, reqs), args.repeat, partial(engine.generate, short))
     row["tok_s"] = total / statistics.median(times)
+    row["generate_s"] = times
     row["tokens"] = [list(r["output_ids"]) for r in out]
+    print(f"  [{kernels} b{batch}] {row['tok_s']:.1f} tok/s (generate {times} s)", flush=True)
     if args.profile_decode and kernels == "invariant":
         row["top_ops"] = _top_ops(partial(engine.generate, reqs), 20)
     if per_request:
@@ -107,7 +110,9 @@ def _native_arm(cfg: ModelConfig, state: dict, reqs: list, args, kernels: str, p
         row["alone_tok_s"] = total / (time.perf_counter() - t)
         row["equals_alone"] = [list(r["output_ids"]) for r in alone] == row["tokens"]
         row["logprobs_equal_alone"] = [r["logprobs"] for r in alone] == [r["logprobs"] for r in out]
-        sampled = [dict(r, temperature=0.8, seed=100 + j) for j, r in enumerate(reqs)]
+        print(f"  [{kernels} b{batch}] alone {row['alone_tok_s']:.1f} tok/s, equal {row['equals_alone']}", flush=True)
+        sampled = [dict(r, temperature=0.8, top_p=(1.0, 0.9)[j % 2], seed=100 + j, max_new_tokens=8)
+                   for j, r in enumerate(reqs)]
         with_temp = engine.generate(sampled)
         alone_temp = [solo.generate([r])[0] for r in sampled] if kernels == "invariant" else solo.generate(sampled)
         row["sampled_equals_alone"] = with_temp == alone_temp
