@@ -109,10 +109,21 @@ def test_probe_names_an_invariant_path_that_drifts_and_the_engine_refuses(engine
     engine.forward.kernels = "invariant"  # the module's engine, as it was
 
 
+def test_the_environment_picks_the_default_kernels(weights, monkeypatch):
+    monkeypatch.setenv("HARNESS_NATIVE_DECODE_KERNELS", "invariant")
+    assert Engine(CFG, weights, max_batch_size=2).decode_kernels == "invariant"
+    assert Engine(CFG, weights, max_batch_size=2, decode_kernels="standard").decode_kernels == "standard"
+    monkeypatch.setenv("HARNESS_NATIVE_DECODE_KERNELS", "quick")
+    with pytest.raises(ValueError, match=r"\$HARNESS_NATIVE_DECODE_KERNELS\) must be one of"):
+        Engine(CFG, weights)
+    monkeypatch.delenv("HARNESS_NATIVE_DECODE_KERNELS")
+    assert Engine(CFG, weights, max_batch_size=2).decode_kernels == "standard"
+
+
 def test_invalid_invariant_requests_are_refused(weights):
     with pytest.raises(ValueError, match="batched_decode=False contradicts it"):
         Engine(CFG, weights, decode_kernels="invariant", batched_decode=False)
-    with pytest.raises(ValueError, match="decode_kernels must be one of"):
+    with pytest.raises(ValueError, match=r"decode_kernels \(or \$HARNESS_NATIVE_DECODE_KERNELS\) must be one of"):
         Engine(CFG, weights, decode_kernels="fast")
     bf16 = dataclasses.replace(CFG, dtype="bfloat16")
     with pytest.raises(ValueError, match="dtype torch.bfloat16 is not one of"):

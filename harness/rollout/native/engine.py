@@ -21,6 +21,7 @@ with ``RolloutWorker`` (unsharding) and the vLLM backend (weight loading).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ from harness.rollout.native.weights import PackedWeights
 from harness.rollout.sharding import ShardPlan
 
 DECODE_KERNELS = ("standard", "invariant")
+DECODE_KERNELS_ENV = "HARNESS_NATIVE_DECODE_KERNELS"
 
 
 def as_model_config(model_cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
@@ -60,7 +62,8 @@ class Engine:
     supported or the probe fails). Either way the tokens and logprobs are the same.
     On a GPU the probe also decodes real rows both ways (``probe.probe_decode``).
 
-    ``decode_kernels``: ``"standard"`` (default) decodes with the per-request
+    ``decode_kernels``: ``None`` reads ``$HARNESS_NATIVE_DECODE_KERNELS`` (unset or empty:
+    ``"standard"``, so no golden moves unless it is set). ``"standard"`` decodes with the per-request
     computation's kernels, as above; ``"invariant"`` decodes every decoding row, a
     lone one too, through the batched path on the fixed-order kernels of
     ``invariant`` (a row's bits are the same in a batch of one and in any batch,
@@ -83,7 +86,7 @@ class Engine:
         device: str | torch.device = "cpu",
         eos_token_id: int | None = None,
         batched_decode: bool | None = None,
-        decode_kernels: str = "standard",
+        decode_kernels: str | None = None,
     ) -> None:
         self.cfg = as_model_config(model_cfg)
         if max_batch_size < 1:
@@ -113,8 +116,11 @@ class Engine:
             if missing:
                 raise ValueError(f"engine weights are missing {len(missing)} tensor(s), first: {missing[:3]}")
             self.load_weights(weights.items())
+        if decode_kernels is None:
+            decode_kernels = os.environ.get(DECODE_KERNELS_ENV) or "standard"
         if decode_kernels not in DECODE_KERNELS:
-            raise ValueError(f"decode_kernels must be one of {DECODE_KERNELS}, got {decode_kernels!r}")
+            raise ValueError(f"decode_kernels (or ${DECODE_KERNELS_ENV}) must be one of {DECODE_KERNELS}, "
+                             f"got {decode_kernels!r}")
         if decode_kernels == "invariant":
             if batched_decode is False:
                 raise ValueError("decode_kernels='invariant' decodes batched; batched_decode=False contradicts it")
