@@ -23,6 +23,14 @@ the step* (so a request's tokens and logprobs never depend on the batch, on
   (``ops.rms_norm`` of ``[1, H]``, the q and k norms apart, the row's own RoPE,
   ``kv.write``/``kv.read`` and ``ops.causal_attention`` of the slot, ``ops.route``
   of ``[1, E]``): the per-request computation itself, with the GEMMs shared.
+* **Invariant batched decode** (``kernels == "invariant"``, the engine's
+  ``decode_kernels``): every decoding row, a lone one too, goes through the
+  batched path on the fixed-order kernels of ``invariant`` (folded norms, router
+  softmax and attention over the batch's longest cache, each row masked to its
+  own length; every matrix product an element-wise product folded over its inner
+  dimension, so no GEMM kernel is picked by the row count). A row's bits are
+  the same in any batch by construction (``probe.probe_invariant`` checks it on
+  the device), but not those of the per-request decode, whose kernels differ.
 
 The TP sum is an ``all_gather`` followed by a sum in rank order, not an
 ``all_reduce`` (whose ring chunking makes an element's summation order depend on
@@ -291,28 +299,31 @@ class Forward:
         plan, layer, eps = self.plan, self.layers[li], self.cfg.rms_eps
         b, d = x.shape[0], self.cfg.head_dim
         hq, hkv = plan.local_heads, plan.local_kv_heads
-        q, k, v = layer.qkv_proj(inv.rms_norm(x, layer.input_norm, eps))
-        if layer.qkv_proj.mode == "fused":
-            qk = torch.as_strided(q, (b, hq + hkv, d), (q.stride(0), d, 1), q.storage_offset())
-        else:
-            qk = torch.cat((q, k), dim=1).view(b, hq + hkv, d)
+        qkv = inv.linear(inv.rms_norm(x, layer.input_norm, eps), layer.qkv_proj.pack)  # [q | k | v] columns
+        qk = qkv[:, : (hq + hkv) * d].view(b, hq + hkv, d)
         if layer.qk_norm is not None:
             qk = inv.rms_norm(qk, layer.qk_norm, eps)
         qk = qk * dec.cos + qk.roll(d // 2, dims=-1) * dec.sin_signed
-        self.kv.write_rows(li, dec.kv_rows, qk[:, hq:], v.reshape(b, hkv, d))
+        self.kv.write_rows(li, dec.kv_rows, qk[:, hq:], qkv[:, (hq + hkv) * d :].reshape(b, hkv, d))
         keys = self.kv.k[li][:, :, : dec.max_length].index_select(0, dec.slots)
         values = self.kv.v[li][:, :, : dec.max_length].index_select(0, dec.slots)
         out = inv.decode_attention(qk[:, :hq].reshape(b, hkv, hq // hkv, d), keys, values, dec.lengths)
-        (out,) = layer.o_proj(out)
-        return out
+        return inv.linear(out, layer.o_proj.pack)
 
     def decode_moe_invariant(self, li: int, x: torch.Tensor) -> torch.Tensor:
         """``decode_moe`` on the ``invariant`` kernels (folded norm and router softmax)."""
         cfg, layer = self.cfg, self.layers[li]
+        b, k = x.shape[0], cfg.top_k
         h = inv.rms_norm(x, layer.post_norm, cfg.rms_eps)
-        (router_logits,) = layer.router_proj(h)
-        weights, indices = inv.route(router_logits, cfg.top_k, cfg.norm_topk_prob)
-        return self._experts_sum(li, h, weights, indices)
+        weights, indices = inv.route(inv.linear(h, layer.router_proj.pack), k, cfg.norm_topk_prob)
+        experts, perm = indices.sort(dim=-1)  # a token's slots in expert-id order, as everywhere
+        y = inv.expert_swiglu(h.repeat_interleave(k, dim=0), experts.view(-1),
+                              *layer.experts.views(layer.experts.pack))
+        y = y.view(b, k, -1) * weights.gather(-1, perm).unsqueeze(-1)
+        out = y[:, 0] + 0.0
+        for j in range(1, k):
+            out = out + y[:, j]
+        return out
 
     # -- one step ------------------------------------------------------------------------
 
@@ -363,10 +374,10 @@ class Forward:
         if xd is not None:
             final = self.params["model.norm.weight"]
             if self.kernels == "invariant":
-                norm = inv.rms_norm(xd, final, self.cfg.rms_eps)
+                decode_logits = inv.linear(inv.rms_norm(xd, final, self.cfg.rms_eps), self.weights.lm_head_proj.pack)
             else:
                 norm = self._norm_rows(xd, final) if self.row_local else self.rms(xd, final)
-            (decode_logits,) = self.weights.lm_head_proj(norm)
+                (decode_logits,) = self.weights.lm_head_proj(norm)
         return decode_logits, [self.logits(x) for x in xs]
 
 

@@ -16,10 +16,14 @@ RMSNorm, the q/k norms, attention (``q . k`` as a product and ``fold_sum`` over 
 head dimension; softmax with ``amax``, which is exact in any order, and a folded
 denominator; ``sum_j p_j v_j`` folded over the positions, each row masked beyond its
 own length so a row sees zeros there), and the router's softmax. The matrix products
-stay the row-item bmm of ``projections`` (each row its own ``[1, K] @ [K, N]`` item,
-verified by the probe). So a request's decode rows have the same bits in a batch of
-one and in any batch: the guarantee holds by construction, and the start-up probe
-checks it on the device (``probe.probe_invariant``).
+too (``linear``, ``expert_swiglu``): each dot product is an element-wise product
+folded over the inner dimension, so no GEMM kernel is chosen by the batch's shape
+(a cuBLAS GEMM may pick another kernel, or split the inner dimension, for another
+row count). So a request's decode rows have the same bits in a batch of one and in
+any batch: the guarantee holds by construction, and the start-up probe checks it on
+the device (``probe.probe_invariant``). The cost is memory traffic (the product
+tensor is ``rows x N x K``), which at decode's few rows is far below a launch-bound
+per-row loop.
 
 These are different kernels from ``harness.ops`` (the reference model and the
 per-request path): the results agree to rounding, not bit for bit. Only float32
@@ -52,6 +56,37 @@ def fold_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         p //= 2
         x = x.narrow(dim, 0, p) + x.narrow(dim, p, p)
     return x
+
+
+# Largest product tensor (elements) ``linear`` and ``expert_swiglu`` build at once; more rows
+# run in chunks (each row's result is its own, so chunking never changes a bit).
+PRODUCT_ELEMENTS = 1 << 28
+
+
+def _row_chunks(rows: int, per_row: int) -> list[tuple[int, int]]:
+    step = max(1, PRODUCT_ELEMENTS // max(per_row, 1))
+    return [(lo, min(lo + step, rows)) for lo in range(0, rows, step)]
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [B, K] @ w [N, K]^T -> [B, N]``, each dot product an element-wise product and a
+    ``fold_sum`` over ``K``: a row's bits depend only on the row (no GEMM kernel choice)."""
+    n, k = w.shape
+    outs = [fold_sum(x[lo:hi].unsqueeze(1) * w.unsqueeze(0)).squeeze(-1) for lo, hi in _row_chunks(x.shape[0], n * k)]
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def expert_swiglu(hs: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """Per slot ``s``: ``ops.swiglu(hs[s], gate, up, down)`` of expert ``experts[s]`` over the
+    ``[E, 2I, H]`` / ``[E, H, I]`` expert weights, every product folded (``linear``'s rule)."""
+    inter = down.shape[2]
+    outs = []
+    for lo, hi in _row_chunks(hs.shape[0], gate_up.shape[1] * gate_up.shape[2]):
+        ex = experts[lo:hi]
+        gu = fold_sum(gate_up.index_select(0, ex).mul_(hs[lo:hi].unsqueeze(1))).squeeze(-1)  # [S, 2I]
+        act = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+        outs.append(fold_sum(down.index_select(0, ex).mul_(act.unsqueeze(1))).squeeze(-1))  # [S, H]
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -21,7 +21,9 @@ batched logits are sampled row by row). Where the batched attention, the RoPE
 table or the end-to-end check fail on a GPU, the row-local decode
 (``Forward.row_local``: GEMMs batched, every reduction and the attention per row
 on the per-request shapes) is checked end to end instead; only if that fails too
-does the engine decode request by request. On the CPU these hold by construction
+does the engine decode request by request. (With ``decode_kernels="invariant"`` none
+of the above decides: ``probe_invariant`` checks the projections' row modes and then a
+batched step against each row's own batch of one on the same kernels.) On the CPU these hold by construction
 (the per-kernel checks above and the unit tests) and are not run, so a CPU
 engine's start dispatches exactly the operators it did before.
 """
@@ -231,8 +233,7 @@ def choose_invariant(fwd: Forward, max_batch_size: int, requested: bool) -> bool
 
 
 def probe_invariant(fwd: Forward, max_batch_size: int) -> str | None:
-    """Whether the invariant kernels hold on this machine: the projections' row modes
-    (``probe_batched_kernels``, projections only), then ``probe_decode`` with each row's
+    """Whether the invariant kernels hold on this machine: ``probe_decode`` with each row's
     reference its own batch of one on the same kernels (the guarantee itself). Sets
     ``fwd.kernels`` to ``"invariant"`` on success, back to ``"standard"`` otherwise; on cuda
     it also tries the per-request MoE as grouped GEMMs (``fwd.grouped_prefill``)."""
@@ -240,29 +241,12 @@ def probe_invariant(fwd: Forward, max_batch_size: int) -> str | None:
 
     if fwd.dtype not in INVARIANT_DTYPES:
         return f"dtype {fwd.dtype} is not one of {INVARIANT_DTYPES}"
-    if fwd.device.type == "cuda":
-        widen_gather(fwd)
-    problem = probe_batched_kernels(fwd, max_batch_size, projections_only=True)
-    if problem is not None:
-        return problem
     fwd.kernels = "invariant"
     fwd.grouped_prefill = fwd.device.type == "cuda" and grouped_fp_ok(fwd)
     problem = probe_decode(fwd, max_batch_size, alone=lambda row: fwd.step([], DecodeBatch.build(fwd, [row]))[0][0])
     if problem is not None:
         fwd.kernels, fwd.grouped_prefill = "standard", False
     return problem
-
-
-# Bytes of gathered expert weights a GPU decode step may copy (per layer) before it loops
-# over the experts instead: the copy is one kernel, the loop one host sync and E bmm's.
-GPU_GATHER_BYTES = 4 << 30
-
-
-def widen_gather(fwd: Forward) -> None:
-    """On a GPU: gather every decode slot's expert weights in one copy (up to ``GPU_GATHER_BYTES``)."""
-    for layer in fwd.layers:
-        layer.experts.gather_limit = max(layer.experts.gather_limit,
-                                         GPU_GATHER_BYTES // layer.experts.pack.element_size())
 
 
 def grouped_fp_ok(fwd: Forward) -> bool:
