@@ -18,6 +18,8 @@ Rules (each refusal is a ``ClusterRefused``, a ``SpecError`` on field
   (address, node id) order, so the mapping is deterministic for one cluster;
 * a rollout engine is one actor whose TP ranks are its own processes, so all
   ranks of an engine must be planned on one node.
+
+``cross_node_engines`` names the engines whose zmq refit goes over ``tcp://``.
 """
 
 from __future__ import annotations
@@ -86,19 +88,13 @@ def check_engines(topology: dict) -> None:
                 "so no engine straddles nodes")
 
 
-def check_refit(spec: dict, topology: dict, transport: str) -> None:
-    """ZMQ refit endpoints are ``ipc://`` (one host): every engine shares policy rank 0's node."""
-    if transport != "zmq":
-        return
+def cross_node_engines(topology: dict) -> list[int]:
+    """Rollout engines planned on another node than policy rank 0 (the zmq refit sender):
+    their zmq refit runs over ``tcp://`` with the bytes in the messages
+    (``harness.refit.tcp_stream``); every other engine's over ``ipc://`` with shared memory."""
     sender = topology["policy"]["ranks"][0]["node"]
     ranks = topology["rollout"]["ranks"]
-    for engine in topology["engines"]:
-        node = ranks[engine["rank_prefix"]]["node"]
-        if node != sender:
-            raise ClusterRefused(
-                f"rollout engine {engine['engine']} is planned on node {node} but policy rank 0 (the zmq refit "
-                f"sender) on node {sender}; zmq refit runs over ipc:// within a node only (tcp:// zmq endpoints "
-                "are not built); use rollout.refit.transport: broadcast (a side process group over tcp)")
+    return [e["engine"] for e in topology["engines"] if ranks[e["rank_prefix"]]["node"] != sender]
 
 
 def assign_nodes(spec: dict, topology: dict, nodes: list[NodeView], *, driver_node: str | None,

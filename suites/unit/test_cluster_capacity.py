@@ -17,7 +17,7 @@ from harness.runner.capacity import (
     NodeView,
     assign_nodes,
     check_engines,
-    check_refit,
+    cross_node_engines,
     local_refusal,
 )
 from harness.spec.load import load_spec
@@ -74,16 +74,16 @@ def test_head_node_needs_one_more_distinct_node() -> None:
     assert mapping[0].address == "10.0.0.3" and {mapping[1].address, mapping[2].address} == {"10.0.0.1", "10.0.0.2"}
 
 
-def test_engine_straddling_nodes_and_cross_node_zmq_are_refused() -> None:
-    spec, topo = _spec("platform.gpus_per_node=1", "platform.nodes=8")  # the TP2 engine spans nodes 0 and 1
+def test_engine_straddling_nodes_is_refused_and_cross_node_engines_are_named() -> None:
+    _, topo = _spec("platform.gpus_per_node=1", "platform.nodes=8")  # the TP2 engine spans nodes 0 and 1
     with pytest.raises(ClusterRefused, match=r"rollout engine 0 is planned over nodes \[0, 1\]"):
         check_engines(topo)
-    spec, topo = _spec("rollout.engines=2", "policy.tp=2")  # engine 1 on slots 2,3: still node 0
-    check_refit(spec, topo, "zmq")
-    spec, topo = _spec("rollout.colocated=false", "platform.nodes=3")  # engines after the policy: node 2
-    with pytest.raises(ClusterRefused, match=r"rollout engine 0 is planned on node 2 but policy rank 0"):
-        check_refit(spec, topo, "zmq")
-    check_refit(spec, topo, "broadcast")
+    _, topo = _spec("rollout.engines=2", "policy.tp=2")  # engine 1 on slots 2,3: still node 0 (ipc://)
+    assert cross_node_engines(topo) == []
+    _, topo = _spec("rollout.engines=4")  # engines 2, 3 on node 1, policy rank 0 on node 0: tcp://
+    assert cross_node_engines(topo) == [2, 3]
+    _, topo = _spec("rollout.colocated=false", "platform.nodes=3")  # engines after the policy: node 2
+    assert cross_node_engines(topo) == [0]
 
 
 def test_a_private_local_instance_refuses_a_plan_of_two_nodes() -> None:
