@@ -15,7 +15,12 @@ its own Ray node with 4 logical CPUs (the box has 2 cores; every actor still run
   (``NoVerdict``, exit 3). (``benches/local_cluster.py`` with the variable set runs a
   whole swapped check: exit 3, docs/cluster.md);
 * a plan the cluster cannot hold is refused by ``golden check`` with exit 2 before
-  anything starts, naming the nodes and their CPUs.
+  anything starts, naming the nodes and their CPUs;
+* zmq refit across nodes: the smoke workload with its (separate) rollout engine planned
+  on node 1 and policy rank 0 on node 0 refits over ``tcp://`` (the bytes in the
+  messages), and its rollouts and training surfaces equal those of the same layout on
+  one node, where the refit runs over ``ipc://`` with shared memory (a wrong byte in any
+  refit changes the next step's tokens and losses).
 """
 
 from __future__ import annotations
@@ -150,3 +155,24 @@ def test_a_cluster_too_small_is_refused_before_anything_starts(cluster, tmp_path
     assert "only 0 of 2 alive node(s) can hold 8 cpu slots (CPU >= 8)" in err
     assert err.count(": 4 CPU, 0 GPU") == 2  # both nodes named with their CPUs
     assert not run_dir.exists()
+
+
+SEPARATE_ZMQ = ("rollout.colocated=false", "rollout.refit.transport=zmq")
+
+
+def test_zmq_refit_across_nodes_goes_over_tcp_and_equals_the_ipc_run(cluster, tmp_path) -> None:
+    across = flows.execute("qwen3_moe_tiny_smoke", run_dir=tmp_path / "across", ray_address=cluster.address,
+                           overrides=(*SEPARATE_ZMQ, "platform.nodes=2", "platform.gpus_per_node=1"))
+    assert across.ok, across.problems()
+    within = flows.execute("qwen3_moe_tiny_smoke", run_dir=tmp_path / "within", ray_address=cluster.address,
+                           overrides=(*SEPARATE_ZMQ, "platform.nodes=1", "platform.gpus_per_node=2"))
+    assert within.ok, within.problems()
+    placed = json.loads((across.run_dir / "placement.json").read_text())
+    node_of = {(r["role"], r["rank"]): r["actual"]["node_id"] for r in placed["ranks"]}
+    assert node_of[("rollout", 0)] != node_of[("policy", 0)]  # the engine really ran on the other node
+    [tcp] = json.loads((across.run_dir / "refit_endpoints.json").read_text())["engines"]
+    assert tcp["scheme"] == "tcp" and tcp["cross_node"] and tcp["addresses"][0].startswith("tcp://")
+    [ipc] = json.loads((within.run_dir / "refit_endpoints.json").read_text())["engines"]
+    assert ipc["scheme"] == "ipc" and not ipc["cross_node"]
+    for surface in ("rollouts", "training"):
+        assert across.postflight.surfaces[surface] == within.postflight.surfaces[surface], surface
