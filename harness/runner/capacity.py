@@ -19,7 +19,9 @@ Rules (each refusal is a ``ClusterRefused``, a ``SpecError`` on field
 * a rollout engine is one actor whose TP ranks are its own processes, so all
   ranks of an engine must be planned on one node.
 
-``cross_node_engines`` names the engines whose zmq refit goes over ``tcp://``.
+``cross_node_engines`` names the engines whose zmq refit goes over ``tcp://``;
+``check_distill`` refuses a distillation plan whose teacher and student are not on one
+node (the teacher's logits reach the student as same-host IPC handles).
 """
 
 from __future__ import annotations
@@ -86,6 +88,23 @@ def check_engines(topology: dict) -> None:
                 f"rollout engine {engine['engine']} is planned over nodes {nodes}, but an engine is one actor "
                 "whose TP ranks are its own processes on its node; choose rollout.tp <= platform.gpus_per_node "
                 "so no engine straddles nodes")
+
+
+def check_distill(topology: dict) -> None:
+    """A distillation teacher's ranks and the student's (policy) ranks are planned on one node:
+    the student opens the teacher's logits buffers by shared-memory / CUDA IPC handle
+    (``harness.distill.teacher_ipc``), which another host cannot open."""
+    teacher = topology.get("teacher")
+    if not teacher:
+        return
+    student = sorted({r["node"] for r in topology["policy"]["ranks"]})
+    teacher_nodes = sorted({r["node"] for r in teacher["ranks"]})
+    if len(set(student) | set(teacher_nodes)) > 1:
+        raise ClusterRefused(
+            f"the distillation teacher is planned on node(s) {teacher_nodes} and the student on {student}, but the "
+            "student reads the teacher's logits through same-host IPC handles (harness.distill.teacher_ipc), so "
+            "both must be planned on one node; raise platform.gpus_per_node to hold the student, a separate "
+            "rollout and the teacher on one node")
 
 
 def cross_node_engines(topology: dict) -> list[int]:

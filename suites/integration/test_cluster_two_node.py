@@ -14,6 +14,8 @@ its own Ray node with 4 logical CPUs (the box has 2 cores; every actor still run
   completed 2-node run with that swap in its ``placement.json`` gets no verdict
   (``NoVerdict``, exit 3). (``benches/local_cluster.py`` with the variable set runs a
   whole swapped check: exit 3, docs/cluster.md);
+* a distillation teacher's ranks are pinned to the bundles of their planned slots and
+  listed in ``placement.json`` (stand-in actors; a planted teacher swap is named);
 * a plan the cluster cannot hold is refused by ``golden check`` with exit 2 before
   anything starts, naming the nodes and their CPUs;
 * zmq refit across nodes: the smoke workload with its (separate) rollout engine planned
@@ -121,6 +123,54 @@ def test_planted_swap_is_scheduled_on_the_other_nodes(cluster, tmp_path, monkeyp
     assert placement_problems(topo, recorded) == SWAPPED
     node_ids = {(r["role"], r["rank"]): r["actual"]["node_id"] for r in recorded["ranks"]}
     assert node_ids[("policy", 3)] == node_ids[("policy", 7)] != node_ids[("policy", 4)] == node_ids[("policy", 0)]
+
+
+def test_distillation_teacher_ranks_are_pinned_to_their_planned_slots(cluster, tmp_path, monkeypatch) -> None:
+    """The teacher's ranks get the bundles of their planned slots (2, 3 after the student's 0, 1) and
+    ``placement.json`` lists them; a planted teacher swap is named by postflight's rule."""
+    import ray
+
+    from harness.postflight.placement import placement_problems
+    from harness.runner.cluster import init_ray
+    from harness.runner.placement import SWAP_ENV, Placement
+    from harness.spec.load import load_spec
+    from harness.spec.topology import plan
+
+    spec = load_spec("qwen3_moe_tiny_distill", ["platform.gpus_per_node=4"])
+    topo = plan(spec).to_dict()
+    init_ray(spec, cluster.address, log_to_driver=False)
+    recorded = []
+    try:
+        for swap in (None, "teacher:0,1"):
+            if swap:
+                monkeypatch.setenv(SWAP_ENV, swap)
+            placement = Placement.create(spec, topo, where="test cluster")
+
+            @ray.remote(num_cpus=0)
+            class Rank:  # a stand-in rank: where Ray puts it is all this checks
+                def ping(self) -> int:
+                    return os.getpid()
+
+            actors = {role: [Rank.options(**placement.options(role, r)).remote() for r in range(n)]
+                      for role, n in (("policy", 2), ("rollout", 1), ("teacher", 2))}
+            recorded.append(placement.record(tmp_path, actors["policy"], actors["rollout"],
+                                             teacher_workers=actors["teacher"]))
+            for group in actors.values():
+                for a in group:
+                    ray.kill(a)
+            placement.remove()
+    finally:
+        ray.shutdown()
+    placed, swapped = recorded
+    teacher = [r for r in placed["ranks"] if r["role"] == "teacher"]
+    assert [(r["rank"], r["planned"]["device"], r["actual"]["bundle"]) for r in teacher] == [(0, 2, 2), (1, 3, 3)]
+    assert placement_problems(topo, placed) == []
+    on_disk = json.loads((tmp_path / "placement.json").read_text())["ranks"]
+    assert [r["role"] for r in on_disk].count("teacher") == 2
+    assert placement_problems(topo, swapped) == [
+        "teacher rank 0: planned node 0 device 2, actual node 0 device 3",
+        "teacher rank 1: planned node 0 device 3, actual node 0 device 2",
+    ]
 
 
 def test_a_run_placed_against_the_plan_gets_no_verdict(two_node_run, tmp_path) -> None:

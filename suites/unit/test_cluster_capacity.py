@@ -16,6 +16,7 @@ from harness.runner.capacity import (
     ClusterRefused,
     NodeView,
     assign_nodes,
+    check_distill,
     check_engines,
     cross_node_engines,
     local_refusal,
@@ -137,3 +138,29 @@ def test_cli_refuses_a_two_node_plan_without_a_cluster(tmp_path, capsys) -> None
     assert ("golden check: platform.ray_address: the plan needs 2 nodes, but without --ray-address (or "
             "platform.ray_address) the run starts a private local Ray instance, which is one node") in err
     assert not run_dir.exists()
+
+
+DISTILL = "qwen3_moe_tiny_distill"
+
+
+def test_a_distillation_teacher_on_another_node_than_the_student_is_refused() -> None:
+    one = plan(load_spec(DISTILL)).to_dict()
+    check_distill(one)  # student slots 0-1, teacher 2-3: one node
+    check_distill(_spec()[1])  # no teacher: nothing to check
+    two = plan(load_spec(DISTILL, ["platform.nodes=2", "platform.gpus_per_node=2"])).to_dict()
+    with pytest.raises(ClusterRefused, match=r"platform.ray_address: the distillation teacher is planned on "
+                                             r"node\(s\) \[1\] and the student on \[0\].*same-host IPC handles"):
+        check_distill(two)
+
+
+def test_teacher_ranks_are_checked_against_the_plan() -> None:
+    topo = plan(load_spec(DISTILL)).to_dict()
+    ranks = [{"role": role, "rank": r["rank"], "planned": {"node": r["node"], "device": r["device"]},
+              "actual": {"node": r["node"], "device": r["device"]}}
+             for role in ("policy", "rollout", "teacher") for r in topo[role]["ranks"]]
+    assert placement_problems(topo, {"ranks": ranks}) == []
+    ranks[-1]["actual"]["device"] = 0  # teacher rank 1 on the student's first slot
+    assert placement_problems(topo, {"ranks": ranks[:-2] + ranks[-1:]}) == [
+        "teacher rank 0: no placement recorded",
+        "teacher rank 1: planned node 0 device 3, actual node 0 device 0",
+    ]
