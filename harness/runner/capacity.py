@@ -32,6 +32,8 @@ from harness.spec.errors import SpecError
 from harness.spec.typed import as_workload
 
 FIELD = "platform.ray_address"
+WARM_ON_CLUSTER = ("warm processes live in this machine's private Ray instance and are not placed from the plan; "
+                   "a cluster run starts fresh actors in its own placement group")
 SLOT_CPU = 1.0  # logical CPUs reserved per planned device slot
 
 

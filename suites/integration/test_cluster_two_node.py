@@ -22,7 +22,11 @@ its own Ray node with 4 logical CPUs (the box has 2 cores; every actor still run
   on node 1 and policy rank 0 on node 0 refits over ``tcp://`` (the bytes in the
   messages), and its rollouts and training surfaces equal those of the same layout on
   one node, where the refit runs over ``ipc://`` with shared memory (a wrong byte in any
-  refit changes the next step's tokens and losses).
+  refit changes the next step's tokens and losses); run from a process with a warm
+  runtime, it starts cold and says why;
+* resume on the cluster: that run, its driver SIGKILLed after the checkpoint of step 2,
+  is refused without an address and resumes with one, with the uninterrupted run's
+  gated surfaces.
 """
 
 from __future__ import annotations
@@ -207,15 +211,29 @@ def test_a_cluster_too_small_is_refused_before_anything_starts(cluster, tmp_path
     assert not run_dir.exists()
 
 
-SEPARATE_ZMQ = ("rollout.colocated=false", "rollout.refit.transport=zmq")
+SMOKE = "qwen3_moe_tiny_smoke"
+# the separate rollout engine refits over zmq; 4 steps, a checkpoint after each (room to kill and resume)
+ACROSS = ("rollout.colocated=false", "rollout.refit.transport=zmq", "grpo.iterations=4", "grpo.checkpoint_every=1")
+TWO_NODES = ("platform.nodes=2", "platform.gpus_per_node=1")  # policy rank 0 on node 0, the engine on node 1
 
 
-def test_zmq_refit_across_nodes_goes_over_tcp_and_equals_the_ipc_run(cluster, tmp_path) -> None:
-    across = flows.execute("qwen3_moe_tiny_smoke", run_dir=tmp_path / "across", ray_address=cluster.address,
-                           overrides=(*SEPARATE_ZMQ, "platform.nodes=2", "platform.gpus_per_node=1"))
-    assert across.ok, across.problems()
-    within = flows.execute("qwen3_moe_tiny_smoke", run_dir=tmp_path / "within", ray_address=cluster.address,
-                           overrides=(*SEPARATE_ZMQ, "platform.nodes=1", "platform.gpus_per_node=2"))
+@pytest.fixture(scope="module")
+def across_run(cluster, tmp_path_factory):
+    """The smoke layout with its engine on the other node, run from a pytest process that has a
+    warm runtime: the run goes cold on the cluster and says why."""
+    from harness.runner.warm import WarmRuntime
+
+    said: list[str] = []
+    execution = flows.execute(SMOKE, run_dir=tmp_path_factory.mktemp("across") / "run", ray_address=cluster.address,
+                              overrides=(*ACROSS, *TWO_NODES), warm=WarmRuntime(), say=said.append)
+    assert execution.ok, execution.problems()
+    return execution, said
+
+
+def test_zmq_refit_across_nodes_goes_over_tcp_and_equals_the_ipc_run(cluster, across_run, tmp_path) -> None:
+    across, said = across_run
+    within = flows.execute(SMOKE, run_dir=tmp_path / "within", ray_address=cluster.address,
+                           overrides=(*ACROSS, "platform.nodes=1", "platform.gpus_per_node=2"))
     assert within.ok, within.problems()
     placed = json.loads((across.run_dir / "placement.json").read_text())
     node_of = {(r["role"], r["rank"]): r["actual"]["node_id"] for r in placed["ranks"]}
@@ -226,3 +244,49 @@ def test_zmq_refit_across_nodes_goes_over_tcp_and_equals_the_ipc_run(cluster, tm
     assert ipc["scheme"] == "ipc" and not ipc["cross_node"]
     for surface in ("rollouts", "training"):
         assert across.postflight.surfaces[surface] == within.postflight.surfaces[surface], surface
+    assert any(m.startswith(f"cold start on the Ray cluster at {cluster.address}: warm processes live in this "
+                            "machine's private Ray instance and are not placed") for m in said), said[:5]
+
+
+GATED = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
+
+
+def test_a_killed_two_node_run_resumes_on_the_cluster(cluster, across_run, tmp_path) -> None:
+    """Driver SIGKILLed after the checkpoint of step 2 (its actors die with its job; the cluster
+    stays); without an address the resume is refused (a private instance is one node); with
+    ``ray_address`` it finishes on the cluster with the uninterrupted run's surfaces."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from harness.runner.capacity import ClusterRefused
+    from harness.surfaces.canonical import canonical_bytes
+
+    reference, _ = across_run
+    run_dir = tmp_path / "killed"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", SMOKE, *ACROSS, *TWO_NODES, "--run-dir",
+                             str(run_dir), "--ray-address", cluster.address],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    marker = run_dir / "checkpoints" / "step0002" / "state.json"
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint of step 2 appeared"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+    with pytest.raises(ClusterRefused, match=r"the plan needs 2 nodes, but without --ray-address"):
+        flows.resume(run_dir)
+    resumed = flows.resume(run_dir, ray_address=cluster.address)
+    assert resumed.ok, resumed.problems()
+    (resume_point,) = json.loads((run_dir / "run.json").read_text())["resumed"]
+    assert 2 <= resume_point["after_step"] < 4, resume_point  # from a checkpoint, not rerun from scratch
+    checks = {c["name"]: c["outcome"] for c in resumed.postflight.checks}
+    assert checks["placement_as_planned"] == "pass"
+    for name in GATED:
+        assert canonical_bytes(resumed.postflight.surfaces[name]) == canonical_bytes(
+            reference.postflight.surfaces[name]), name
+    assert _alive_nodes(cluster.address) == 2

@@ -140,6 +140,22 @@ def test_cli_refuses_a_two_node_plan_without_a_cluster(tmp_path, capsys) -> None
     assert not run_dir.exists()
 
 
+def test_cli_refuses_to_resume_a_two_node_run_without_a_cluster(tmp_path, capsys) -> None:
+    import json
+
+    from harness.cli import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    spec = load_spec(TWO_NODE)
+    (run_dir / "run.json").write_text(json.dumps({"spec": spec.to_dict(), "status": "running"}))
+    assert main(["run", "--resume", str(run_dir), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert ("golden run --resume: platform.ray_address: the plan needs 2 nodes, but without --ray-address (or "
+            "platform.ray_address) the run starts a private local Ray instance, which is one node") in err
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"  # untouched
+
+
 DISTILL = "qwen3_moe_tiny_distill"
 
 
