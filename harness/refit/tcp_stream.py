@@ -112,6 +112,8 @@ def bind_endpoints(count: int, host: str, timeout_ms: int) -> list[str]:
         socket.setsockopt(zmq.SNDTIMEO, timeout_ms)
         socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
         socket.setsockopt(zmq.LINGER, 0)
+        if ":" in host:  # an IPv6 node address
+            socket.setsockopt(zmq.IPV6, 1)
         try:
             port = socket.bind_to_random_port(f"{TCP_SCHEME}{_bind_host(host)}")
         except zmq.ZMQError as exc:

@@ -101,6 +101,8 @@ def _make_socket(kind: int, address: str, timeout_ms: int, bind: bool) -> Any:
     socket.setsockopt(zmq.SNDTIMEO, timeout_ms)
     socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
     socket.setsockopt(zmq.LINGER, 0)
+    if address.startswith("tcp://["):  # an IPv6 endpoint (an engine on another node)
+        socket.setsockopt(zmq.IPV6, 1)
     if bind:
         socket.bind(address)
     else:
