@@ -135,7 +135,10 @@ class Refitter:
             if sender is not None:  # sockets bound for a stream that did not run
                 from harness.refit import tcp_stream
 
-                ray.get(sender.__ray_call__.remote(tcp_stream.close_in_actor))
+                try:
+                    ray.get(sender.__ray_call__.remote(tcp_stream.close_in_actor), timeout=30)
+                except Exception:  # noqa: BLE001 - the stream's own error is the one to report
+                    pass
             raise
         return ray.get(receiving)
 
