@@ -180,3 +180,16 @@ def test_teacher_ranks_are_checked_against_the_plan() -> None:
         "teacher rank 0: no placement recorded",
         "teacher rank 1: planned node 0 device 3, actual node 0 device 0",
     ]
+
+
+def test_cli_refuses_a_teacher_on_another_node_before_joining(tmp_path, capsys) -> None:
+    from harness.cli import main
+
+    run_dir = tmp_path / "run"
+    # the address is never probed: the plan is refused first
+    assert main(["check", DISTILL, "platform.nodes=2", "platform.gpus_per_node=2", "--ray-address", "127.0.0.1:1",
+                 "--run-dir", str(run_dir), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert ("golden check: platform.ray_address: the distillation teacher is planned on node(s) [1] and the "
+            "student on [0]") in err and "cannot join" not in err
+    assert not run_dir.exists()
