@@ -24,6 +24,8 @@ its own Ray node with 4 logical CPUs (the box has 2 cores; every actor still run
   one node, where the refit runs over ``ipc://`` with shared memory (a wrong byte in any
   refit changes the next step's tokens and losses); run from a process with a warm
   runtime, it starts cold and says why;
+* the tcp:// stream itself between actors pinned to policy rank 0's slot (node 0) and the
+  engine's (node 1): every tensor arrives bit for bit;
 * resume on the cluster: that run, its driver SIGKILLed after the checkpoint of step 2,
   is refused without an address and resumes with one, with the uninterrupted run's
   gated surfaces.
@@ -246,6 +248,77 @@ def test_zmq_refit_across_nodes_goes_over_tcp_and_equals_the_ipc_run(cluster, ac
         assert across.postflight.surfaces[surface] == within.postflight.surfaces[surface], surface
     assert any(m.startswith(f"cold start on the Ray cluster at {cluster.address}: warm processes live in this "
                             "machine's private Ray instance and are not placed") for m in said), said[:5]
+
+
+def test_tcp_refit_stream_between_two_ray_nodes_is_bit_exact(cluster) -> None:
+    """The stream itself between actors pinned to the plan's slots on two Ray nodes: the
+    sender (policy rank 0's slot, node 0) binds as the refitter has it do, the receiver
+    (the engine's slot, node 1) gets every tensor bit for bit."""
+    import ray
+    import torch
+
+    from harness.refit import tcp_stream
+    from harness.runner.cluster import init_ray
+    from harness.runner.placement import Placement
+    from harness.spec.load import load_spec
+    from harness.spec.topology import plan
+
+    def state() -> dict:
+        gen = torch.Generator().manual_seed(7)
+        sd = {f"w{i}": torch.randn(37 * i + 5, generator=gen) for i in range(20)}
+        sd["big"] = torch.randn(64, 300, generator=gen)  # larger than half the budget: sent alone
+        sd["bf16"] = torch.randn(33, generator=gen).to(torch.bfloat16)
+        return sd
+
+    spec = load_spec(SMOKE, [*ACROSS, *TWO_NODES])
+    topo = plan(spec).to_dict()
+    init_ray(spec, cluster.address, log_to_driver=False)
+    try:
+        placement = Placement.create(spec, topo, where="test cluster")
+
+        @ray.remote(num_cpus=0)
+        class Sender:
+            def send(self, address: str) -> int:
+                from harness.refit.zmq_stream import send_weights_zmq
+
+                return send_weights_zmq(state().items(), address=address, buffer_size_bytes=16384,
+                                        timeout_ms=60_000).groups
+
+            def node(self) -> str:
+                return ray.get_runtime_context().get_node_id()
+
+        @ray.remote(num_cpus=0)
+        class Receiver:
+            def receive(self, address: str, info: dict) -> dict:
+                from harness.refit.zmq_stream import receive_weights_zmq
+
+                got: dict = {}
+                receive_weights_zmq(address=address, state_dict_info=info, timeout_ms=60_000,
+                                    load_fn=lambda views: got.update({n: v.clone() for n, v in views}))
+                return got
+
+            def node(self) -> str:
+                return ray.get_runtime_context().get_node_id()
+
+        sender = Sender.options(**placement.options("policy", 0)).remote()
+        receiver = Receiver.options(**placement.options("rollout", 0)).remote()
+        assert ray.get(sender.node.remote()) != ray.get(receiver.node.remote())
+        [address] = ray.get(sender.__ray_call__.remote(tcp_stream.bind_in_actor, 1, 60_000))
+        expected = state()
+        info = {n: (tuple(t.shape), t.dtype) for n, t in expected.items()}
+        got = receiver.receive.remote(address, info)
+        groups = ray.get(sender.send.remote(address))
+        received = ray.get(got)
+        ray.kill(sender)
+        ray.kill(receiver)
+        placement.remove()
+    finally:
+        ray.shutdown()
+    assert address.startswith("tcp://") and groups > 2
+    assert list(received) == list(expected)
+    for name, tensor in expected.items():
+        assert received[name].dtype == tensor.dtype and torch.equal(received[name].view(torch.uint8),
+                                                                    tensor.view(torch.uint8)), name
 
 
 GATED = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
