@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from harness.refit import staging, zmq_stream
-from harness.refit.packing import pack
+from harness.refit.packing import pack, pack_into, packed_size, unpack_views
 from harness.refit.zmq_stream import ACK, COMPLETE, ipc_address, receive_weights_zmq, send_weights_zmq
 
 CUDA = torch.cuda.is_available()
@@ -126,7 +126,68 @@ def test_receiver_opens_each_cuda_buffer_once_per_stream(monkeypatch):
         assert torch.equal(received[name], t), name
 
 
+def _mixed(device: str = "cpu") -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(5)
+    return [t.to(device) for t in (
+        torch.randn(5, 7, generator=gen), torch.randn(3, generator=gen).to(torch.bfloat16), torch.empty(0),
+        torch.randn(6, 4, generator=gen).t(),  # non-contiguous
+        torch.arange(9, dtype=torch.int64), torch.tensor([True, False, True]), torch.randn(130, generator=gen))]
+
+
+def _foreach_spy(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = torch._foreach_copy_
+
+    def spy(dst, src, *args, **kwargs):
+        calls.append(len(dst))
+        return real(dst, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", spy)
+    return calls
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_batched_pack_writes_the_loop_bytes(monkeypatch, start):
+    """One ``_foreach_copy_`` per dtype lays out exactly the per-tensor loop's bytes (mixed
+    dtypes, an empty and a non-contiguous tensor; a buffer view at an unaligned start too)."""
+    tensors = _mixed()
+    size = start + 8192
+    loop, batched = torch.full((size,), 7, dtype=torch.uint8), torch.full((size,), 7, dtype=torch.uint8)
+    calls = _foreach_spy(monkeypatch)
+    used_loop = pack_into(loop[start:], tensors, batched=False)
+    assert calls == []
+    used_batched = pack_into(batched[start:], tensors, batched=True)
+    assert used_batched == used_loop == packed_size(tensors)
+    assert torch.equal(batched, loop)
+    assert sorted(calls) == ([6] if start else [1, 1, 1, 3])  # bytes at an unaligned start; else per dtype (3 fp32)
+    unpacked = unpack_views(batched[start:].clone(), [str(i) for i in range(len(tensors))],
+                            {str(i): (tuple(t.shape), t.dtype) for i, t in enumerate(tensors)}, used_batched)
+    for (_, view), t in zip(unpacked, tensors):
+        assert torch.equal(view, t)
+
+
+def test_host_buffers_keep_the_per_tensor_loop(monkeypatch):
+    """The CPU path is unchanged: a host buffer packs tensor by tensor unless asked."""
+    calls = _foreach_spy(monkeypatch)
+    pack_into(torch.zeros(8192, dtype=torch.uint8), _mixed())
+    assert calls == []
+
+
 # -- GPU ------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (L2: ci/l2.sh on a GPU machine)")
+def test_cuda_buffers_pack_batched_with_the_loop_bytes(monkeypatch):
+    tensors = _mixed("cuda")
+    loop, batched = torch.zeros(8192, dtype=torch.uint8, device="cuda"), torch.zeros(8192, dtype=torch.uint8,
+                                                                                     device="cuda")
+    calls = _foreach_spy(monkeypatch)
+    pack_into(loop, tensors, batched=False)
+    assert calls == []
+    pack_into(batched, tensors)  # the default on a GPU buffer
+    assert sorted(calls) == [1, 1, 1, 3]
+    assert torch.equal(batched, loop)
+
+
 def _receive_in_child(address: str, info: dict, queue) -> None:
     try:
         torch.cuda.set_device(0)
