@@ -65,20 +65,42 @@ def pack_into(buffer: torch.Tensor, tensors: Sequence[torch.Tensor], *, batched:
 def _pack_batched(buffer: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
     """``pack_into``'s layout with one ``_foreach_copy_`` per dtype (offsets are
     512-byte aligned, so a slice of the buffer views as any dtype)."""
-    if buffer.storage_offset() % ALIGNMENT_BYTES:  # typed views need an aligned start: bytes then
-        tensors = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-    by_dtype: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-    offset = 0
-    for tensor in tensors:
-        nbytes = tensor_nbytes(tensor)
-        if nbytes:
-            dst, src = by_dtype.setdefault(tensor.dtype, ([], []))
-            dst.append(buffer[offset : offset + nbytes].view(tensor.dtype))
-            src.append(tensor.detach().reshape(-1))
-        offset += calculate_aligned_size(nbytes)
-    for dst, src in by_dtype.values():
-        torch._foreach_copy_(dst, src)
-    return offset
+    sized = [(t, tensor_nbytes(t)) for t in tensors]
+    slots = [(nbytes, calculate_aligned_size(nbytes)) for _, nbytes in sized]
+    used = sum(aligned for _, aligned in slots)
+    pairs: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    dtypes = {t.dtype for t in tensors}
+    views = _slot_views(buffer, slots, dtypes.pop()) if len(dtypes) == 1 else None
+    if views is not None:  # one dtype: every destination view from one split
+        pairs[tensors[0].dtype] = ([v for v, (_, n) in zip(views, sized) if n],
+                                   [t.reshape(-1) for t, n in sized if n])
+    else:
+        if buffer.storage_offset() % ALIGNMENT_BYTES:  # typed views need an aligned start: bytes then
+            sized = [(t.detach().contiguous().reshape(-1).view(torch.uint8), n) for t, n in sized]
+        offset = 0
+        for (tensor, nbytes), (_, aligned) in zip(sized, slots):
+            if nbytes:
+                dst, src = pairs.setdefault(tensor.dtype, ([], []))
+                dst.append(buffer[offset : offset + nbytes].view(tensor.dtype))
+                src.append(tensor.reshape(-1))
+            offset += aligned
+    with torch.no_grad():  # parameters may require grad; the staging copy is no autograd op
+        for dst, src in pairs.values():
+            torch._foreach_copy_(dst, src)
+    return used
+
+
+def _slot_views(buffer: torch.Tensor, slots: Sequence[tuple[int, int]],
+                dtype: torch.dtype) -> list[torch.Tensor] | None:
+    """Flat ``dtype`` views of consecutive slots ``(nbytes, aligned_nbytes)`` from byte 0 of
+    ``buffer``, made by one ``split_with_sizes`` (not one slice and view per tensor);
+    None when the buffer's start is not aligned or the slots run past its end."""
+    end = sum(aligned for _, aligned in slots)
+    if buffer.storage_offset() % ALIGNMENT_BYTES or end > buffer.numel():
+        return None
+    size = dtype.itemsize
+    sizes = [part for nbytes, aligned in slots for part in (nbytes // size, (aligned - nbytes) // size)]
+    return list(buffer[:end].view(dtype).split_with_sizes(sizes)[0::2])
 
 
 def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -93,15 +115,19 @@ def unpack_views(
     names: Sequence[str],
     state_dict_info: Mapping[str, TensorInfo],
     used_bytes: int | None = None,
+    *,
+    split: bool | None = None,
 ) -> list[tuple[str, torch.Tensor]]:
     """Rebuild ``(name, view)`` pairs from a packed buffer.
 
     The views alias ``buffer``; copy them before the buffer is reused. When
     ``used_bytes`` is given, the offsets implied by the metadata must end
     exactly there (a mismatch means sender and receiver disagree on shapes or
-    dtypes) and a RuntimeError names the group's first tensor.
+    dtypes) and a RuntimeError names the group's first tensor. ``split``
+    (default: when ``buffer`` is on a GPU) builds the views of a one-dtype
+    group with one ``split_with_sizes``; the views are the same either way.
     """
-    views: list[tuple[str, torch.Tensor]] = []
+    layout: list[tuple[str, tuple[int, ...], torch.dtype, int, int]] = []  # name, shape, dtype, offset, nbytes
     offset = 0
     for name in names:
         if name not in state_dict_info:
@@ -112,8 +138,7 @@ def unpack_views(
             raise RuntimeError(
                 f"packed buffer too small for {name!r}: need {offset + nbytes} bytes, have {buffer.numel()}"
             )
-        raw = buffer[offset : offset + nbytes]
-        views.append((name, raw.view(dtype).reshape(tuple(shape))))
+        layout.append((name, tuple(shape), dtype, offset, nbytes))
         offset += calculate_aligned_size(nbytes)
     if used_bytes is not None and offset != used_bytes:
         first = names[0] if names else "<empty group>"
@@ -121,4 +146,10 @@ def unpack_views(
             f"packed group starting at {first!r}: receiver metadata implies {offset} bytes "
             f"but the sender packed {used_bytes}"
         )
-    return views
+    dtypes = {dtype for _, _, dtype, _, _ in layout}
+    if (split if split is not None else buffer.device.type == "cuda") and len(dtypes) == 1:
+        flat = _slot_views(buffer, [(n, calculate_aligned_size(n)) for *_, n in layout], dtypes.pop())
+        if flat is not None:  # one split instead of a slice and a view per tensor (GPU refit)
+            return [(name, view.view(shape)) for (name, shape, *_), view in zip(layout, flat)]
+    return [(name, buffer[start : start + nbytes].view(dtype).reshape(shape))
+            for name, shape, dtype, start, nbytes in layout]

@@ -166,6 +166,44 @@ def test_batched_pack_writes_the_loop_bytes(monkeypatch, start):
         assert torch.equal(view, t)
 
 
+@pytest.mark.parametrize("start", [0, 3])
+def test_one_dtype_group_packs_with_one_copy(monkeypatch, start):
+    """A one-dtype group (the usual: all fp32 or all bf16): one ``_foreach_copy_`` whose
+    destinations come from one split, the loop's bytes; tensors that require grad too."""
+    gen = torch.Generator().manual_seed(6)
+    tensors = [torch.randn(5, 7, generator=gen, requires_grad=True), torch.empty(0),
+               torch.randn(6, 4, generator=gen).t(), torch.randn(130, generator=gen)]
+    loop, batched = torch.zeros(start + 4096, dtype=torch.uint8), torch.zeros(start + 4096, dtype=torch.uint8)
+    calls = _foreach_spy(monkeypatch)
+    pack_into(loop[start:], tensors, batched=False)
+    assert pack_into(batched[start:], tensors, batched=True) == packed_size(tensors)
+    assert torch.equal(batched, loop) and not batched.requires_grad
+    assert calls == [3]
+
+
+@pytest.mark.parametrize("dtypes", [("f32",), ("f32", "bf16")])
+def test_split_views_equal_the_per_tensor_views(dtypes):
+    """``unpack_views(split=True)`` gives the per-tensor views exactly (same bytes, shape,
+    strides, address) and the same errors; a mixed-dtype group keeps the per-tensor views."""
+    kinds = {"f32": torch.float32, "bf16": torch.bfloat16}
+    gen = torch.Generator().manual_seed(7)
+    sd = {f"t{i}": torch.randn(shape, generator=gen).to(kinds[dtypes[i % len(dtypes)]])
+          for i, shape in enumerate([(5, 7), (0,), (3, 4, 2), (130,), (1,)])}
+    buffer = torch.zeros(8192, dtype=torch.uint8)
+    used = pack_into(buffer, list(sd.values()))
+    names, info = list(sd), _info(sd)
+    loop = unpack_views(buffer, names, info, used, split=False)
+    fast = unpack_views(buffer, names, info, used, split=True)
+    for (name, a), (name_b, b) in zip(loop, fast):
+        assert name == name_b and torch.equal(a, sd[name]) and torch.equal(b, sd[name])
+        assert (a.shape, a.stride(), a.dtype, a.data_ptr()) == (b.shape, b.stride(), b.dtype, b.data_ptr())
+    for split in (False, True):
+        with pytest.raises(RuntimeError, match="receiver metadata implies"):
+            unpack_views(buffer, names, info, used + 512, split=split)
+        with pytest.raises(RuntimeError, match="packed buffer too small for 't2'"):
+            unpack_views(buffer[:600], names, info, split=split)
+
+
 def test_host_buffers_keep_the_per_tensor_loop(monkeypatch):
     """The CPU path is unchanged: a host buffer packs tensor by tensor unless asked."""
     calls = _foreach_spy(monkeypatch)
@@ -186,6 +224,13 @@ def test_cuda_buffers_pack_batched_with_the_loop_bytes(monkeypatch):
     pack_into(batched, tensors)  # the default on a GPU buffer
     assert sorted(calls) == [1, 1, 1, 3]
     assert torch.equal(batched, loop)
+    one = [t for t in tensors if t.dtype == torch.float32]
+    calls.clear()
+    used = pack_into(batched, one)
+    assert calls == [3]
+    info = {str(i): (tuple(t.shape), t.dtype) for i, t in enumerate(one)}
+    for (_, view), t in zip(unpack_views(batched, list(info), info, used), one):  # split views on a GPU
+        assert torch.equal(view, t)
 
 
 def _receive_in_child(address: str, info: dict, queue) -> None:
