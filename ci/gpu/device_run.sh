@@ -5,7 +5,7 @@
 # (exit status, seconds) in $OUT/phases.log. docs/gpu.md lists the phases.
 #
 #   ci/gpu/device_run.sh env unit refit      # then: native; vllm; capture; check; before; smoke-check
-#   VLLM_BENCH_ARGS='--arms native,async,hf --repeat 1' VLLM_BENCH_TIMEOUT=150 ci/gpu/device_run.sh vllm
+#   BENCH_VLLM_ARGS='--arms native,async,hf --repeat 1' BENCH_VLLM_TIMEOUT=150 ci/gpu/device_run.sh vllm
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source ci/gpu/install.sh || exit 2
@@ -41,8 +41,8 @@ print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__v
                  && timeout 580 python3 -m harness.cli check "$w" --platform cuda --run-dir "/tmp/run-$w";
                  find "/tmp/run-$w" -name 'timings.json' -path '*surfaces*' | tar -cf "$out/run_$w.tar" -T - ;;
         refit) timeout 300 python3 benches/refit_cuda_ipc_bench.py --floor --out "$out/refit_bench.json" ;;
-        vllm) timeout "${VLLM_BENCH_TIMEOUT:-560}" python3 benches/vllm_gpu_bench.py \
-                  ${VLLM_BENCH_ARGS:---batch 8 --new-tokens 32 --repeat 2} --out "$out/vllm_gpu_bench.json" ;;
+        vllm) timeout "${BENCH_VLLM_TIMEOUT:-560}" python3 benches/vllm_gpu_bench.py \
+                  ${BENCH_VLLM_ARGS:---batch 8 --new-tokens 32 --repeat 2} --out "$out/vllm_gpu_bench.json" ;;
         capture) timeout 580 python3 -m harness.cli capture $W --platform cuda \
                      --reason "first capture on one H200: official vLLM 0.26.0 async engine, CUDA IPC refit (issue 24)" \
                  && rm -rf "$keep/$W" && cp -r goldens/$W/cuda "$keep/$W" \
