@@ -38,10 +38,11 @@ class Execution:
     run_dir: Path
     postflight: PostflightResult
     wall_s: float
-    # the golden compare_with_golden compared against (its digest, None: there was none);
-    # store_golden writes only over that one (compare-and-swap), so a concurrent refresh fails
+    # the golden this run was compared against or is meant to replace (its digest, None:
+    # there was none), recorded by compare_with_golden or remember_golden; store_golden
+    # writes only over that one (compare-and-swap), so a concurrent refresh fails
     golden_seen: object = None
-    compared: bool = False
+    golden_seen_known: bool = False
 
     @property
     def ok(self) -> bool:
@@ -107,6 +108,18 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
+    _refuse_unplaceable(spec, topology, address)
+    run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
+    t = time.perf_counter()
+    run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
+    phase(say, "postflight")
+    result = postflight(run_dir)
+    return Execution(spec, run_dir, result, time.perf_counter() - t)
+
+
+def _refuse_unplaceable(spec: dict, topology: dict, address: str | None) -> None:
+    """``ClusterRefused`` (exit 2), before anything starts, for a plan the Ray it would run on
+    cannot hold: a private local instance is one node; a cluster is joined and checked."""
     if address is None:
         from harness.runner.capacity import local_refusal
 
@@ -116,13 +129,7 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     else:
         from harness.runner.cluster import preflight
 
-        preflight(spec, topology, address)  # ClusterRefused (exit 2) before anything starts
-    run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
-    t = time.perf_counter()
-    run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
-    phase(say, "postflight")
-    result = postflight(run_dir)
-    return Execution(spec, run_dir, result, time.perf_counter() - t)
+        preflight(spec, topology, address)
 
 
 def ray_address_of(spec: dict, explicit: str | None = None) -> str | None:
@@ -134,16 +141,23 @@ def ray_address_of(spec: dict, explicit: str | None = None) -> str | None:
     return explicit or as_workload(spec).platform.ray_address or None
 
 
-def resume(run_dir: Path, *, say: Say | None = None) -> Execution:
-    """Continue a stopped run from its newest checkpoint, then postflight it."""
+def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = None) -> Execution:
+    """Continue a stopped run from its newest checkpoint, then postflight it. ``ray_address``
+    (else the run's ``platform.ray_address``): resume on that Ray cluster, checked against
+    the plan first like a new run; without one a plan of several nodes is refused
+    (``ClusterRefused``, exit 2), since a private local instance is one node."""
     import json
 
     from harness.runner.run import resume_workload
+    from harness.spec.topology import plan
 
     run_dir = Path(run_dir)
     spec = json.loads((run_dir / "run.json").read_text())["spec"]
+    address = ray_address_of(spec, ray_address)
+    topology = plan(spec).to_dict()
+    _refuse_unplaceable(spec, topology, address)
     t = time.perf_counter()
-    resume_workload(run_dir, progress=say)
+    resume_workload(run_dir, progress=say, ray_address=address)
     phase(say, "postflight")
     return Execution(spec, run_dir, postflight(run_dir), time.perf_counter() - t)
 
@@ -181,7 +195,7 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
 
     root = Path(goldens_root or default_goldens_root())
     actual = load_run(execution.run_dir).surfaces
-    execution.compared = True
+    execution.golden_seen_known = True
     try:
         golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
     except GoldenMissing:
@@ -192,6 +206,15 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
         raise
     execution.golden_seen = golden.digest
     return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+
+
+def remember_golden(execution: Execution, digest: str | None) -> None:
+    """Record the golden a refresh that does not compare first is meant to replace:
+    ``digest`` is ``golden_digest(...)`` read before the workload ran (None: none
+    existed). ``store_golden`` then refuses to write when another capture or refresh
+    replaced it meanwhile (``GoldenChanged``), as it does after a comparison."""
+    execution.golden_seen = digest
+    execution.golden_seen_known = True
 
 
 def store_golden(execution: Execution, platform: str, *, reason: str, goldens_root: Path | None = None,
@@ -234,7 +257,7 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     old_tol = target / "tolerances.yaml"
     if old_tol.exists():
         tolerances = old_tol.read_text()  # declared bands survive a refresh
-    expect = None if not allow_replace else (execution.golden_seen if execution.compared else ANY)
+    expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec["name"])
     return write_golden(root, spec["name"], platform, manifest, execution.postflight.surfaces,
                         provenance, tolerances=tolerances, expect=expect)
