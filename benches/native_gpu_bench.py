@@ -4,16 +4,23 @@ Config: 8 layers, hidden 1024, 16 heads / 4 KV heads of 128, 64 experts top-8,
 expert FFN 384, vocabulary 4096 (the medium golden's model with a 4096 vocabulary).
 
 1. Generation, greedy, ``--prompt`` tokens, ``--new-tokens`` new, at each ``--batches``:
-   the native engine as it starts on this device (the start-up probe decides batched
-   decode: its verdict and reason are printed), the native engine request by request
-   (``--per-request``: only at the first batch size, it is slow), and transformers
-   ``generate``; tokens/s, the ratios, and identical sequences (native vs transformers).
+   the native engine per ``--kernels`` arm (``decode_kernels``: ``invariant`` and/or
+   ``standard``, the latter only up to ``--standard-max-batch``; the start-up probe's
+   verdict is printed), with ``--per-request`` at the first batch size also the requests
+   alone (invariant: each in a ``max_batch_size`` 1 engine; standard: request-by-request
+   decode) and whether their tokens and logprobs (greedy, then temperature/top-p samples)
+   are equal, and transformers ``generate`` (unless ``--no-hf``); tokens/s, the ratio of
+   the first arm, and identical sequences (native vs transformers).
 2. Forward+backward of the reference model vs transformers' ``Qwen3MoeForCausalLM``,
-   ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16): median seconds, ratio.
+   ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16), and with
+   ``--grouped-fp32`` an fp32 arm whose MoE runs as grouped GEMMs (an experiment: the
+   shipped fp32 path keeps the per-expert loop): median seconds, ratio.
 
 Prints a summary, writes ``--out`` (JSON). Never a test verdict.
 
-    python3 benches/native_gpu_bench.py --out /tmp/native_gpu_bench.json
+    PYTHONPATH=. python3 benches/native_gpu_bench.py --out /tmp/native_gpu_bench.json
+    PYTHONPATH=. python3 benches/native_gpu_bench.py --parts generate --batches 16 64 --per-request \
+        --kernels invariant --repeat 1 --out gen.json      # the figures in docs/gpu.md
 """
 
 from __future__ import annotations
