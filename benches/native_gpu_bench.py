@@ -13,8 +13,8 @@ expert FFN 384, vocabulary 4096 (the medium golden's model with a 4096 vocabular
    the first arm, and identical sequences (native vs transformers).
 2. Forward+backward of the reference model vs transformers' ``Qwen3MoeForCausalLM``,
    ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16), and with
-   ``--grouped-fp32`` an fp32 arm whose MoE runs as grouped GEMMs (an experiment: the
-   shipped fp32 path keeps the per-expert loop): median seconds, ratio.
+   ``--grouped-fp32`` an fp32 arm whose MoE runs as grouped GEMMs (``HARNESS_GROUPED_FP32=1``,
+   off by default: the fp32 path keeps the per-expert loop): median seconds, ratio.
 
 Prints a summary, writes ``--out`` (JSON). Never a test verdict.
 
@@ -237,15 +237,20 @@ def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
         report[f"fwd_bwd_{name}"] = row
         print(f"fwd+bwd {name} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
         torch.cuda.empty_cache()
-    if args.grouped_fp32:  # an experiment: the reference model's MoE as grouped GEMMs in fp32 too
-        from harness.model import grouped
+    if args.grouped_fp32:  # the opt-in: the reference model's MoE as grouped GEMMs in fp32 too
+        import os
 
-        saved = grouped.GROUPED_DTYPES
-        grouped.GROUPED_DTYPES = (*saved, torch.float32)
+        from harness.model.grouped import GROUPED_FP32_ENV
+
+        saved = os.environ.get(GROUPED_FP32_ENV)
+        os.environ[GROUPED_FP32_ENV] = "1"
         try:
             row = _fwd_bwd_one(cfg, state, ids, torch.float32, args.repeat, args.profile)
         finally:
-            grouped.GROUPED_DTYPES = saved
+            if saved is None:
+                os.environ.pop(GROUPED_FP32_ENV)
+            else:
+                os.environ[GROUPED_FP32_ENV] = saved
         report["fwd_bwd_float32_grouped"] = row
         print(f"fwd+bwd float32 grouped {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
 
