@@ -22,8 +22,8 @@ table or the end-to-end check fail on a GPU, the row-local decode
 (``Forward.row_local``: GEMMs batched, every reduction and the attention per row
 on the per-request shapes) is checked end to end instead; only if that fails too
 does the engine decode request by request. (With ``decode_kernels="invariant"`` none
-of the above decides: ``probe_invariant`` checks the projections' row modes and then a
-batched step against each row's own batch of one on the same kernels.) On the CPU these hold by construction
+of the above decides: ``probe_invariant`` checks a batched step against each row's own
+batch of one on the same kernels.) On the CPU these hold by construction
 (the per-kernel checks above and the unit tests) and are not run, so a CPU
 engine's start dispatches exactly the operators it did before.
 """
@@ -221,7 +221,7 @@ class _ProbeRow:
 def choose_invariant(fwd: Forward, max_batch_size: int, requested: bool) -> bool:
     """The invariant decode kernels (``invariant``): on where ``probe_invariant`` passes (it sets
     ``fwd.kernels``). ``requested`` True (``decode_kernels="invariant"``): a failing probe is a
-    ValueError naming the reason; False (the device default): a warning, and False."""
+    ValueError naming the reason; False (a caller that falls back): a warning, and False."""
     problem = probe_invariant(fwd, max_batch_size)
     if problem is None:
         log.info("rollout engine on %s: batched decode on the batch-invariant kernels", fwd.device)
