@@ -42,7 +42,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,6 +60,9 @@ from harness.capture.records import (
     CommitCoords,
     StagedCall,
 )
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 log = logging.getLogger(__name__)
 
@@ -544,14 +547,14 @@ class CaptureSink:
         ).to_dict()
 
 
-def capture_config_from_spec(spec: dict[str, Any], run_dir: str | Path, *,
+def capture_config_from_spec(spec: Workload, run_dir: str | Path, *,
                              dataplane_actor: str | None = None) -> dict[str, Any]:
     """The `CaptureSink.from_config` dict for a run directory (design.md layout)."""
     run_dir = Path(run_dir)
     cfg: dict[str, Any] = {
         "ledger_path": str(run_dir / "ledger.sqlite"),
-        "fail_stage_rate": float(spec["capture"]["fail_stage_rate"]),
-        "seed": int(spec["seed"]),
+        "fail_stage_rate": spec.capture.fail_stage_rate,
+        "seed": spec.seed,
     }
     if dataplane_actor:
         cfg["dataplane_actor"] = dataplane_actor

@@ -49,7 +49,7 @@ from harness.policy.megatron.model import (
 )
 from harness.policy.seeding import seed_rank
 from harness.policy.split_step import SplitTrainStep
-from harness.spec.typed import as_mapping, as_workload
+from harness.spec.typed import as_workload
 
 
 class MegatronLayoutError(ValueError):
@@ -122,7 +122,7 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         pp, stage = policy.pp, self.coords["pp"]
         self.stage_layers = stage_layers(self.cfg.layers, pp, policy.pp_layout)[stage]
         self.model = build_gpt_model(
-            self.cfg, as_mapping(policy), self.device, pre_process=stage == 0, post_process=stage == pp - 1
+            self.cfg, policy, self.device, pre_process=stage == 0, post_process=stage == pp - 1
         )
         built = len(self.model.decoder.layers)
         first = self.model.decoder.layers[0].layer_number - 1 if built else self.stage_layers.start
