@@ -42,10 +42,11 @@ class Execution:
     run_dir: Path
     postflight: PostflightResult
     wall_s: float
-    # the golden compare_with_golden compared against (its digest, None: there was none);
-    # store_golden writes only over that one (compare-and-swap), so a concurrent refresh fails
+    # the golden this run was compared against or is meant to replace (its digest, None:
+    # there was none), recorded by compare_with_golden or remember_golden; store_golden
+    # writes only over that one (compare-and-swap), so a concurrent refresh fails
     golden_seen: object = None
-    compared: bool = False
+    golden_seen_known: bool = False
 
     @property
     def ok(self) -> bool:
@@ -185,7 +186,7 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
 
     root = Path(goldens_root or default_goldens_root())
     actual = load_run(execution.run_dir).surfaces
-    execution.compared = True
+    execution.golden_seen_known = True
     try:
         golden, table, deterministic = load_golden(root, execution.spec.name, platform)
     except GoldenMissing:
@@ -196,6 +197,15 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
         raise
     execution.golden_seen = golden.digest
     return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+
+
+def remember_golden(execution: Execution, digest: str | None) -> None:
+    """Record the golden a refresh that does not compare first is meant to replace:
+    ``digest`` is ``golden_digest(...)`` read before the workload ran (None: none
+    existed). ``store_golden`` then refuses to write when another capture or refresh
+    replaced it meanwhile (``GoldenChanged``), as it does after a comparison."""
+    execution.golden_seen = digest
+    execution.golden_seen_known = True
 
 
 def store_golden(execution: Execution, platform: str, *, reason: str, goldens_root: Path | None = None,
@@ -238,7 +248,7 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     old_tol = target / "tolerances.yaml"
     if old_tol.exists():
         tolerances = old_tol.read_text()  # declared bands survive a refresh
-    expect = None if not allow_replace else (execution.golden_seen if execution.compared else ANY)
+    expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec.name)
     return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,
                         provenance, tolerances=tolerances, expect=expect)

@@ -62,6 +62,18 @@ def test_repository_state_records_commit_and_dirty_flag(consumer):
 
 
 @needs_git
+def test_a_goldens_root_the_repository_ignores_is_recorded_as_none(consumer):
+    """A copy of a tree under an ignored folder (e.g. a scratch copy sent to a GPU box)
+    is not described by the surrounding repository's commit."""
+    (consumer / ".gitignore").write_text("/scratch/\n")
+    git(consumer, "add", ".gitignore")
+    git(consumer, "commit", "-qm", "ignore scratch")
+    (consumer / "scratch" / "tree" / "goldens").mkdir(parents=True)
+    assert repository_state(consumer / "scratch" / "tree" / "goldens") is None
+    assert repository_state(consumer / "goldens")["commit"] == git(consumer, "rev-parse", "HEAD")
+
+
+@needs_git
 def test_no_repository_is_recorded_as_none(tmp_path):
     outside = tmp_path / "plain"
     outside.mkdir()

@@ -82,3 +82,27 @@ def test_compare_with_golden_validates_the_run_manifest_first(store):
     with pytest.raises(RunUnusable, match=r"#/surfaces/0/path: path '/etc/hostname' is absolute"):
         flows.compare_with_golden(execution(run, docs), "cpu", root)
     assert json.loads((run / "manifest.json").read_text())["surfaces"][0]["path"] == "/etc/hostname"
+
+
+def test_a_refresh_without_comparison_fails_when_the_golden_changed_during_its_run(store):
+    """`pytest --golden-refresh` does not compare first: it records the golden's digest
+    before the workload runs (remember_golden) and stores only over that one."""
+    tmp_path, root = store
+    docs_a, docs_b = synthetic_surfaces("w", seed=6), synthetic_surfaces("w", seed=7)
+    b = execution(make_run(tmp_path / "b", docs_b), docs_b)
+    flows.remember_golden(b, golden_digest(root, "w", "cpu"))  # read before b's workload ran
+    a = execution(make_run(tmp_path / "a", docs_a), docs_a)   # a refresh that landed meanwhile
+    flows.store_golden(a, "cpu", reason="a", goldens_root=root, command="golden refresh w", allow_replace=True)
+    with pytest.raises(GoldenChanged, match="nothing stored"):
+        flows.store_golden(b, "cpu", reason="b", goldens_root=root, command="pytest --golden-refresh",
+                           allow_replace=True)
+    assert read_golden(root, "w", "cpu").provenance["reason"] == "a"
+
+
+def test_a_refresh_without_comparison_stores_over_the_golden_it_remembered(store):
+    tmp_path, root = store
+    docs = synthetic_surfaces("w", seed=6)
+    b = execution(make_run(tmp_path / "b", docs), docs)
+    flows.remember_golden(b, golden_digest(root, "w", "cpu"))
+    flows.store_golden(b, "cpu", reason="b", goldens_root=root, command="pytest --golden-refresh", allow_replace=True)
+    assert read_golden(root, "w", "cpu").provenance["reason"] == "b"
