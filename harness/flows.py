@@ -23,6 +23,7 @@ from harness.parity.findings import Verdict
 from harness.postflight.run import PostflightResult, postflight
 from harness.progress import phase
 from harness.spec.load import default_goldens_root, load_spec
+from harness.spec.typed import Workload
 from harness.surfaces.build import GATED
 
 Say = Callable[[str], None]
@@ -34,7 +35,10 @@ class GoldenMissing(LookupError):
 
 @dataclass
 class Execution:
-    spec: dict
+    """One run and its postflight; ``spec`` is the loaded :class:`Workload` it ran
+    (``harness.spec.typed.as_workload`` builds one from part of a spec, for tests)."""
+
+    spec: Workload
     run_dir: Path
     postflight: PostflightResult
     wall_s: float
@@ -69,7 +73,7 @@ DEVICE_PLATFORMS = ("cpu", "cuda")  # golden platforms that name the device a wo
 
 
 def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: str | None = None,
-                      goldens_root: Path | None = None) -> dict:
+                      goldens_root: Path | None = None) -> Workload:
     """The spec a run for ``platform`` uses.
 
     ``platform`` (explicit, else ``$GOLDEN_PLATFORM``) that names a device
@@ -84,7 +88,7 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
 
     spec = load_spec(workload, overrides, goldens_root=goldens_root)
     wanted = platform or os.environ.get("GOLDEN_PLATFORM")
-    if wanted in DEVICE_PLATFORMS and wanted != spec["platform"]["device"]:
+    if wanted in DEVICE_PLATFORMS and wanted != spec.platform.device:
         spec = load_spec(workload, (*overrides, f"platform.device={wanted}"), goldens_root=goldens_root)
     require_backends(spec)
     return spec
@@ -109,7 +113,7 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
     _refuse_unplaceable(spec, topology, address)
-    run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
+    run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
     phase(say, "postflight")
@@ -129,7 +133,7 @@ def _refuse_unplaceable(spec: dict, topology: dict, address: str | None) -> None
     else:
         from harness.runner.cluster import preflight
 
-        preflight(spec, topology, address)
+        preflight(spec, topology, address)  # ClusterRefused (exit 2) before anything starts
 
 
 def ray_address_of(spec: dict, explicit: str | None = None) -> str | None:
@@ -197,12 +201,12 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
     actual = load_run(execution.run_dir).surfaces
     execution.golden_seen_known = True
     try:
-        golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
+        golden, table, deterministic = load_golden(root, execution.spec.name, platform)
     except GoldenMissing:
         execution.golden_seen = None
         raise
     except GoldenStoreError:
-        execution.golden_seen = golden_digest(root, execution.spec["name"], platform)
+        execution.golden_seen = golden_digest(root, execution.spec.name, platform)
         raise
     execution.golden_seen = golden.digest
     return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
@@ -242,13 +246,13 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     if not execution.ok:
         raise ValueError("refusing to store an incomplete run as golden:\n  " + "\n  ".join(execution.problems()))
     spec = execution.spec
-    if platform not in spec["platform"]["platforms"]:
-        raise ValueError(f"platform {platform!r} is not scheduled for {spec['name']} "
-                         f"(platform.platforms = {spec['platform']['platforms']})")
+    if platform not in spec.platform.platforms:
+        raise ValueError(f"platform {platform!r} is not scheduled for {spec.name} "
+                         f"(platform.platforms = {list(spec.platform.platforms)})")
     root = Path(goldens_root or default_goldens_root())
-    target = golden_dir(root, spec["name"], platform)
+    target = golden_dir(root, spec.name, platform)
     if target.exists() and not allow_replace:
-        raise FileExistsError(f"{target} exists; use golden refresh {spec['name']} --reason TEXT")
+        raise FileExistsError(f"{target} exists; use golden refresh {spec.name} --reason TEXT")
     manifest = load_manifest(execution.run_dir / "manifest.json")
     provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
                                 environment=collect_environment(spec), repository=repository_state(root),
@@ -258,8 +262,8 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     if old_tol.exists():
         tolerances = old_tol.read_text()  # declared bands survive a refresh
     expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
-    vendor_builtin_spec(root, spec["name"])
-    return write_golden(root, spec["name"], platform, manifest, execution.postflight.surfaces,
+    vendor_builtin_spec(root, spec.name)
+    return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,
                         provenance, tolerances=tolerances, expect=expect)
 
 

@@ -124,7 +124,7 @@ def assign_nodes(spec: dict, topology: dict, nodes: list[NodeView], *, driver_no
     cannot hold the plan. ``where`` names the cluster in the message (its address);
     ``gpus``: as in :func:`slot_resources`."""
     plat = as_workload(spec).platform
-    per_node = int(plat.gpus_per_node)
+    per_node = plat.gpus_per_node
     need = {k: v * per_node for k, v in slot_resources(plat.device, gpus=gpus).items()}
     alive = [n for n in nodes if n.alive]
     planned = topology["nodes"]

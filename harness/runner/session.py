@@ -159,7 +159,7 @@ class Session:
         self.policy = PolicyGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars, pool=pool,
                                   placement=self.placement)
         self._detail("policy workers", self.policy.ready_info)
-        if spec.get("distill") is not None:
+        if spec.distill is not None:
             from harness.distill.teacher import TeacherGroup
 
             phase(self.say, f"spawning {self.topology.teacher.world} teacher workers")

@@ -23,6 +23,7 @@ from harness.parity.engine import compare
 from harness.parity.render import FORMATS, render
 from harness.parity.synthetic import synthetic_manifest, synthetic_surfaces
 from harness.postflight.run import PostflightResult
+from harness.spec.typed import as_workload
 from harness.store import read_golden
 from harness.store.provenance import describe, package_versions, provenance_errors, repository_state
 from suites.run_dirs import make_run
@@ -154,7 +155,7 @@ def _execution(tmp_path: Path, workload: str = "w") -> flows.Execution:
     (run / "manifest.json").write_text(json.dumps(manifest))
     spec = {"name": workload, "platform": {"platforms": ["cpu"], "device": "cpu"},
             "policy": {"backend": "native"}, "rollout": {"backend": "native"}}
-    return flows.Execution(spec, run, PostflightResult(run, "complete", [], docs), 1.0)
+    return flows.Execution(as_workload(spec), run, PostflightResult(run, "complete", [], docs), 1.0)
 
 
 @needs_git

@@ -15,6 +15,7 @@ from harness import flows
 from harness.parity.synthetic import synthetic_surfaces
 from harness.postflight.read import RunUnusable
 from harness.postflight.run import PostflightResult
+from harness.spec.typed import as_workload
 from harness.store import new_provenance, read_golden, write_golden
 from harness.store.atomic import GoldenChanged, golden_digest
 from suites.run_dirs import make_run, read_manifest, write_manifest
@@ -24,7 +25,7 @@ SPEC = {"name": "w", "platform": {"platforms": ["cpu"], "device": "cpu"},
 
 
 def execution(run_dir, docs) -> flows.Execution:
-    return flows.Execution(dict(SPEC), run_dir, PostflightResult(run_dir, "complete", [], docs), 1.0)
+    return flows.Execution(as_workload(SPEC), run_dir, PostflightResult(run_dir, "complete", [], docs), 1.0)
 
 
 @pytest.fixture
