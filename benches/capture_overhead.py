@@ -56,6 +56,7 @@ from harness.capture.ledger import CaptureLedger
 from harness.capture.receipt import build_receipts
 from harness.capture.sink import CaptureSink
 from harness.dataplane.store import DataPlaneStore
+from harness.spec.typed import Workload
 
 EOS, IM_START, NL = 2, 1, 3
 VOCAB, HIDDEN = 2048, 512
@@ -177,7 +178,7 @@ def synthetic(args: argparse.Namespace) -> None:
           f"  paired median {_paired(offs, ons):.3f}  (goal >= 0.95)")
 
 
-def _capture_parts(spec: dict, run_dir: Path, actor_name: str):
+def _capture_parts(spec: Workload, run_dir: Path, actor_name: str):
     """The driver side of a captured rollout, as the runner builds it: the named
     data-plane actor and its client, the ledger, tokenizer, admitter, prompt
     loader and episode environment (Ray must be up)."""
@@ -190,11 +191,9 @@ def _capture_parts(spec: dict, run_dir: Path, actor_name: str):
     ledger = CaptureLedger(run_dir / "ledger.sqlite")
     tokenizer = load_tokenizer()
     admitter = CaptureAdmitter(ledger, client, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
-    task = make_task(spec["env"]["task"], int(spec["seed"]))
-    loader = PromptLoader(task, int(spec["grpo"]["prompts_per_step"]), int(spec["seed"]))
-    from harness.spec.typed import as_workload
-
-    return client, ledger, tokenizer, admitter, loader, make_episode_env(as_workload(spec).env, task, tokenizer)
+    task = make_task(spec.env.task, spec.seed)
+    loader = PromptLoader(task, spec.grpo.prompts_per_step, spec.seed)
+    return client, ledger, tokenizer, admitter, loader, make_episode_env(spec.env, task, tokenizer)
 
 
 def smoke(args: argparse.Namespace) -> None:
@@ -210,10 +209,9 @@ def smoke(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    spec = load_spec(args.golden).to_dict()
-    if int(spec["env"]["turns"]) != 1:
+    spec = load_spec(args.golden, ("capture.enabled=true",))
+    if spec.env.turns != 1:
         raise SystemExit(f"--golden {args.golden}: env.turns must be 1 (capture off needs single-turn episodes)")
-    spec["capture"]["enabled"] = True
     env_vars = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     run_dir = Path(tempfile.mkdtemp(prefix="capture_bench_smoke_", dir=args.dir))
@@ -334,8 +332,7 @@ def phases(args: argparse.Namespace) -> None:
         timed(owner, name, label)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    spec = load_spec(args.golden).to_dict()
-    spec["capture"]["enabled"] = True
+    spec = load_spec(args.golden, ("capture.enabled=true",))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     run_dir = Path(tempfile.mkdtemp(prefix="capture_bench_phases_", dir=args.dir))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -23,6 +23,7 @@ from harness.parity.findings import Verdict
 from harness.postflight.run import PostflightResult, postflight
 from harness.progress import phase
 from harness.spec.load import default_goldens_root, load_spec
+from harness.spec.typed import Workload
 from harness.surfaces.build import GATED
 
 Say = Callable[[str], None]
@@ -34,14 +35,18 @@ class GoldenMissing(LookupError):
 
 @dataclass
 class Execution:
-    spec: dict
+    """One run and its postflight; ``spec`` is the loaded :class:`Workload` it ran
+    (``harness.spec.typed.as_workload`` builds one from part of a spec, for tests)."""
+
+    spec: Workload
     run_dir: Path
     postflight: PostflightResult
     wall_s: float
-    # the golden compare_with_golden compared against (its digest, None: there was none);
-    # store_golden writes only over that one (compare-and-swap), so a concurrent refresh fails
+    # the golden this run was compared against or is meant to replace (its digest, None:
+    # there was none), recorded by compare_with_golden or remember_golden; store_golden
+    # writes only over that one (compare-and-swap), so a concurrent refresh fails
     golden_seen: object = None
-    compared: bool = False
+    golden_seen_known: bool = False
 
     @property
     def ok(self) -> bool:
@@ -68,7 +73,7 @@ DEVICE_PLATFORMS = ("cpu", "cuda")  # golden platforms that name the device a wo
 
 
 def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: str | None = None,
-                      goldens_root: Path | None = None) -> dict:
+                      goldens_root: Path | None = None) -> Workload:
     """The spec a run for ``platform`` uses.
 
     ``platform`` (explicit, else ``$GOLDEN_PLATFORM``) that names a device
@@ -83,7 +88,7 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
 
     spec = load_spec(workload, overrides, goldens_root=goldens_root)
     wanted = platform or os.environ.get("GOLDEN_PLATFORM")
-    if wanted in DEVICE_PLATFORMS and wanted != spec["platform"]["device"]:
+    if wanted in DEVICE_PLATFORMS and wanted != spec.platform.device:
         spec = load_spec(workload, (*overrides, f"platform.device={wanted}"), goldens_root=goldens_root)
     require_backends(spec)
     return spec
@@ -107,6 +112,18 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
+    _refuse_unplaceable(spec, topology, address)
+    run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
+    t = time.perf_counter()
+    run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
+    phase(say, "postflight")
+    result = postflight(run_dir)
+    return Execution(spec, run_dir, result, time.perf_counter() - t)
+
+
+def _refuse_unplaceable(spec: dict, topology: dict, address: str | None) -> None:
+    """``ClusterRefused`` (exit 2), before anything starts, for a plan the Ray it would run on
+    cannot hold: a private local instance is one node; a cluster is joined and checked."""
     if address is None:
         from harness.runner.capacity import local_refusal
 
@@ -117,12 +134,6 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
         from harness.runner.cluster import preflight
 
         preflight(spec, topology, address)  # ClusterRefused (exit 2) before anything starts
-    run_dir = Path(run_dir) if run_dir else default_run_dir(spec["name"])
-    t = time.perf_counter()
-    run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
-    phase(say, "postflight")
-    result = postflight(run_dir)
-    return Execution(spec, run_dir, result, time.perf_counter() - t)
 
 
 def ray_address_of(spec: dict, explicit: str | None = None) -> str | None:
@@ -134,16 +145,23 @@ def ray_address_of(spec: dict, explicit: str | None = None) -> str | None:
     return explicit or as_workload(spec).platform.ray_address or None
 
 
-def resume(run_dir: Path, *, say: Say | None = None) -> Execution:
-    """Continue a stopped run from its newest checkpoint, then postflight it."""
+def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = None) -> Execution:
+    """Continue a stopped run from its newest checkpoint, then postflight it. ``ray_address``
+    (else the run's ``platform.ray_address``): resume on that Ray cluster, checked against
+    the plan first like a new run; without one a plan of several nodes is refused
+    (``ClusterRefused``, exit 2), since a private local instance is one node."""
     import json
 
     from harness.runner.run import resume_workload
+    from harness.spec.topology import plan
 
     run_dir = Path(run_dir)
     spec = json.loads((run_dir / "run.json").read_text())["spec"]
+    address = ray_address_of(spec, ray_address)
+    topology = plan(spec).to_dict()
+    _refuse_unplaceable(spec, topology, address)
     t = time.perf_counter()
-    resume_workload(run_dir, progress=say)
+    resume_workload(run_dir, progress=say, ray_address=address)
     phase(say, "postflight")
     return Execution(spec, run_dir, postflight(run_dir), time.perf_counter() - t)
 
@@ -181,17 +199,26 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
 
     root = Path(goldens_root or default_goldens_root())
     actual = load_run(execution.run_dir).surfaces
-    execution.compared = True
+    execution.golden_seen_known = True
     try:
-        golden, table, deterministic = load_golden(root, execution.spec["name"], platform)
+        golden, table, deterministic = load_golden(root, execution.spec.name, platform)
     except GoldenMissing:
         execution.golden_seen = None
         raise
     except GoldenStoreError:
-        execution.golden_seen = golden_digest(root, execution.spec["name"], platform)
+        execution.golden_seen = golden_digest(root, execution.spec.name, platform)
         raise
     execution.golden_seen = golden.digest
     return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+
+
+def remember_golden(execution: Execution, digest: str | None) -> None:
+    """Record the golden a refresh that does not compare first is meant to replace:
+    ``digest`` is ``golden_digest(...)`` read before the workload ran (None: none
+    existed). ``store_golden`` then refuses to write when another capture or refresh
+    replaced it meanwhile (``GoldenChanged``), as it does after a comparison."""
+    execution.golden_seen = digest
+    execution.golden_seen_known = True
 
 
 def store_golden(execution: Execution, platform: str, *, reason: str, goldens_root: Path | None = None,
@@ -219,13 +246,13 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     if not execution.ok:
         raise ValueError("refusing to store an incomplete run as golden:\n  " + "\n  ".join(execution.problems()))
     spec = execution.spec
-    if platform not in spec["platform"]["platforms"]:
-        raise ValueError(f"platform {platform!r} is not scheduled for {spec['name']} "
-                         f"(platform.platforms = {spec['platform']['platforms']})")
+    if platform not in spec.platform.platforms:
+        raise ValueError(f"platform {platform!r} is not scheduled for {spec.name} "
+                         f"(platform.platforms = {list(spec.platform.platforms)})")
     root = Path(goldens_root or default_goldens_root())
-    target = golden_dir(root, spec["name"], platform)
+    target = golden_dir(root, spec.name, platform)
     if target.exists() and not allow_replace:
-        raise FileExistsError(f"{target} exists; use golden refresh {spec['name']} --reason TEXT")
+        raise FileExistsError(f"{target} exists; use golden refresh {spec.name} --reason TEXT")
     manifest = load_manifest(execution.run_dir / "manifest.json")
     provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
                                 environment=collect_environment(spec), repository=repository_state(root),
@@ -234,9 +261,9 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     old_tol = target / "tolerances.yaml"
     if old_tol.exists():
         tolerances = old_tol.read_text()  # declared bands survive a refresh
-    expect = None if not allow_replace else (execution.golden_seen if execution.compared else ANY)
-    vendor_builtin_spec(root, spec["name"])
-    return write_golden(root, spec["name"], platform, manifest, execution.postflight.surfaces,
+    expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
+    vendor_builtin_spec(root, spec.name)
+    return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,
                         provenance, tolerances=tolerances, expect=expect)
 
 

@@ -169,6 +169,7 @@ def rollout_token_changed_in_step2() -> None:
 
     from harness.rollout.engine_procs import EngineProcesses
     from harness.rollout.engine_worker import EngineWorker
+    from harness.spec.typed import as_workload
 
     state: dict = {"step": None, "done": False, "vocab": None}
 
@@ -187,7 +188,7 @@ def rollout_token_changed_in_step2() -> None:
     start = EngineProcesses.start.__func__
 
     def start_recording(cls, spec, **kwargs):
-        state["vocab"] = int(spec["model"]["vocab"])
+        state["vocab"] = as_workload(spec).model.vocab
         return start(cls, spec, **kwargs)
 
     _patch(EngineProcesses, "start", classmethod(start_recording))
@@ -203,7 +204,7 @@ def rollout_token_changed_in_step2() -> None:
     init = EngineWorker.__init__
 
     def init_recording(self, spec, *args, **kwargs):
-        state["vocab"] = int(spec["model"]["vocab"])
+        state["vocab"] = as_workload(spec).model.vocab
         init(self, spec, *args, **kwargs)
 
     _patch(EngineWorker, "__init__", init_recording)

@@ -354,10 +354,11 @@ class GoldenSession:
     def _outcome(self, workload: str, root: Path) -> tuple[str | None, tuple]:
         from harness import flows
         from harness.parity.tolerances import ToleranceFileError
-        from harness.store.atomic import GoldenStoreError
+        from harness.store.atomic import GoldenStoreError, golden_digest
 
         platform = self.platform_opt
         create = False
+        replaces: str | None = None  # the golden a refresh overwrites, read before the run
         try:
             spec = flows.spec_for_platform(workload, (), self.platform_opt, root)
             platform = flows.platform_of(spec, self.platform_opt)
@@ -365,7 +366,9 @@ class GoldenSession:
                 why = (f"cannot {'refresh' if self.refresh else 'capture'} {workload}: platform {platform!r} "
                        f"is not scheduled (platform.platforms = {list(spec.platform.platforms)})")
                 return platform, ("error", why, None, None)
-            if not self.refresh:
+            if self.refresh:
+                replaces = golden_digest(root, spec.name, platform)
+            else:
                 try:
                     flows.load_golden(root, spec.name, platform)  # refuse before running, not after
                 except flows.GoldenMissing:
@@ -383,7 +386,7 @@ class GoldenSession:
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
                                       platform=self.platform_opt, say=progress, ray_address=self.ray_address,
-                                      warm=None if self.ray_address else self.warm_runtime())
+                                      warm=self.warm_runtime())  # with an address: cold, the reason said
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
         finally:
@@ -393,6 +396,7 @@ class GoldenSession:
                               + "\n  ".join(execution.problems()), execution, None)
         try:
             if self.refresh:
+                flows.remember_golden(execution, replaces)
                 flows.store_golden(execution, platform, reason=self.reason, goldens_root=root,
                                    command="pytest --golden-refresh", allow_replace=True)
                 return platform, ("refreshed", f"golden {workload}/{platform} rewritten", execution, None)

@@ -33,6 +33,9 @@ nothing (a batch that cannot begin leaves no handle in flight and raises
 Thread-safe (one lock); blocking. A finish batch fsyncs once whatever its size (the stage
 commit; the ledger outcome commit is `synchronous=NORMAL` unless `ledger_sync="full"`,
 see docs/capture.md "Durability").
+
+A call's state and the records it ends in: ``calls.py``; the sink's plain config
+(``from_config``, ``capture_config_from_spec``, re-exported here): ``sink_config.py``.
 """
 
 from __future__ import annotations
@@ -40,32 +43,26 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from harness.capture.digests import (
-    chain_hash,
-    cumulative_hash,
-    error_name,
-    unit_interval,
+from harness.capture.calls import (
+    FinishingCall,
+    InjectedStagingFailure,
+    PendingCall,
+    check_lineage,
+    committed_record,
+    failure_record,
+    item_name,
+    prepare_call,
 )
+from harness.capture.digests import error_name, unit_interval
 from harness.capture.ledger import CaptureLedger
-from harness.capture.records import (
-    CallRecord,
-    CaptureAdmission,
-    CaptureValidationError,
-    CommitCoords,
-    StagedCall,
-)
+from harness.capture.records import CallRecord, CaptureAdmission, CaptureValidationError
+from harness.capture.sink_config import capture_config_from_spec, sink_parts
+
+__all__ = ["CaptureBeginError", "CaptureSink", "InjectedStagingFailure", "capture_config_from_spec"]
 
 log = logging.getLogger(__name__)
-
-
-class InjectedStagingFailure(RuntimeError):
-    """Raised by the fault injector in place of a real staging error."""
 
 
 class CaptureBeginError(RuntimeError):
@@ -78,51 +75,6 @@ class CaptureBeginError(RuntimeError):
 
     def __str__(self) -> str:
         return str(self.args[0])
-
-
-def _item_name(admission: Any) -> str:
-    """`rollout_id/model_call_id` of a raw admission, as far as it has them."""
-    if isinstance(admission, CaptureAdmission):
-        return admission.staging_key
-    if isinstance(admission, dict):
-        return f"{admission.get('rollout_id')}/{admission.get('model_call_id')}"
-    return f"<{type(admission).__name__}>"
-
-
-@dataclass
-class _Pending:
-    admission: CaptureAdmission
-    prompt_ids: list[int]
-    admission_epoch: int | None
-    staging_chain: tuple[str, ...]
-    admission_seq: int | None = None
-    failure_reason: str | None = None
-
-
-@dataclass
-class _Finish:
-    """One request of a finish batch on its way to an outcome."""
-
-    pending: _Pending
-    version: int | None
-    epoch: int | None
-    reason: str | None = None        # set => the call fails with this reason
-    prewritten: bool = False         # its failure row already exists (written at begin_request)
-    staged: StagedCall | None = None
-    output: list[int] | None = None
-    record: CallRecord | None = None  # the committed record, once written
-
-    def coords(self) -> dict[str, Any]:
-        adm = self.pending.admission
-        if self.record is None:
-            return CaptureSink._failed_coords(adm, self.reason or "capture_failed", self.epoch, self.version)
-        r = self.record
-        return CommitCoords(
-            rollout_id=adm.rollout_id, model_call_id=adm.model_call_id, disposition="staged",
-            prev_len=r.prev_len, delta_len=r.delta_len, cum_len=r.cum_len, digest=r.digest,
-            staging_key=adm.staging_key, chain_hash=r.chain_hash, cumulative_hash=r.cumulative_hash,
-            admission_epoch=self.epoch, weight_version=self.version,
-        ).to_dict()
 
 
 def _stage_many(dataplane: Any, rows: list[tuple[str, dict[str, Any]]]) -> list[Any]:
@@ -156,7 +108,7 @@ class CaptureSink:
         self.ledger = ledger
         self.fail_stage_rate = float(fail_stage_rate)
         self.seed = int(seed)
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, PendingCall] = {}
         self._lock = threading.RLock()
         self.staged = 0
         self.failed = 0
@@ -165,38 +117,10 @@ class CaptureSink:
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> CaptureSink:
-        """Build from plain config (works inside a Ray actor).
-
-        Keys: `ledger_path` (required), exactly one of `dataplane_path` /
-        `dataplane_actor` (a named `DataPlaneActor`), optional
-        `dataplane_namespace`, `dataplane_local_writes` (None: stage through
-        a local connection when on the actor's node; False: always through
-        the actor; True: insist), `ledger_sync` ("normal"), `fail_stage_rate`
-        (0.0), `seed` (0).
-        """
-        allowed = {"ledger_path", "dataplane_path", "dataplane_actor", "dataplane_namespace",
-                   "dataplane_local_writes", "ledger_sync", "fail_stage_rate", "seed"}
-        unknown = sorted(set(cfg) - allowed)
-        if unknown:
-            raise ValueError(f"capture sink config: unknown key {unknown[0]!r} (allowed: {sorted(allowed)})")
-        if not cfg.get("ledger_path"):
-            raise ValueError("capture sink config: 'ledger_path' is required")
-        path, actor = cfg.get("dataplane_path"), cfg.get("dataplane_actor")
-        if bool(path) == bool(actor):
-            raise ValueError("capture sink config: give exactly one of 'dataplane_path' and 'dataplane_actor'")
-        if actor:
-            from harness.dataplane.actor import DataPlaneClient
-
-            # local_writes=None: on the actor's node the sink stages through its own
-            # connection to the same file (no round trip); elsewhere through the actor.
-            dataplane: Any = DataPlaneClient(actor, namespace=cfg.get("dataplane_namespace"),
-                                             local_writes=cfg.get("dataplane_local_writes"))
-        else:
-            from harness.dataplane.store import DataPlaneStore
-
-            dataplane = DataPlaneStore(path)
-        return cls(dataplane, CaptureLedger(cfg["ledger_path"]), fail_stage_rate=cfg.get("fail_stage_rate", 0.0),
-                   seed=cfg.get("seed", 0), ledger_sync=cfg.get("ledger_sync", "normal"))
+        """Build from plain config (works inside a Ray actor; the keys:
+        ``harness.capture.sink_config.sink_parts``)."""
+        dataplane, ledger, kwargs = sink_parts(cfg)
+        return cls(dataplane, ledger, **kwargs)
 
     # -- request lifecycle -------------------------------------------------
     def begin_request(self, admission: dict[str, Any], prompt_ids: Sequence[int], *,
@@ -253,12 +177,12 @@ class CaptureSink:
                     return [p.admission.staging_key for p in pendings]
             index, cause = error
             self._abort_unbegun([adm for adm, _ in parsed])
-            what = f"item {index} ({_item_name(items[index][0])})" if index is not None else f"a batch of {len(items)}"
+            what = f"item {index} ({item_name(items[index][0])})" if index is not None else f"a batch of {len(items)}"
             raise CaptureBeginError(f"capture could not begin {what}: {type(cause).__name__}: {cause}",
                                     index) from cause
 
     def _begin_parsed(self, parsed: list[tuple[CaptureAdmission, list[int]]],
-                      weight_version: int | None) -> list[_Pending]:
+                      weight_version: int | None) -> list[PendingCall]:
         """The ledger work of `begin_requests` for validated items (no state change on error)."""
         calls = [(adm.rollout_id, adm.model_call_id) for adm, _ in parsed]
         seqs = self.ledger.admission_seqs(calls)
@@ -271,15 +195,15 @@ class CaptureSink:
         parents = self.ledger.get_many([(parsed[i][0].rollout_id, parsed[i][0].parent_call_id or "")
                                         for i in children])
         parent_of = dict(zip(children, parents))
-        pendings: list[_Pending] = []
+        pendings: list[PendingCall] = []
         failures: list[CallRecord] = []
         for i, ((adm, prompt), seq) in enumerate(zip(parsed, seqs)):
-            pending = _Pending(adm, prompt, weight_version, (adm.staging_key,), seq)
+            pending = PendingCall(adm, prompt, weight_version, (adm.staging_key,), seq)
             if outcomes[i] is not None:
                 # The call already has an outcome; it stands, this request is not captured.
                 pending.failure_reason = "duplicate_call_id"
             elif adm.mode == "token_in":
-                why, chain = self._check_lineage(adm, prompt, parent_of[i])
+                why, chain = check_lineage(adm, prompt, parent_of[i])
                 pending.failure_reason = why
                 pending.staging_chain = chain + (adm.staging_key,)
                 if why is not None:
@@ -343,48 +267,25 @@ class CaptureSink:
             self._commit(calls)
             return [c.coords() for c in calls]
 
-    def _prepare(self, pending: _Pending, output_ids: Sequence[int], logprobs: Any,
-                 weight_version: int | None) -> _Finish:
-        """Validate one finished request and build its staged row (no I/O)."""
-        adm = pending.admission
-        call = _Finish(pending, weight_version, pending.admission_epoch)
-        if pending.failure_reason is not None:  # its failure row was written at begin_request
-            call.reason, call.prewritten = pending.failure_reason, True
-            return call
-        epoch = pending.admission_epoch if pending.admission_epoch is not None else weight_version
-        call.epoch = epoch
-        if epoch is not None and weight_version is not None and weight_version != epoch:
+    def _prepare(self, pending: PendingCall, output_ids: Sequence[int], logprobs: Any,
+                 weight_version: int | None) -> FinishingCall:
+        """``prepare_call`` with the sink's refit-span count and staging-failure injection."""
+        call = prepare_call(pending, output_ids, logprobs, weight_version, inject=self._inject_failure)
+        if not call.prewritten and call.epoch is not None and weight_version is not None \
+                and weight_version != call.epoch:
             self.epoch_span_count += 1
             log.warning("capture: request %s spans a refit (admitted at weight version %s, finished at %s); "
-                        "keeping the admission epoch", adm.staging_key, epoch, weight_version)
-        output = list(map(int, output_ids))
-        lp = np.asarray(logprobs.detach().cpu() if hasattr(logprobs, "detach") else logprobs,
-                        dtype=np.float32).reshape(-1)
-        if lp.shape[0] != len(output):
-            call.reason = f"logprobs_length_mismatch:{lp.shape[0]}!={len(output)}"
-            return call
-        if not np.isfinite(lp).all():
-            call.reason = "nonfinite_logprobs"
-            return call
-        new_prompt = pending.prompt_ids[adm.prev_len:]
-        delta_ids = new_prompt + output
-        if not delta_ids:
-            call.reason = "empty_delta"
-            return call
-        mask = [0] * len(new_prompt) + [1] * len(output)
-        delta_lp = np.concatenate([np.zeros(len(new_prompt), dtype=np.float32), lp])
-        try:
-            call.staged = StagedCall.build(adm.staging_key, adm.prev_len, delta_ids, mask, delta_lp, epoch)
-            if self.fail_stage_rate > 0.0 and unit_interval(self.seed, adm.staging_key) < self.fail_stage_rate:
-                self.injected_failures += 1
-                raise InjectedStagingFailure(f"injected staging failure for {adm.staging_key}")
-        except Exception as exc:  # noqa: BLE001 - a capture problem fails the call, never the engine
-            call.reason = f"stage_failed:{error_name(exc)}"
-            return call
-        call.output = output
+                        "keeping the admission epoch", pending.admission.staging_key, call.epoch, weight_version)
         return call
 
-    def _stage(self, calls: list[_Finish]) -> None:
+    def _inject_failure(self, staging_key: str) -> bool:
+        """Whether ``capture.fail_stage_rate`` fails this call's staging (counted)."""
+        if self.fail_stage_rate > 0.0 and unit_interval(self.seed, staging_key) < self.fail_stage_rate:
+            self.injected_failures += 1
+            return True
+        return False
+
+    def _stage(self, calls: list[FinishingCall]) -> None:
         """Stage every prepared row in one durable transaction; mark failures."""
         todo = [c for c in calls if c.reason is None]
         if not todo:
@@ -398,13 +299,13 @@ class CaptureSink:
             if isinstance(ack, BaseException):
                 c.reason = f"stage_failed:{error_name(ack)}"
 
-    def _commit(self, calls: list[_Finish]) -> None:
+    def _commit(self, calls: list[FinishingCall]) -> None:
         """Write the ledger outcomes of a staged batch in one transaction."""
         for c in calls:
             if c.reason is None:
-                c.record = self._committed_record(c)
+                c.record = committed_record(c)
         batch = [c for c in calls if not c.prewritten]
-        outcomes = self._write_outcomes([c.record if c.record is not None else self._failure_record(c)
+        outcomes = self._write_outcomes([c.record if c.record is not None else failure_record(c)
                                          for c in batch])
         refused = []
         for c, err in zip(batch, outcomes):
@@ -419,7 +320,7 @@ class CaptureSink:
             else:
                 raise err  # a failure row could not be written: fail loudly, never silently commit
         if refused:
-            for err in self._write_outcomes([self._failure_record(c) for c in refused]):
+            for err in self._write_outcomes([failure_record(c) for c in refused]):
                 if err is not None:
                     raise err
             self.failed += len(refused)
@@ -442,28 +343,6 @@ class CaptureSink:
                 out.append(exc)
         return out
 
-    def _committed_record(self, c: _Finish) -> CallRecord:
-        adm, staged, pending = c.pending.admission, c.staged, c.pending
-        assert staged is not None and c.output is not None
-        parent_hash = adm.parent_chain_hash if adm.mode == "token_in" else None
-        delta_len = len(staged.token_ids_delta)
-        return CallRecord(
-            rollout_id=adm.rollout_id, model_call_id=adm.model_call_id, status="committed",
-            parent_call_id=adm.parent_call_id, admission_seq=pending.admission_seq,
-            prev_len=adm.prev_len, delta_len=delta_len, cum_len=adm.prev_len + delta_len,
-            output_len=len(c.output), digest=staged.digest, staging_key=adm.staging_key,
-            staging_chain=pending.staging_chain, chain_hash=chain_hash(parent_hash, staged.digest),
-            cumulative_hash=cumulative_hash(pending.prompt_ids + c.output),
-            admission_epoch=c.epoch, weight_version=c.version,
-        )
-
-    @staticmethod
-    def _failure_record(c: _Finish) -> CallRecord:
-        adm = c.pending.admission
-        return CallRecord(rollout_id=adm.rollout_id, model_call_id=adm.model_call_id, status="failed",
-                          parent_call_id=adm.parent_call_id, admission_seq=c.pending.admission_seq,
-                          failure_reason=c.reason)
-
     def abort_request(self, handle: str, reason: str) -> dict[str, Any]:
         """The engine gave up on the request: write a failure row."""
         return self.abort_requests([handle], reason)[0]
@@ -478,7 +357,7 @@ class CaptureSink:
             calls = []
             for h in handles:
                 pending = self._pending.pop(h)
-                call = _Finish(pending, None, pending.admission_epoch)
+                call = FinishingCall(pending, None, pending.admission_epoch)
                 call.reason = pending.failure_reason or f"aborted:{reason}"
                 call.prewritten = pending.failure_reason is not None
                 calls.append(call)
@@ -514,47 +393,3 @@ class CaptureSink:
                                            parent_call_id=admission.get("parent_call_id"))
                 self.failed += 1
             raise
-
-    def _check_lineage(self, adm: CaptureAdmission, prompt: list[int], parent: CallRecord | None
-                       ) -> tuple[str | None, tuple[str, ...]]:
-        """Re-check a `token_in` admission against its parent's ledger row:
-        (None, the parent's staging chain) or (the failure reason, ())."""
-        if parent is None:
-            return "unresolved_parent:not_committed", ()
-        if not parent.committed:
-            return "unresolved_parent:parent_failed", ()
-        if parent.chain_hash != adm.parent_chain_hash:
-            return "unresolved_parent:chain_hash_mismatch", ()
-        if parent.cum_len != adm.prev_len:
-            return "unresolved_parent:prev_len_mismatch", ()
-        if adm.staging_chain and tuple(adm.staging_chain) != tuple(parent.staging_chain):
-            return "unresolved_parent:staging_chain_mismatch", ()
-        if len(prompt) < adm.prev_len or cumulative_hash(prompt[: adm.prev_len]) != parent.cumulative_hash:
-            return "prefix_mismatch", ()
-        if adm.required_prefix_token_ids is not None and list(adm.required_prefix_token_ids) != prompt[: adm.prev_len]:
-            return "prefix_mismatch", ()
-        return None, tuple(parent.staging_chain)
-
-    @staticmethod
-    def _failed_coords(adm: CaptureAdmission, reason: str, epoch: int | None, version: int | None) -> dict[str, Any]:
-        return CommitCoords(
-            rollout_id=adm.rollout_id, model_call_id=adm.model_call_id, disposition="capture_failed",
-            prev_len=adm.prev_len, delta_len=0, cum_len=adm.prev_len, admission_epoch=epoch,
-            weight_version=version, failure_reason=reason,
-        ).to_dict()
-
-
-def capture_config_from_spec(spec: dict[str, Any], run_dir: str | Path, *,
-                             dataplane_actor: str | None = None) -> dict[str, Any]:
-    """The `CaptureSink.from_config` dict for a run directory (design.md layout)."""
-    run_dir = Path(run_dir)
-    cfg: dict[str, Any] = {
-        "ledger_path": str(run_dir / "ledger.sqlite"),
-        "fail_stage_rate": float(spec["capture"]["fail_stage_rate"]),
-        "seed": int(spec["seed"]),
-    }
-    if dataplane_actor:
-        cfg["dataplane_actor"] = dataplane_actor
-    else:
-        cfg["dataplane_path"] = str(run_dir / "dataplane.sqlite")
-    return cfg

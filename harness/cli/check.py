@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "html":  # the HTML report plots golden vs actual training curves
         curves = {"surfaces_actual": actual, "surfaces_golden": golden.surfaces,
                   "run": _run_fields(execution.run_dir)}
-    title = f"{execution.spec['name']} [{platform}]"
+    title = f"{execution.spec.name} [{platform}]"
     report = render(verdict, args.format, title=title, color=False if args.output else None,
                     show_info=args.show_info, provenance=golden.provenance, **curves)
     if args.output:  # as golden diff: the report to the file, one line to the log
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{title}: {summary_line(verdict)} (report: {args.output})")
     else:
         print(report)
-    print(f"check {execution.spec['name']} [{platform}]: {verdict.status} "
+    print(f"check {execution.spec.name} [{platform}]: {verdict.status} "
           f"(wall {execution.wall_s:.1f}s; run dir {execution.run_dir})", file=sys.stderr)
     if not verdict.ok:
         hint = golden_command("refresh", args.workload, overrides=args.overrides, platform=platform,

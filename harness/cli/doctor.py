@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.spec.typed import PluginsSpec, Workload
 
 HELP = "check that configured plugins import in every worker environment"
 
@@ -56,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
     except (SpecError, OSError) as exc:
         print(f"golden doctor: {exc}", file=sys.stderr)
         return 2
-    plugins = spec.get("plugins") or {}
+    plugins = spec.plugins
     from harness.workerenv.select import CURRENT, selection
 
     if selection(args.worker_env) != CURRENT:
         return _check_workload_envs(args, spec, plugins)
     for key in ("policy_profiler", "rollout_profiler"):
-        if not plugins.get(key):
+        if not getattr(plugins, key):
             print(f"{key}: not configured (nothing to check)")
     failures = 0
     for check in check_plugins(spec):
@@ -103,7 +107,7 @@ def _check_all_envs(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _check_workload_envs(args: argparse.Namespace, spec: dict, plugins: dict) -> int:
+def _check_workload_envs(args: argparse.Namespace, spec: Workload, plugins: PluginsSpec) -> int:
     """The workload's plugins, backend imports and smoke step in the environments its workers use."""
     from harness.workerenv import declare
     from harness.workerenv.checks import check_environment
@@ -118,22 +122,22 @@ def _check_workload_envs(args: argparse.Namespace, spec: dict, plugins: dict) ->
         return 2
     per_env: dict[str, dict[str, str | None]] = {}
     for role, backend in declare.backends_of(spec).items():
-        per_env.setdefault(backend, {})[role] = plugins.get(f"{role}_profiler")
+        per_env.setdefault(backend, {})[role] = getattr(plugins, f"{role}_profiler")
     failures = sum(_print_env(backend, check_environment(cache, backend, roles, run_smoke=not args.no_smoke))
                    for backend, roles in per_env.items())
     failures += _check_trace_settings(plugins)
     return 1 if failures else 0
 
 
-def _check_trace_settings(plugins: dict) -> int:
+def _check_trace_settings(plugins: PluginsSpec) -> int:
     """The built-in trace profilers read HARNESS_TRACE_* from ``plugins.env``: would they start?"""
-    trace = [plugins.get(k) for k in ("policy_profiler", "rollout_profiler")
-             if str(plugins.get(k) or "").startswith("harness.profiler.trace.")]
+    trace = [path for path in (plugins.policy_profiler, plugins.rollout_profiler)
+             if str(path or "").startswith("harness.profiler.trace.")]
     if not trace:
         return 0
     from harness.profiler.phase import settings_problems
 
-    problems = settings_problems(dict(plugins.get("env") or {}))
+    problems = settings_problems(dict(plugins.env))
     for problem in problems:
         print(f"plugins.env: {problem} (the trace profilers would fail every worker at start)")
     if not problems:

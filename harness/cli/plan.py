@@ -89,11 +89,10 @@ def _render_text(spec: Workload, digest: str, topo) -> str:
     policy_coords = (("tp", "cp", "dp", "pp", "etp", "ep", "edp"), ("tp", "dp_cp", "pp", "ep", "edp"))
     layouts = [(topo.policy, *policy_coords), (topo.rollout, ("engine", "tp", "pp"), ("tp", "engine"))]
     if topo.teacher is not None:  # a distillation workload's teacher (docs/distill.md)
-        t, ts = spec["distill"]["teacher"], topo.teacher.sizes
+        d, ts = spec.distill, topo.teacher.sizes
         lines.insert(4, f"teacher   world {topo.teacher.world} = tp{ts['tp']} x dp{ts['dp']} (ep{ts['ep']}), "
-                        f"seed {t['seed']}, own ranks on devices {[r.device for r in topo.teacher.ranks]}; "
-                        f"kl_coef {spec['distill']['kl_coef']} ({spec['distill']['kl_direction']} KL, "
-                        f"{spec['distill']['kl_type']})")
+                        f"seed {d.teacher.seed}, own ranks on devices {[r.device for r in topo.teacher.ranks]}; "
+                        f"kl_coef {d.kl_coef} ({d.kl_direction} KL, {d.kl_type})")
         layouts.append((topo.teacher, *policy_coords))
     for layout, coord_names, kinds in layouts:
         lines.append(f"{layout.role} ranks")

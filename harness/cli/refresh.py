@@ -34,9 +34,9 @@ def run(args: argparse.Namespace) -> int:
     platform = prepared.platform
     try:
         verdict = flows.compare_with_golden(execution, platform, prepared.goldens_root)
-        print(render(verdict, "terminal", title=f"{execution.spec['name']} [{platform}] before refresh"))
+        print(render(verdict, "terminal", title=f"{execution.spec.name} [{platform}] before refresh"))
     except flows.GoldenMissing:
-        print(f"no current golden for {execution.spec['name']} [{platform}]; writing a new one", file=sys.stderr)
+        print(f"no current golden for {execution.spec.name} [{platform}]; writing a new one", file=sys.stderr)
     except (GoldenStoreError, ToleranceFileError) as exc:  # a corrupt golden is what refresh repairs
         print(f"current golden unreadable ({exc}); replacing it", file=sys.stderr)
     try:

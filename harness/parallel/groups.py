@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.registry.policy import policy_backend
-from harness.spec.typed import as_mapping
+from harness.spec.typed import ModelSpec, PolicySpec
 
 DENSE_AXES = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("etp", "ep", "edp", "pp")
@@ -62,11 +62,10 @@ class RankLayout:
         raise KeyError(f"rank {rank} is in no {kind} group")
 
 
-def validate_policy_layout(policy: Any, model: Any) -> None:
+def validate_policy_layout(policy: PolicySpec, model: ModelSpec) -> None:
     """Raise `ValueError` naming the spec field when the policy layout cannot
-    shard `model` (typed spec blocks or plain dicts). Checked before any worker starts."""
-    policy, model = as_mapping(policy), as_mapping(model)
-    tp, pp, cp, ep, etp, dp = (int(policy[k]) for k in ("tp", "pp", "cp", "ep", "etp", "dp"))
+    shard `model` (the typed spec blocks). Checked before any worker starts."""
+    tp, pp, cp, ep, etp, dp = policy.tp, policy.pp, policy.cp, policy.ep, policy.etp, policy.dp
     for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("etp", etp), ("dp", dp)):
         if v < 1:
             raise ValueError(f"policy.{name} must be >= 1, got {v}")
@@ -74,21 +73,21 @@ def validate_policy_layout(policy: Any, model: Any) -> None:
         raise ValueError(f"policy.etp={etp}: only expert tensor parallel size 1 is implemented")
     if (tp * cp * dp) % (etp * ep):
         raise ValueError(f"policy.ep={ep}: etp*ep must divide tp*cp*dp={tp * cp * dp}")
-    if model["experts"] % ep:
-        raise ValueError(f"policy.ep={ep} must divide model.experts={model['experts']}")
-    if model["heads"] % tp:
-        raise ValueError(f"policy.tp={tp} must divide model.heads={model['heads']}")
-    if model["kv_heads"] % tp:
-        raise ValueError(f"policy.tp={tp} must divide model.kv_heads={model['kv_heads']} (no KV replication)")
-    if model["vocab"] % tp:
-        raise ValueError(f"policy.tp={tp} must divide model.vocab={model['vocab']}")
-    no_sp_backend = "sp" in policy_backend(policy.get("backend", "native")).fixed  # dtensor: no SP
-    if tp > 1 and not policy.get("sp", True) and not no_sp_backend:
+    if model.experts % ep:
+        raise ValueError(f"policy.ep={ep} must divide model.experts={model.experts}")
+    if model.heads % tp:
+        raise ValueError(f"policy.tp={tp} must divide model.heads={model.heads}")
+    if model.kv_heads % tp:
+        raise ValueError(f"policy.tp={tp} must divide model.kv_heads={model.kv_heads} (no KV replication)")
+    if model.vocab % tp:
+        raise ValueError(f"policy.tp={tp} must divide model.vocab={model.vocab}")
+    no_sp_backend = "sp" in policy_backend(policy.backend).fixed  # dtensor: no SP
+    if tp > 1 and not policy.sp and not no_sp_backend:
         raise ValueError("policy.sp must be true when policy.tp > 1 (MoE training needs sequence parallel)")
-    seq = int(policy["seq_len"])
+    seq = policy.seq_len
     if seq % (2 * cp * tp) if cp > 1 else seq % tp:
         raise ValueError(f"policy.seq_len={seq} must be divisible by {2 * cp * tp if cp > 1 else tp} (2*cp*tp)")
-    stage_layers(model["layers"], pp, policy.get("pp_layout"))
+    stage_layers(model.layers, pp, policy.pp_layout)
 
 
 def stage_layers(layers: int, pp: int, pp_layout: list[int] | None) -> list[range]:
@@ -110,10 +109,9 @@ def stage_layers(layers: int, pp: int, pp_layout: list[int] | None) -> list[rang
     return [range(starts[i], starts[i + 1]) for i in range(pp)]
 
 
-def layout_from_spec(policy: Any) -> RankLayout:
-    """Compute coordinates and groups with the mixed-radix rule (``policy``: the typed block or a dict)."""
-    policy = as_mapping(policy)
-    tp, pp, cp, ep, etp, dp = (int(policy[k]) for k in ("tp", "pp", "cp", "ep", "etp", "dp"))
+def layout_from_spec(policy: PolicySpec) -> RankLayout:
+    """Compute coordinates and groups with the mixed-radix rule (``policy``: the typed block)."""
+    tp, pp, cp, ep, etp, dp = policy.tp, policy.pp, policy.cp, policy.ep, policy.etp, policy.dp
     edp = tp * cp * dp // (etp * ep)
     sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep, "etp": etp, "edp": edp}
     world = tp * cp * dp * pp
@@ -137,7 +135,7 @@ def layout_from_spec(policy: Any) -> RankLayout:
     return RankLayout(sizes=sizes, coords=coords, groups=groups)
 
 
-def layout_from_topology(topology: Any, policy: Any) -> RankLayout:
+def layout_from_topology(topology: Any, policy: PolicySpec) -> RankLayout:
     """Use the planner's groups where it provides a kind; fall back to the
     local rule for kinds it lacks. Raises if a provided kind disagrees."""
     local = layout_from_spec(policy)

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from harness.plugins.loader import (
     POLICY_INSTALL_ENVIRONMENT,
@@ -26,6 +26,9 @@ from harness.plugins.loader import (
     ROLLOUT_PROFILER_ENV,
 )
 from harness.plugins.protocols import POLICY_PROFILER_METHODS, ROLLOUT_PROFILER_METHODS
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 PROBE_SCRIPT = Path(__file__).with_name("probe.py")
 PYTHON_OVERRIDE_PREFIX = "HARNESS_WORKER_PYTHON_"
@@ -55,10 +58,10 @@ def backend_python(backend: str, environ: Mapping[str, str] | None = None) -> st
     return env.get(PYTHON_OVERRIDE_PREFIX + backend.upper().replace("-", "_")) or sys.executable
 
 
-def worker_environments(spec: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[WorkerEnvironment]:
+def worker_environments(spec: Workload, environ: Mapping[str, str] | None = None) -> list[WorkerEnvironment]:
     """The policy-worker and rollout-worker environments of a loaded spec."""
-    policy_backend = str(spec["policy"]["backend"])
-    rollout_backend = str(spec["rollout"]["backend"])
+    policy_backend = spec.policy.backend
+    rollout_backend = spec.rollout.backend
     return [
         WorkerEnvironment(
             role="policy",
@@ -115,12 +118,11 @@ def check_import(env: WorkerEnvironment, class_path: str, *, timeout_s: float = 
     return ImportCheck(env, class_path, bool(result.get("ok")), result.get("error"))
 
 
-def check_plugins(spec: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[ImportCheck]:
+def check_plugins(spec: Workload, environ: Mapping[str, str] | None = None) -> list[ImportCheck]:
     """Probe every configured plugin in its worker environment (skipping unset ones)."""
-    plugins = spec.get("plugins") or {}
     checks = []
     for env in worker_environments(spec, environ):
-        class_path = plugins.get(env.plugin_key)
+        class_path = getattr(spec.plugins, env.plugin_key)
         if class_path:
             checks.append(check_import(env, class_path))
     return checks

@@ -43,10 +43,9 @@ class EngineCommon:
         self.reference_state = {n: p.detach().clone().cpu() for n, p in self.named}
         spec = as_workload(spec)
         opt = spec.policy.optimizer
-        self.lr, self.wd = float(opt.lr), float(opt.weight_decay)
+        self.lr, self.wd = opt.lr, opt.weight_decay  # floats (the typed block converts numbers)
         self.max_grad_norm = opt.max_grad_norm
-        adamw = dict(lr=self.lr, weight_decay=self.wd, betas=(float(opt.beta1), float(opt.beta2)),
-                     eps=float(opt.eps), foreach=False)
+        adamw = dict(lr=self.lr, weight_decay=self.wd, betas=(opt.beta1, opt.beta2), eps=opt.eps, foreach=False)
         params = [p for _, p in self.named]
         if getattr(self, "MASTER_WEIGHTS", False) and needs_master_weights(params):
             self.optimizer = MasterWeightsAdamW(params, **adamw)  # bf16 model: fp32 masters and AdamW state

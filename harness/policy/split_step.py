@@ -15,7 +15,9 @@
 
 A backend provides ``optimizer``, ``loss_fn``, ``is_last`` (this rank computes
 metrics), ``split_dp_group`` (the group the counts are summed over) and
-``_forward_backward``, ``_combine_over_dp``, ``_optimizer_step``, ``_step_metrics``.
+``_forward_backward``, ``_combine_over_dp``, ``_optimizer_step``, ``_step_metrics``
+(``_optimizer_step`` and the monolithic ``train``: ``harness.policy.train_step.TrainStep``,
+a subclass of this one, which every backend uses).
 """
 
 from __future__ import annotations

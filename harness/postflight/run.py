@@ -23,6 +23,7 @@ from harness.artifacts.trace import TraceFile
 from harness.manifest.build import artifact_entry, new_manifest, surface_entry
 from harness.manifest.validate import ManifestInvalid, validate_manifest
 from harness.postflight.placement import placement_check
+from harness.spec.typed import as_workload
 from harness.surfaces.build import GATED, INFORMATIONAL, RunArtifacts, build_all
 from harness.surfaces.canonical import surface_file_bytes
 from harness.surfaces.registry import normalise
@@ -150,7 +151,7 @@ def postflight(run_dir: str | Path) -> PostflightResult:
     env = dict(run["environment"])
     env["world_size"] = run["topology"]["policy"]["world"] + (
         0 if run["topology"]["placement"] == "colocated" else run["topology"]["rollout"]["world"])
-    spec = run["spec"]
+    spec = as_workload(run["spec"])  # the canonical spec dict the run stored
     manifest = new_manifest(
         run_id=run["run_id"],
         workload=run["workload"],
@@ -160,9 +161,9 @@ def postflight(run_dir: str | Path) -> PostflightResult:
         environment={k: env[k] for k in ("python", "torch", "ray", "backends", "platform", "device", "world_size")},
         topology={"policy": run["topology"]["policy"], "rollout": run["topology"]["rollout"],
                   "rank_map": _rank_map(run["topology"])},
-        plugins={"policy_profiler": spec["plugins"]["policy_profiler"],
-                 "rollout_profiler": spec["plugins"]["rollout_profiler"], "versions": {}},
-        iterations=int(spec["grpo"]["iterations"]),
+        plugins={"policy_profiler": spec.plugins.policy_profiler,
+                 "rollout_profiler": spec.plugins.rollout_profiler, "versions": {}},
+        iterations=spec.grpo.iterations,
         status=status,
         artifacts=artifacts,
         surfaces=[surface_entry(run_dir, n) for n in (*GATED, *INFORMATIONAL)],

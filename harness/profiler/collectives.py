@@ -35,7 +35,10 @@ Two interception methods (``HARNESS_TRACE_COLLECTIVES``):
 * ``mode``: a ``TorchDispatchMode`` entered on the calling thread (the original
   method). Every op of the window then makes a Python round trip (~4 us; 3.5x
   on the smoke workload's generation), so it is only the fallback for older
-  torch.
+  torch (``collectives_mode.py``).
+
+This module holds the kernel method, the method choice and ``CollectiveRecorder``;
+the entry of a call and the ops that count are ``collective_ops.py``'s.
 """
 
 from __future__ import annotations
@@ -45,105 +48,13 @@ import threading
 from typing import Any, Self
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
-# c10d op name -> torch.distributed API name.
-OP_NAMES: dict[str, str] = {
-    "allreduce_": "all_reduce",
-    "allreduce_coalesced_": "all_reduce_coalesced",
-    "allgather_": "all_gather",
-    "_allgather_base_": "all_gather_into_tensor",
-    "allgather_coalesced_": "all_gather_coalesced",
-    "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
-    "reduce_scatter_": "reduce_scatter",
-    "_reduce_scatter_base_": "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced",
-    "alltoall_": "all_to_all",
-    "alltoall_base_": "all_to_all_single",
-    "broadcast_": "broadcast",
-    "reduce_": "reduce",
-    "gather_": "gather",
-    "scatter_": "scatter",
-    "send": "send",
-    "recv_": "recv",
-    "recv_any_source_": "recv_any_source",
-    "barrier": "barrier",
-    "monitored_barrier_": "monitored_barrier",
-    # functional collectives
-    "all_reduce": "all_reduce",
-    "all_reduce_coalesced": "all_reduce_coalesced",
-    "all_gather_into_tensor": "all_gather_into_tensor",
-    "all_gather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
-    "reduce_scatter_tensor": "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
-    "all_to_all_single": "all_to_all_single",
-    "broadcast": "broadcast",
-}
-OP_NAMES.update({
-    "all_reduce_": "all_reduce",
-    "all_reduce_coalesced_": "all_reduce_coalesced",
-    "all_gather_into_tensor_out": "all_gather_into_tensor",
-    "reduce_scatter_tensor_out": "reduce_scatter_tensor",
-    "isend": "isend",
-    "irecv": "irecv",
-    "batch_p2p_ops": "batch_isend_irecv",
-})
-# bookkeeping, not collectives
-IGNORED_OPS = frozenset({"wait_tensor", "_wrap_tensor_autograd", "check_for_nan"})
+from harness.profiler.collective_ops import COLLECTIVE_NAMESPACES, IGNORED_OPS, entry
+from harness.profiler.collectives_mode import ModeCollectiveRecorder
 
 METHOD_ENV = "HARNESS_TRACE_COLLECTIVES"
 METHODS = ("kernel", "mode")
 _TLS_KEY = "harness.profiler.collective_recorders"
-
-
-def _group_kind(args: tuple[Any, ...], kwargs: dict[str, Any], namespace: str) -> str:
-    """``group_desc`` of the process group among the op's arguments (or ``unknown``)."""
-    c10d = torch._C._distributed_c10d
-    values = list(args) + list(kwargs.values())
-    for value in values:
-        pg = None
-        if isinstance(value, c10d.ProcessGroup):
-            pg = value
-        elif isinstance(value, torch.ScriptObject):
-            try:
-                pg = c10d.ProcessGroup.unbox(value)
-            except Exception:  # noqa: BLE001 - some other TorchScript object (e.g. ReduceOp)
-                pg = None
-        if pg is not None:
-            return str(getattr(pg, "group_desc", "") or getattr(pg, "group_name", "unknown"))
-    if namespace == "_c10d_functional":
-        # functional collectives name their group as a string (the group_name)
-        for value in values:
-            if isinstance(value, str):
-                try:
-                    pg = c10d._resolve_process_group(value)
-                except Exception:  # noqa: BLE001 - not a resolvable group name
-                    continue
-                return str(pg.group_desc or pg.group_name)
-    return "unknown"
-
-
-def _first_tensor(args: tuple[Any, ...]) -> tuple[str, int]:
-    """(dtype name, element count) of the first tensor or tensor-list argument."""
-    for value in args:
-        if isinstance(value, torch.Tensor):
-            return str(value.dtype).removeprefix("torch."), int(value.numel())
-        if isinstance(value, (list, tuple)) and value:
-            flat: list[torch.Tensor] = []
-            for item in value:
-                if isinstance(item, torch.Tensor):
-                    flat.append(item)
-                elif isinstance(item, (list, tuple)):
-                    flat.extend(t for t in item if isinstance(t, torch.Tensor))
-            if flat:
-                return str(flat[0].dtype).removeprefix("torch."), int(sum(t.numel() for t in flat))
-    return "none", 0
-
-
-def _entry(name: str, namespace: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    dtype, numel = _first_tensor(args)
-    return [OP_NAMES.get(name, name), _group_kind(args, kwargs, namespace), dtype, numel]
 
 
 def kernel_method_available() -> bool:
@@ -249,9 +160,9 @@ def _make_kernel(op: Any, name: str, namespace: str):
         if not getattr(_nesting, "depth", 0):
             recorders = [r for r in _active_recorders() if r.recording]
             if recorders and not _is_meta(args):
-                entry = _entry(name, namespace, args, kwargs)
+                recorded = entry(name, namespace, args, kwargs)
                 for recorder in recorders:
-                    recorder.entries.append(list(entry))
+                    recorder.entries.append(list(recorded))
                 _nesting.depth = 1  # collectives run by this one are not issued by the caller
                 try:
                     return redispatch(keyset & below, *args, **kwargs)
@@ -336,56 +247,6 @@ class KernelCollectiveRecorder:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-# -- mode method -------------------------------------------------------------------------
-
-
-class ModeCollectiveRecorder(TorchDispatchMode):
-    """The dispatch-mode method: sees every op of the window (slow), records collectives.
-
-    Use ``start()`` / ``stop()``; both must run on the same thread, because
-    dispatch modes are thread-local.
-    """
-
-    method = "mode"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.entries: list[list[Any]] = []
-        self._thread: int | None = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = kwargs or {}
-        namespace = func.namespace
-        if namespace in COLLECTIVE_NAMESPACES:
-            name = func._schema.name.split("::", 1)[-1]
-            if name not in IGNORED_OPS:
-                self.entries.append(_entry(name, namespace, args, kwargs))
-        return func(*args, **kwargs)
-
-    @property
-    def active(self) -> bool:
-        return self._thread is not None
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("collective recorder already started")
-        self.__enter__()
-        self._thread = threading.get_ident()
-
-    def stop(self) -> list[list[Any]]:
-        """Leave the mode; returns the entries recorded since ``start``."""
-        if self._thread is None:
-            return self.entries
-        if self._thread != threading.get_ident():
-            raise RuntimeError(
-                "collective recorder stopped on a different thread than it was started on "
-                "(dispatch modes are per thread)"
-            )
-        self._thread = None
-        self.__exit__(None, None, None)
-        return self.entries
 
 
 def CollectiveRecorder(method: str | None = None) -> KernelCollectiveRecorder | ModeCollectiveRecorder:

@@ -138,13 +138,9 @@ class NativeSGLangEngine:
             names = [[n for n, _ in tensors] for tensors in per_rank]
             if any(n != names[0] for n in names):
                 raise ValueError("the TP ranks' buckets name different tensors")
-            for shard, tensors in zip(self.shards, per_rank):
-                _check_against(shard, tensors)
-            for shard, tensors in zip(self.shards, per_rank):
-                shard.load_weights(tensors)
+            self._load_all_or_none(per_rank, version)
         except (ValueError, TypeError) as exc:
             return False, f"update_weights_from_tensor failed: {exc}"
-        self._set_version(version)
         return True, f"loaded {len(names[0])} tensor(s)"
 
     # -- separate (weight-update group) --------------------------------------------------
@@ -191,13 +187,9 @@ class NativeSGLangEngine:
 
         received = _in_threads([lambda g=g: receive(g) for g in groups])
         try:
-            for shard, tensors in zip(self.shards, received):
-                _check_against(shard, tensors)
-            for shard, tensors in zip(self.shards, received):
-                shard.load_weights(tensors)
+            self._load_all_or_none(received, version)
         except (ValueError, TypeError) as exc:
             return False, f"update_weights_from_distributed failed: {exc}"
-        self._set_version(version)
         return True, f"loaded {len(specs)} tensor(s) from {group_name!r}"
 
     def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP) -> Result:
@@ -211,6 +203,15 @@ class NativeSGLangEngine:
     def weight_update_groups(self) -> list[str]:
         """The names of the weight-update groups this engine holds."""
         return sorted(self._groups)
+
+    def _load_all_or_none(self, per_rank: Sequence[Sequence[tuple[str, torch.Tensor]]], version: int | None) -> None:
+        """Check every TP rank's tensors before any loads (a refused update changes nothing),
+        then load them and set the weight version."""
+        for shard, tensors in zip(self.shards, per_rank):
+            _check_against(shard, tensors)
+        for shard, tensors in zip(self.shards, per_rank):
+            shard.load_weights(tensors)
+        self._set_version(version)
 
     # -- versions --------------------------------------------------------------------------
     def get_weight_version(self) -> str:

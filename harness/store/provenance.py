@@ -14,7 +14,8 @@ lack them and still read; they are never rewritten to add them):
 * ``repository``: the git repository that holds the goldens root (the consumer
   repository gating its own workloads): ``{"commit": sha, "dirty": bool,
   "goldens_root": path relative to its top}``, or null when the goldens root is
-  in no git repository (or git is unavailable);
+  in no git repository, is ignored by the one around it (a copy under an ignored
+  folder: that repository's commit does not describe it), or git is unavailable;
 * ``versions``: ``{"harness", "python", "torch", "megatron-core", "vllm"}``,
   each a version string or null when the package was absent.
 
@@ -85,14 +86,17 @@ def _git(cwd: Path, *args: str) -> str | None:
 
 def repository_state(goldens_root: str | Path) -> dict | None:
     """``{"commit", "dirty", "goldens_root"}`` of the git repository holding ``goldens_root``,
-    None when there is none (or git is unavailable). ``dirty``: any change to tracked files
-    or any untracked, not ignored file (``git status --porcelain``)."""
+    None when there is none, when that repository ignores ``goldens_root`` (its commit says
+    nothing about files it does not track), or git is unavailable. ``dirty``: any change
+    to tracked files or any untracked, not ignored file (``git status --porcelain``)."""
     root = Path(goldens_root).resolve()
     probe = root
     while not probe.is_dir() and probe != probe.parent:
         probe = probe.parent
     top = _git(probe, "rev-parse", "--show-toplevel")
     commit = _git(probe, "rev-parse", "--verify", "-q", "HEAD")
+    if top and root.is_dir() and _git(probe, "check-ignore", "-q", str(root)) is not None:
+        return None  # check-ignore exits 0 (output "") only when the path is ignored
     if not top or not commit:  # no repository, or one without a commit yet
         return None if not top else {"commit": None, "dirty": True, "goldens_root": _relative(root, top)}
     status = _git(probe, "status", "--porcelain")

@@ -21,6 +21,10 @@ import tomllib
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 TORCH_PIN = "torch==2.13.0"
 DISTRIBUTION = "grpo-golden-harness"
@@ -81,9 +85,9 @@ def declaration(backend: str) -> EnvDeclaration:
                              f"{', '.join(ENVIRONMENTS)}") from None
 
 
-def backends_of(spec: dict) -> dict[str, str]:
+def backends_of(spec: Workload) -> dict[str, str]:
     """{role: environment} for a loaded spec: the policy workers' and the rollout workers'."""
-    return {"policy": str(spec["policy"]["backend"]), "rollout": str(spec["rollout"]["backend"])}
+    return {"policy": spec.policy.backend, "rollout": spec.rollout.backend}
 
 
 def project_root() -> Path:

@@ -17,8 +17,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.workerenv import declare, stamp
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 SELECT_ENV = "GOLDEN_WORKER_ENV"
 CURRENT, AUTO = "current", "auto"
@@ -44,7 +48,7 @@ def cache_of(chosen: str) -> Path | None:
     return path.absolute()
 
 
-def worker_pythons(spec: dict, chosen: str | None = None, *, verify: bool = True) -> dict[str, str]:
+def worker_pythons(spec: Workload, chosen: str | None = None, *, verify: bool = True) -> dict[str, str]:
     """{role: interpreter} for the policy and rollout workers of ``spec`` under the selection
     (default :func:`selection`); WorkerEnvError naming the backend when its environment is unusable."""
     chosen = selection(chosen)
@@ -70,7 +74,7 @@ def worker_pythons(spec: dict, chosen: str | None = None, *, verify: bool = True
 RECORD = "worker_envs.json"  # in the run directory: which interpreter each worker ran (not a gated surface)
 
 
-def actor_runtime_env(role: str, spec: dict, env_vars: dict[str, str]) -> dict:
+def actor_runtime_env(role: str, spec: Workload, env_vars: dict[str, str]) -> dict:
     """A Ray actor's ``runtime_env`` for a ``role`` worker of ``spec``: its env vars, and
     ``py_executable`` when the selection puts that role in a built environment, else the warm
     runtime's fork server when this process has one (``harness.runner.warm.zygote_runtime_env``)."""

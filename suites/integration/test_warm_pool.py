@@ -28,6 +28,7 @@ from harness.runner.warm import cold_reason, private_ray_reason
 from harness.spec import load_spec
 from harness.spec.load import default_goldens_root
 from harness.spec.topology import plan
+from harness.spec.typed import as_workload
 from suites.torch_state import torch_settings
 
 SMOKE = default_goldens_root() / "qwen3_moe_tiny_smoke" / "workload.yaml"
@@ -102,13 +103,13 @@ def test_which_specs_run_warm():
                   "harness.mutations.policy_rank1_dies_in_step2"):  # patches an actor class: not WARM_SAFE
         assert "GOLDEN_WORKER_SETUP_HOOK" in cold_reason(spec, environ={"GOLDEN_WORKER_SETUP_HOOK": other})
         assert "GOLDEN_WORKER_SETUP_HOOK" in private_ray_reason(spec, environ={"GOLDEN_WORKER_SETUP_HOOK": other})
-    megatron = {**spec, "policy": {**spec["policy"], "backend": "megatron"}}
+    megatron = as_workload({**spec, "policy": {**spec["policy"], "backend": "megatron"}})
     assert "megatron" in cold_reason(megatron, environ={})
     assert private_ray_reason(megatron, environ={}) is None  # fresh processes, shared Ray
     # fresh processes would not run the hook: a private Ray applies it to every worker
     assert "megatron" in private_ray_reason(megatron, environ=mutation)
     assert "GOLDEN_WORKER_ENV" in private_ray_reason(spec, environ={**mutation, "GOLDEN_WORKER_ENV": "auto"})
-    cuda = {**spec, "platform": {**spec["platform"], "device": "cuda"}}
+    cuda = as_workload({**spec, "platform": {**spec["platform"], "device": "cuda"}})
     assert "cuda" in private_ray_reason(cuda, environ={})
 
 

@@ -26,6 +26,7 @@ from harness.capture.receipt import build_receipt
 from harness.capture.records import CaptureValidationError
 from harness.capture.sink import CaptureSink, capture_config_from_spec
 from harness.dataplane.store import DataPlaneStore
+from harness.spec.typed import as_workload
 
 EOS, IM_START, NL, THINK, ENDTHINK = 2, 1, 3, 8, 9
 ROLE = {"system": 4, "user": 5, "assistant": 6, "tool": 7}
@@ -311,7 +312,7 @@ def test_sink_errors_and_failure_paths(stores):
                        ({**cfg, "nope": 1}, "unknown key 'nope'"), ({**cfg, "fail_stage_rate": 2}, "fail_stage_rate")]:
         with pytest.raises(ValueError, match=match):
             CaptureSink.from_config(bad)
-    spec = {"seed": 7, "capture": {"enabled": True, "fail_stage_rate": 0.1}}
+    spec = as_workload({"seed": 7, "capture": {"enabled": True, "fail_stage_rate": 0.1}})
     assert capture_config_from_spec(spec, "/run") == {"ledger_path": "/run/ledger.sqlite", "fail_stage_rate": 0.1,
                                                        "seed": 7, "dataplane_path": "/run/dataplane.sqlite"}
     sink.close()

@@ -7,17 +7,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.model.config import ModelConfig
 from harness.parallel.context import gathered_positions, zigzag_positions
 from harness.parallel.groups import layout_from_spec, stage_layers, validate_policy_layout
+from harness.spec.typed import as_workload
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = {"experts": 8, "heads": 8, "kv_heads": 2, "vocab": 256, "layers": 4}
+MODEL = as_workload({"model": {**ModelConfig().to_dict(), "experts": 8, "heads": 8, "kv_heads": 2, "vocab": 256,
+                                "layers": 4}}).model
 
 
 def _policy(**kw):
     p = dict(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, sp=True, seq_len=64, pp_layout=None)
     p.update(kw)
-    return p
+    return as_workload({"policy": p}).policy
 
 
 def test_layout_a_matches_megatron_groups():
@@ -40,7 +43,7 @@ def test_planner_and_local_rule_agree():
     from harness.spec import load_spec, plan
 
     spec = load_spec(str(REPO / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml"))
-    local = layout_from_topology(plan(spec), spec["policy"])  # raises on disagreement
+    local = layout_from_topology(plan(spec), spec.policy)  # raises on disagreement
     assert local.world == 8
 
 

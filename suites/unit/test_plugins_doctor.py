@@ -6,12 +6,13 @@ import sys
 
 from harness.cli import main
 from harness.plugins.environments import backend_python, check_import, worker_environments
+from harness.spec.typed import as_workload
 
-SPEC = {
+SPEC = as_workload({
     "policy": {"backend": "megatron"},
     "rollout": {"backend": "native"},
     "plugins": {"policy_profiler": "harness.profiler.trace.TracePolicyProfiler", "rollout_profiler": None},
-}
+})
 
 
 def test_worker_environments_follow_backends_and_overrides():

@@ -23,6 +23,7 @@ from harness.parity.engine import compare
 from harness.parity.render import FORMATS, render
 from harness.parity.synthetic import synthetic_manifest, synthetic_surfaces
 from harness.postflight.run import PostflightResult
+from harness.spec.typed import as_workload
 from harness.store import read_golden
 from harness.store.provenance import describe, package_versions, provenance_errors, repository_state
 from suites.run_dirs import make_run
@@ -58,6 +59,18 @@ def test_repository_state_records_commit_and_dirty_flag(consumer):
     assert repository_state(consumer / "goldens") == {"commit": head, "dirty": False, "goldens_root": "goldens"}
     (consumer / "README").write_text("changed\n")
     assert repository_state(consumer / "goldens")["dirty"] is True
+
+
+@needs_git
+def test_a_goldens_root_the_repository_ignores_is_recorded_as_none(consumer):
+    """A copy of a tree under an ignored folder (e.g. a scratch copy sent to a GPU box)
+    is not described by the surrounding repository's commit."""
+    (consumer / ".gitignore").write_text("/scratch/\n")
+    git(consumer, "add", ".gitignore")
+    git(consumer, "commit", "-qm", "ignore scratch")
+    (consumer / "scratch" / "tree" / "goldens").mkdir(parents=True)
+    assert repository_state(consumer / "scratch" / "tree" / "goldens") is None
+    assert repository_state(consumer / "goldens")["commit"] == git(consumer, "rev-parse", "HEAD")
 
 
 @needs_git
@@ -142,7 +155,7 @@ def _execution(tmp_path: Path, workload: str = "w") -> flows.Execution:
     (run / "manifest.json").write_text(json.dumps(manifest))
     spec = {"name": workload, "platform": {"platforms": ["cpu"], "device": "cpu"},
             "policy": {"backend": "native"}, "rollout": {"backend": "native"}}
-    return flows.Execution(spec, run, PostflightResult(run, "complete", [], docs), 1.0)
+    return flows.Execution(as_workload(spec), run, PostflightResult(run, "complete", [], docs), 1.0)
 
 
 @needs_git

@@ -15,6 +15,7 @@ from harness import flows
 from harness.parity.synthetic import synthetic_surfaces
 from harness.postflight.read import RunUnusable
 from harness.postflight.run import PostflightResult
+from harness.spec.typed import as_workload
 from harness.store import new_provenance, read_golden, write_golden
 from harness.store.atomic import GoldenChanged, golden_digest
 from suites.run_dirs import make_run, read_manifest, write_manifest
@@ -24,7 +25,7 @@ SPEC = {"name": "w", "platform": {"platforms": ["cpu"], "device": "cpu"},
 
 
 def execution(run_dir, docs) -> flows.Execution:
-    return flows.Execution(dict(SPEC), run_dir, PostflightResult(run_dir, "complete", [], docs), 1.0)
+    return flows.Execution(as_workload(SPEC), run_dir, PostflightResult(run_dir, "complete", [], docs), 1.0)
 
 
 @pytest.fixture
@@ -81,3 +82,27 @@ def test_compare_with_golden_validates_the_run_manifest_first(store):
     with pytest.raises(RunUnusable, match=r"#/surfaces/0/path: path '/etc/hostname' is absolute"):
         flows.compare_with_golden(execution(run, docs), "cpu", root)
     assert json.loads((run / "manifest.json").read_text())["surfaces"][0]["path"] == "/etc/hostname"
+
+
+def test_a_refresh_without_comparison_fails_when_the_golden_changed_during_its_run(store):
+    """`pytest --golden-refresh` does not compare first: it records the golden's digest
+    before the workload runs (remember_golden) and stores only over that one."""
+    tmp_path, root = store
+    docs_a, docs_b = synthetic_surfaces("w", seed=6), synthetic_surfaces("w", seed=7)
+    b = execution(make_run(tmp_path / "b", docs_b), docs_b)
+    flows.remember_golden(b, golden_digest(root, "w", "cpu"))  # read before b's workload ran
+    a = execution(make_run(tmp_path / "a", docs_a), docs_a)   # a refresh that landed meanwhile
+    flows.store_golden(a, "cpu", reason="a", goldens_root=root, command="golden refresh w", allow_replace=True)
+    with pytest.raises(GoldenChanged, match="nothing stored"):
+        flows.store_golden(b, "cpu", reason="b", goldens_root=root, command="pytest --golden-refresh",
+                           allow_replace=True)
+    assert read_golden(root, "w", "cpu").provenance["reason"] == "a"
+
+
+def test_a_refresh_without_comparison_stores_over_the_golden_it_remembered(store):
+    tmp_path, root = store
+    docs = synthetic_surfaces("w", seed=6)
+    b = execution(make_run(tmp_path / "b", docs), docs)
+    flows.remember_golden(b, golden_digest(root, "w", "cpu"))
+    flows.store_golden(b, "cpu", reason="b", goldens_root=root, command="pytest --golden-refresh", allow_replace=True)
+    assert read_golden(root, "w", "cpu").provenance["reason"] == "b"

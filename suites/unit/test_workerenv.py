@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.spec.typed import as_workload
 from harness.workerenv import declare, select, stamp
 
 PYPROJECT = """
@@ -118,7 +119,7 @@ def test_a_damaged_stamp_is_an_incomplete_build(tmp_path):
     assert stamp.inspect(tmp_path, "native").status == "incomplete"
 
 
-SPEC = {"policy": {"backend": "megatron"}, "rollout": {"backend": "native"}}
+SPEC = as_workload({"policy": {"backend": "megatron"}, "rollout": {"backend": "native"}})
 
 
 def test_selection_default_is_the_current_interpreter():
@@ -144,7 +145,7 @@ def test_selection_refuses_a_missing_environment_naming_backend_and_command(tmp_
 
 def test_actor_runtime_env_sets_py_executable_only_when_selected(tmp_path, monkeypatch):
     _fake_env(tmp_path, "native")
-    spec = {"policy": {"backend": "native"}, "rollout": {"backend": "native"}}
+    spec = as_workload({"policy": {"backend": "native"}, "rollout": {"backend": "native"}})
     monkeypatch.delenv("GOLDEN_WORKER_ENV", raising=False)
     assert select.actor_runtime_env("policy", spec, {"A": "1"}) == {"env_vars": {"A": "1"}}
     monkeypatch.setenv("GOLDEN_WORKER_ENV", str(tmp_path))

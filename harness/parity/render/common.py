@@ -8,6 +8,7 @@ its own way (terminal ``>>x<<``, Markdown bold, HTML ``<mark>``).
 
 from __future__ import annotations
 
+import html
 import json
 from typing import Any
 
@@ -20,6 +21,11 @@ WINDOW_ITEMS = 12   # lists longer than this are shown as a window around the di
 WINDOW_RADIUS = 3
 
 Segments = list[tuple[str, bool]]   # (text, marked)
+
+
+def escape_html(value: Any) -> str:
+    """Escape text for HTML element content and (double-quoted) attribute values."""
+    return html.escape(str(value), quote=True)
 
 
 def text_of(value: Any) -> str:

@@ -9,12 +9,12 @@ outlined when it holds a cause, and links to its first finding (``anchors``).
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Mapping
 
 from harness.parity.divergence import execution_point
 from harness.parity.findings import Finding, Verdict, natural_key
+from harness.parity.render.common import escape_html as _e
 
 __all__ = ["rank_step_maps", "MAP_CSS"]
 
@@ -32,10 +32,6 @@ table.rankmap td.cause{outline:3px solid #1f2328;outline-offset:-3px}
 
 _RANK = {"info": 0, "stale": 1, "fail": 2}
 _STEP_PART = re.compile(r"^step0*\d+-?")
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _column(step: int) -> str:

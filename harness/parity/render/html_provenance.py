@@ -10,11 +10,11 @@ provenance therefore show up without a change here. Everything is escaped.
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Mapping
 from typing import Any
 
+from harness.parity.render.common import escape_html as _e
 from harness.parity.render.provenance import provenance_html
 
 __all__ = ["provenance_block"]
@@ -22,10 +22,6 @@ __all__ = ["provenance_block"]
 # shown by provenance_html (describe) already; "environment" is what older goldens' versions came from
 _DESCRIBED = frozenset({"repository", "date", "reason", "versions", "environment"})
 _FIRST = ("commit", "command")
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _text(value: Any) -> str:

@@ -39,7 +39,6 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from harness import ops
-from harness.algos.loss import global_valid_counts
 from harness.devices import local_device, moved
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
@@ -48,30 +47,30 @@ from harness.policy.checkpoint import ShardedCheckpoint
 from harness.policy.common import EngineCommon
 from harness.policy.dtensor import lora as lora_mod
 from harness.policy.seeding import seed_rank
-from harness.policy.split_step import SplitTrainStep
+from harness.policy.train_step import TrainStep
+from harness.spec.typed import ModelSpec, PolicySpec
 
 
 class DTensorLayoutError(ValueError):
     pass
 
 
-def check_layout(spec: Mapping[str, Any]) -> None:
+def check_layout(policy: PolicySpec, model: ModelSpec) -> None:
     """Refuse what this backend does not run, naming the field."""
-    p, m = spec["policy"], spec["model"]
     for field in ("pp", "cp", "ep", "etp"):
-        if int(p[field]) != 1:
+        if getattr(policy, field) != 1:
             raise DTensorLayoutError(
-                f"policy.{field}={p[field]}: the dtensor backend supports {field} == 1 only "
+                f"policy.{field}={getattr(policy, field)}: the dtensor backend supports {field} == 1 only "
                 "(FSDP2 over dp and tensor parallel over tp); use policy.backend: native or megatron"
             )
-    if p.get("sp"):
+    if policy.sp:
         raise DTensorLayoutError("policy.sp: the dtensor backend has no sequence parallel; set policy.sp: false")
-    tp = int(p["tp"])
+    tp = policy.tp
     for field in ("heads", "kv_heads", "vocab"):
-        if int(m[field]) % tp:
-            raise DTensorLayoutError(f"model.{field}={m[field]} is not divisible by policy.tp={tp}")
-    if (p.get("lora") or {}).get("enabled"):
-        lora_mod.lora_config(p)
+        if getattr(model, field) % tp:
+            raise DTensorLayoutError(f"model.{field}={getattr(model, field)} is not divisible by policy.tp={tp}")
+    if policy.lora_enabled:
+        lora_mod.lora_config(policy.lora)
 
 
 def _wait(t: torch.Tensor) -> torch.Tensor:
@@ -119,34 +118,33 @@ def _touch_all_experts(module: nn.Module, _inputs: Any, output: Any) -> Any:
     return (out + zero, router_logits) if isinstance(zero, torch.Tensor) else output
 
 
-class DTensorPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
+class DTensorPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
     backend = "dtensor"
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:
-        self.spec = spec
-        self.rank = rank
-        policy = spec["policy"]
-        check_layout(spec)
-        self.cfg = ModelConfig.from_spec(spec)
-        dp, tp = int(policy["dp"]), int(policy["tp"])
+        spec = self._bind(spec, rank)
+        policy = spec.policy
+        check_layout(policy, spec.model)
+        self.cfg = ModelConfig.from_spec(spec.model)
+        dp, tp = policy.dp, policy.tp
         world = dist.get_world_size()
-        if world != dp * tp:
-            raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {dp * tp}")
-        device = spec.get("platform", {}).get("device", "cpu")
+        if world != policy.world_size:
+            raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {policy.world_size}")
+        device = spec.platform.device
         self.device = local_device(rank, device)
         self.mesh = init_device_mesh("cuda" if device == "cuda" else "cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
         self.coords = {"dp": self.mesh["dp"].get_local_rank(), "tp": self.mesh["tp"].get_local_rank(),
                        "pp": 0, "cp": 0, "ep": 0, "edp": self.mesh["dp"].get_local_rank()}
         self.tp = tp
-        seed_rank(spec["seed"], rank)
-        self.seq_len = int(policy["seq_len"])
-        self.mbs = int(policy["micro_batch_size"])
-        model = build_reference_model(self.cfg, spec["seed"])
+        seed_rank(spec.seed, rank)
+        self.seq_len = policy.seq_len
+        self.mbs = policy.micro_batch_size
+        model = build_reference_model(self.cfg, spec.seed)
         self.full_names = list(model.state_dict())
         self.full_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        self.lora = lora_mod.lora_config(policy) if (policy.get("lora") or {}).get("enabled") else None
+        self.lora = lora_mod.lora_config(policy.lora) if policy.lora_enabled else None
         if self.lora is not None:
-            lora_mod.apply_lora(model, self.lora, int(spec["seed"]), self.coords["dp"])
+            lora_mod.apply_lora(model, self.lora, spec.seed, self.coords["dp"])
         model.to(self.device)
         for layer in model.model.layers:
             layer.mlp.register_forward_hook(_touch_all_experts)
@@ -214,38 +212,6 @@ class DTensorPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         if dist.get_world_size() > 1:
             dist.all_reduce(sq)
         return float(sq.sqrt())
-
-    def _optimizer_step(self, grad_scale: float | None = None) -> float:
-        self._reduce_gradients()
-        if grad_scale is not None:
-            for _, p in self.named:
-                p.grad.mul_(grad_scale)
-        norm = self._grad_norm()
-        dp_data.clip_gradients([p for _, p in self.named], norm, self.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.steps_done += 1
-        return norm
-
-    # -- monolithic --------------------------------------------------------------------------
-
-    def train(self, batch: Mapping[str, torch.Tensor], eval_mode: bool = False) -> dict[str, float]:
-        if self._split is not None:
-            raise RuntimeError(f"policy rank {self.rank}: train() called while a split train step is open")
-        seqs, toks = global_valid_counts(batch)
-        seqs, toks = dp_data.all_reduce_counts([seqs, toks], self._dp_group)
-        self.optimizer.zero_grad(set_to_none=True)
-        if eval_mode:
-            with torch.no_grad():
-                lp = self.get_logprobs(batch)
-                per_mb = [self.loss_fn(lp[i : i + self.mbs], {k: v[i : i + self.mbs] for k, v in batch.items()},
-                                       seqs, toks)[1]
-                          for i in range(0, lp.shape[0], self.mbs)]
-            return self._combine_over_dp(per_mb)
-        per_mb = self._forward_backward(batch, seqs, toks)
-        combined = self._combine_over_dp(per_mb)
-        norm = self._optimizer_step()
-        return self._step_metrics(combined, norm, seqs, toks)
 
     @property
     def split_dp_group(self):

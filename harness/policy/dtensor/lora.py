@@ -23,14 +23,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.spec.typed import LoraSpec, as_mapping
+
 SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 DEFAULTS: dict[str, Any] = {"enabled": False, "rank": 8, "alpha": 16.0, "dropout": 0.0,
                             "target_modules": list(SUPPORTED_TARGETS)}
 
 
-def lora_config(policy: Mapping[str, Any]) -> dict[str, Any]:
-    """`policy.lora` with defaults filled in; raises ValueError naming the field."""
-    cfg = {**DEFAULTS, **(policy.get("lora") or {})}
+def lora_config(lora: LoraSpec | None) -> dict[str, Any]:
+    """`policy.lora` (the typed block; None: absent) with defaults filled in; raises
+    ValueError naming the field."""
+    cfg = {**DEFAULTS, **(as_mapping(lora) if lora is not None else {})}
     bad = [t for t in cfg["target_modules"] if t not in SUPPORTED_TARGETS]
     if bad:
         raise ValueError(f"policy.lora.target_modules: {bad} not supported by the dtensor backend "

@@ -30,9 +30,6 @@ import torch
 import torch.distributed as dist
 
 from harness import ops
-from harness.algos.loss import (
-    global_valid_counts,
-)
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
@@ -48,8 +45,8 @@ from harness.policy.megatron.model import (
     is_tp_sharded,
 )
 from harness.policy.seeding import seed_rank
-from harness.policy.split_step import SplitTrainStep
-from harness.spec.typed import as_mapping, as_workload
+from harness.policy.train_step import TrainStep
+from harness.spec.typed import as_workload
 
 
 class MegatronLayoutError(ValueError):
@@ -77,7 +74,7 @@ def check_layout(spec: Mapping[str, Any]) -> None:
         )
 
 
-class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
+class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
     backend = "megatron"
     DEVICE_STATE_DICT = True  # hf_state_dict(on_device=True) in a 1-rank world: the CUDA IPC refit source
 
@@ -122,7 +119,7 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         pp, stage = policy.pp, self.coords["pp"]
         self.stage_layers = stage_layers(self.cfg.layers, pp, policy.pp_layout)[stage]
         self.model = build_gpt_model(
-            self.cfg, as_mapping(policy), self.device, pre_process=stage == 0, post_process=stage == pp - 1
+            self.cfg, policy, self.device, pre_process=stage == 0, post_process=stage == pp - 1
         )
         built = len(self.model.decoder.layers)
         first = self.model.decoder.layers[0].layer_number - 1 if built else self.stage_layers.start
@@ -238,40 +235,6 @@ class MegatronPolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         if dist.get_world_size() > 1:
             dist.all_reduce(sq)
         return float(sq.sqrt())
-
-    def _optimizer_step(self, grad_scale: float | None = None) -> float:
-        self._reduce_gradients()
-        if grad_scale is not None:
-            for _, p in self.named:
-                p.grad.mul_(grad_scale)
-        norm = self._grad_norm()
-        dp_data.clip_gradients([p for _, p in self.named], norm, self.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.steps_done += 1
-        return norm
-
-    # -- monolithic -------------------------------------------------------------------------
-
-    def train(self, batch: Mapping[str, torch.Tensor], eval_mode: bool = False) -> dict[str, float]:
-        if self._split is not None:
-            raise RuntimeError(f"policy rank {self.rank}: train() called while a split train step is open")
-        seqs, toks = global_valid_counts(batch)
-        seqs, toks = dp_data.all_reduce_counts([seqs, toks], self._dp_group)
-        self.optimizer.zero_grad(set_to_none=True)
-        if eval_mode:
-            with torch.no_grad():
-                lp = self.get_logprobs(batch)
-                if not self.is_last:
-                    return {}
-                per_mb = [self.loss_fn(lp[i : i + self.mbs], {k: v[i : i + self.mbs] for k, v in batch.items()},
-                                       seqs, toks)[1]
-                          for i in range(0, lp.shape[0], self.mbs)]
-            return self._combine_over_dp(per_mb)
-        per_mb = self._forward_backward(batch, seqs, toks)
-        combined = self._combine_over_dp(per_mb) if self.is_last else {}
-        norm = self._optimizer_step()
-        return self._step_metrics(combined, norm, seqs, toks)
 
     @property
     def split_dp_group(self):

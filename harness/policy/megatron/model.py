@@ -35,14 +35,15 @@ from typing import Any
 import torch
 
 from harness.model.config import ModelConfig
+from harness.spec.typed import PolicySpec
 
 
-def transformer_config(cfg: ModelConfig, policy: Mapping[str, Any], device: str):
+def transformer_config(cfg: ModelConfig, policy: PolicySpec, device: str):
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dtype = cfg.torch_dtype()
-    tp = int(policy["tp"])
+    tp = policy.tp
     kw: dict[str, Any] = {
         "num_layers": cfg.layers,
         "hidden_size": cfg.hidden,
@@ -69,11 +70,11 @@ def transformer_config(cfg: ModelConfig, policy: Mapping[str, Any], device: str)
         "moe_grouped_gemm": False,
         "moe_token_dispatcher_type": "alltoall",
         "tensor_model_parallel_size": tp,
-        "pipeline_model_parallel_size": int(policy["pp"]),
-        "expert_model_parallel_size": int(policy["ep"]),
-        "expert_tensor_parallel_size": int(policy["etp"]),
-        "context_parallel_size": int(policy["cp"]),
-        "sequence_parallel": tp > 1 and bool(policy["sp"]),
+        "pipeline_model_parallel_size": policy.pp,
+        "expert_model_parallel_size": policy.ep,
+        "expert_tensor_parallel_size": policy.etp,
+        "context_parallel_size": policy.cp,
+        "sequence_parallel": tp > 1 and policy.sp,
         "params_dtype": dtype,
         "pipeline_dtype": dtype,
         "bf16": dtype == torch.bfloat16,
@@ -96,15 +97,15 @@ def transformer_config(cfg: ModelConfig, policy: Mapping[str, Any], device: str)
         "batch_p2p_comm": False,
         "batch_p2p_sync": False,
     }
-    layout = policy.get("pp_layout")
-    if int(policy["pp"]) > 1 and layout is not None:
+    layout = policy.pp_layout
+    if policy.pp > 1 and layout is not None:
         # harness pp_layout = [first, last]; the middle stages split the rest evenly
         kw["num_layers_in_first_pipeline_stage"] = int(layout[0])
         kw["num_layers_in_last_pipeline_stage"] = int(layout[1])
     return TransformerConfig(**kw)
 
 
-def build_gpt_model(cfg: ModelConfig, policy: Mapping[str, Any], device: str, *, pre_process: bool, post_process: bool):
+def build_gpt_model(cfg: ModelConfig, policy: PolicySpec, device: str, *, pre_process: bool, post_process: bool):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 

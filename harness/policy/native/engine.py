@@ -12,7 +12,9 @@ Train contract (NeMo RL):
 - the loss of each microbatch is normalised by *global* valid sequence/token
   counts (summed over microbatches and DP ranks), so gradients add up to the
   whole-batch gradient; gradients are then summed over DP (`parallel.data`),
-  clipped by the global norm (reported pre-clip as `grad_norm`);
+  clipped by the global norm (reported pre-clip as `grad_norm`); the step and
+  `train` itself are every backend's (`train_step.py`), this module gives it the
+  gradient reduction and norm over its own process groups;
 - split API state machine (`split_step.py`): one open step per worker;
   `begin_train_step` while open -> RuntimeError("a train step is already open ...");
   `train_microbatch` / `finish_train_step` without an open step ->
@@ -33,7 +35,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.algos.loss import global_valid_counts
 from harness.devices import local_device, moved
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
@@ -50,14 +51,14 @@ from harness.policy.checkpoint import ShardedCheckpoint
 from harness.policy.common import EngineCommon
 from harness.policy.native.parallel_model import ParallelQwen3Moe
 from harness.policy.seeding import seed_rank
-from harness.policy.split_step import SplitTrainStep
+from harness.policy.train_step import TrainStep
 
 
 def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone() if t.device.type == "cpu" else t.cpu()
 
 
-class NativePolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
+class NativePolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
     backend = "native"
     DEVICE_STATE_DICT = True  # hf_state_dict(on_device=True): the refit source for CUDA IPC staging
     MASTER_WEIGHTS = True  # model.dtype bfloat16/float16: AdamW over fp32 masters (policy.master_weights)
@@ -120,46 +121,13 @@ class NativePolicyEngine(EngineCommon, SplitTrainStep, ShardedCheckpoint):
         run_pipeline(info, len(mbs), stage_forward, backward=True)
         return metrics
 
-    def _optimizer_step(self, grad_scale: float | None = None) -> float:
+    # -- gradients (TrainStep's optimizer step) -------------------------------------
+
+    def _reduce_gradients(self) -> None:
         dp_data.reduce_gradients(self.named, self.kinds, self.groups)
-        if grad_scale is not None:
-            for _, p in self.named:
-                p.grad.mul_(grad_scale)
-        norm = dp_data.global_grad_norm(self.named, self.kinds, self.coords)
-        dp_data.clip_gradients([p for _, p in self.named], norm, self.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.steps_done += 1
-        return norm
 
-    # -- monolithic ---------------------------------------------------------------
-
-    def train(self, batch: Mapping[str, torch.Tensor], eval_mode: bool = False) -> dict[str, float]:
-        """One optimizer step over this rank's DP shard of a global batch.
-        With `eval_mode` the loss is computed but no step is taken."""
-        if self._split is not None:
-            raise RuntimeError(f"policy rank {self.rank}: train() called while a split train step is open")
-        seqs, toks = global_valid_counts(batch)
-        seqs, toks = dp_data.all_reduce_counts([seqs, toks], self.groups["dp"])
-        self.optimizer.zero_grad(set_to_none=True)
-        if eval_mode:
-            with torch.no_grad():
-                per_mb = self._eval_losses(batch, seqs, toks)
-            return self._combine_over_dp(per_mb) if self.is_last else {}
-        per_mb = self._forward_backward(batch, seqs, toks)
-        combined = self._combine_over_dp(per_mb) if self.is_last else {}
-        norm = self._optimizer_step()
-        return self._step_metrics(combined, norm, seqs, toks)
-
-    def _eval_losses(self, batch, seqs, toks) -> list[dict[str, float]]:
-        logprobs = self.get_logprobs(batch)
-        if not self.is_last:
-            return []
-        out = []
-        for i in range(0, logprobs.shape[0], self.mbs):
-            mb = {k: v[i : i + self.mbs] for k, v in batch.items()}
-            out.append(self.loss_fn(logprobs[i : i + self.mbs], mb, seqs, toks)[1])
-        return out
+    def _grad_norm(self) -> float:
+        return dp_data.global_grad_norm(self.named, self.kinds, self.coords)
 
     @property
     def split_dp_group(self):

@@ -49,6 +49,7 @@ from harness.plugins.rollout_hooks import RolloutLifecycleRPC
 from harness.rollout.vllm import profiling_worker, require_vllm, translate
 from harness.rollout.vllm.extension import CONFIG_KEY
 from harness.rollout.vllm.weights import state_dict_info, unpack_state
+from harness.spec.typed import Workload, as_workload
 
 EXTENSION_CLS = "harness.rollout.vllm.extension.HarnessVllmWorkerExtension"
 WARMUP_REQUEST = {
@@ -66,16 +67,17 @@ def resolve_worker_cls(spec: Mapping[str, Any], profiler_class_path: str | None)
     and is refused here, before the engine is created. With a profiler and
     ``tp > 1`` or an async engine the profiling worker class is substituted.
     """
-    rollout = spec["rollout"]
-    device = spec.get("platform", {}).get("device", "cpu")
+    spec = as_workload(spec)
+    rollout = spec.rollout
+    device = spec.platform.device
     ours = {profiling_worker.class_path("cpu"), profiling_worker.class_path("cuda")}
-    custom = rollout.get("worker_cls")
+    custom = rollout.worker_cls
     if custom is not None and custom not in ours:
         raise ValueError(
             f"rollout.worker_cls {custom!r} is not supported with rollout.backend: vllm "
             f"(it cannot host the in-worker rollout profiler); use null or one of {sorted(ours)}"
         )
-    internal = int(rollout["tp"]) > 1 or bool(rollout["async"])
+    internal = rollout.tp > 1 or rollout.is_async
     if profiler_class_path and internal:
         return profiling_worker.class_path(device)
     return custom
@@ -84,9 +86,10 @@ def resolve_worker_cls(spec: Mapping[str, Any], profiler_class_path: str | None)
 def engine_env(spec: Mapping[str, Any], *, in_process: bool) -> dict[str, str]:
     """Environment vLLM reads at engine creation (values already set in the environment win,
     except the multiprocessing switch, which the placement decides)."""
-    tp = int(spec["rollout"]["tp"])
+    spec = as_workload(spec)
+    tp = spec.rollout.tp
     ncpu = os.cpu_count() or 1
-    cuda = {} if spec.get("platform", {}).get("device", "cpu") != "cuda" else {
+    cuda = {} if spec.platform.device != "cuda" else {
         # on a machine whose interfaces do not route, the engine start waits forever
         # for its own address (measured on the H200 machine); loopback always works
         "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1"),
@@ -106,9 +109,10 @@ def engine_env(spec: Mapping[str, Any], *, in_process: bool) -> dict[str, str]:
 def engine_kwargs(spec: Mapping[str, Any], model_dir: str, *, worker_cls: str | None,
                   profiler_class_path: str | None, rank_prefix: int) -> dict[str, Any]:
     """``vllm.LLM`` / ``AsyncEngineArgs`` keyword arguments for the spec."""
-    rollout = spec["rollout"]
-    model = ModelConfig.from_spec(spec["model"])
-    tp = int(rollout["tp"])
+    spec = as_workload(spec)
+    rollout = spec.rollout
+    model = ModelConfig.from_spec(spec.model)
+    tp = rollout.tp
     additional: dict[str, Any] = {CONFIG_KEY: {"model": model.to_dict()}}
     if worker_cls is not None and profiler_class_path:
         additional[profiling_worker.PROFILER_CONFIG_KEY] = {"class_path": profiler_class_path,
@@ -119,11 +123,11 @@ def engine_kwargs(spec: Mapping[str, Any], model_dir: str, *, worker_cls: str | 
         "dtype": model.dtype,
         "enforce_eager": True,
         "max_model_len": model.max_position,
-        "max_num_seqs": int(rollout["max_batch_size"]),
-        "seed": int(spec["seed"]),
+        "max_num_seqs": rollout.max_batch_size,
+        "seed": spec.seed,
         "tensor_parallel_size": tp,
-        "pipeline_parallel_size": int(rollout.get("pp", 1)),
-        "enable_expert_parallel": int(rollout.get("ep", 1)) > 1,
+        "pipeline_parallel_size": rollout.pp,
+        "enable_expert_parallel": rollout.ep > 1,
         "distributed_executor_backend": "uni" if tp == 1 else "mp",
         "enable_prefix_caching": False,
         "logprobs_mode": "processed_logprobs",
@@ -131,7 +135,7 @@ def engine_kwargs(spec: Mapping[str, Any], model_dir: str, *, worker_cls: str | 
         "additional_config": additional,
         "disable_log_stats": True,
     }
-    if spec.get("platform", {}).get("device", "cpu") == "cuda":
+    if spec.platform.device == "cuda":
         kw.update(cuda_memory_kwargs())
     if worker_cls is not None:
         kw["worker_cls"] = worker_cls
@@ -171,12 +175,13 @@ def cuda_memory_kwargs() -> dict[str, Any]:
     }
 
 
-def write_initial_model(spec: Mapping[str, Any], directory: str) -> str:
+def write_initial_model(spec: Workload, directory: str) -> str:
     """The step-0 weights (``initial_weights(spec)``) as an HF directory."""
     from harness.rollout.engine_worker import initial_weights, resolve_eos_token_id
     from harness.rollout.vllm.hf_dir import write_hf_dir
 
-    return write_hf_dir(spec, directory, initial_weights(spec), eos_token_id=resolve_eos_token_id(spec))
+    return write_hf_dir(ModelConfig.from_spec(spec.model), directory, initial_weights(spec),
+                        eos_token_id=resolve_eos_token_id(spec))
 
 
 # -- the engine -------------------------------------------------------------------------------
@@ -208,13 +213,14 @@ class VllmEngine:
         require_vllm()
         from harness.rollout.engine_worker import resolve_eos_token_id
 
+        spec = as_workload(spec)
         os.environ.update(engine_env(spec, in_process=in_process))
-        if spec.get("platform", {}).get("device", "cpu") == "cuda":
+        if spec.platform.device == "cuda":
             os.environ.update(cold_cache_env(os.path.join(os.path.dirname(os.path.abspath(model_dir)), "jit-cache")))
-        self.model = ModelConfig.from_spec(spec["model"])
+        self.model = ModelConfig.from_spec(spec.model)
         self.eos_token_id = resolve_eos_token_id(spec)
         self.is_async = is_async
-        self.tp = int(spec["rollout"]["tp"])
+        self.tp = spec.rollout.tp
         self._lock = threading.RLock()
         kw = engine_kwargs(spec, model_dir, worker_cls=worker_cls, profiler_class_path=profiler_class_path,
                            rank_prefix=rank_prefix)
@@ -343,6 +349,7 @@ class VllmEngineWorker(RolloutLifecycleRPC):
         from harness.plugins.loader import load_rollout_profiler
         from harness.plugins.rollout_hooks import RolloutProfilerHooks
 
+        spec = as_workload(spec)
         worker_cls = resolve_worker_cls(spec, profiler_class_path)  # refuses custom classes
         require_vllm()
         self.spec = spec
@@ -368,7 +375,7 @@ class VllmEngineWorker(RolloutLifecycleRPC):
         return int(self.engine.rpc("harness_set_weight_version", {"version": int(version)})[0])
 
     def state_dict_info(self) -> dict:
-        return state_dict_info(self.spec["model"])
+        return state_dict_info(self.engine.model)
 
     def state_dict(self) -> dict:
         return unpack_state(self.engine.rpc("harness_state_dict")[0])
@@ -419,9 +426,8 @@ _ARG_NAMES = {
 class VllmEngineProcesses:
     """vLLM with its own worker processes, with the ``EngineProcesses`` surface."""
 
-    def __init__(self, engine: VllmEngine, label: str, profiled: bool, model_block: Mapping[str, Any]) -> None:
+    def __init__(self, engine: VllmEngine, label: str, profiled: bool) -> None:
         self.engine = engine
-        self.model_block = dict(model_block)
         self.label = label
         self.profiled = profiled
         self.pids = list(engine.rpc("harness_pid"))
@@ -430,15 +436,15 @@ class VllmEngineProcesses:
     def start(cls, spec: Mapping[str, Any], *, rank_prefix: int, label: str, work_dir: str,
               profiler_class_path: str | None) -> VllmEngineProcesses:
         """Create the engine (workers open their init windows in their constructors) and warm it up."""
+        spec = as_workload(spec)
         worker_cls = resolve_worker_cls(spec, profiler_class_path)  # refuses custom classes
         require_vllm()
         model_dir = write_initial_model(spec, os.path.join(work_dir, "model"))
-        engine = VllmEngine(spec, model_dir, is_async=bool(spec["rollout"]["async"]), in_process=False,
+        engine = VllmEngine(spec, model_dir, is_async=spec.rollout.is_async, in_process=False,
                             worker_cls=worker_cls, profiler_class_path=profiler_class_path, rank_prefix=rank_prefix)
         try:
             engine.generate([WARMUP_REQUEST], 0)
-            return cls(engine, label, profiled=bool(profiler_class_path) and worker_cls is not None,
-                       model_block=spec["model"])
+            return cls(engine, label, profiled=bool(profiler_class_path) and worker_cls is not None)
         except BaseException:
             engine.shutdown()
             raise
@@ -458,7 +464,7 @@ class VllmEngineProcesses:
         if method == "state_dict":  # bytes per rank: tensors do not survive vLLM's RPC codec
             return [unpack_state(b) for b in self.engine.rpc("harness_state_dict")]
         if method == "state_dict_info":  # a function of the model block, the same on every rank
-            return [state_dict_info(self.model_block) for _ in range(self.engine.tp)]
+            return [state_dict_info(self.engine.model) for _ in range(self.engine.tp)]
         if method in _LIFECYCLE:
             if not self.profiled:
                 return [None] * self.engine.tp

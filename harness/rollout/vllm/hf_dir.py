@@ -1,9 +1,9 @@
 """The engine's initial weights as a Hugging Face model directory (vLLM's input).
 
-``write_hf_dir(spec, directory, weights)`` writes ``config.json``
+``write_hf_dir(cfg, directory, weights)`` writes ``config.json``
 (``Qwen3MoeForCausalLM``, from ``ModelConfig.to_hf_dict``) and
 ``model.safetensors`` (HF parameter names, the dtype of ``model.dtype``).
-The directory is a pure function of the spec and the weights; no tokenizer
+The directory is a pure function of the model config and the weights; no tokenizer
 is written (the engine runs with ``skip_tokenizer_init=True`` on token ids).
 """
 
@@ -17,9 +17,8 @@ from typing import Any
 from harness.model.config import ModelConfig
 
 
-def hf_config(spec: Mapping[str, Any], eos_token_id: int | None) -> dict[str, Any]:
-    """``config.json`` contents for the spec's model."""
-    cfg = ModelConfig.from_spec(spec["model"])
+def hf_config(cfg: ModelConfig, eos_token_id: int | None) -> dict[str, Any]:
+    """``config.json`` contents for the model ``cfg``."""
     doc = cfg.to_hf_dict()
     doc.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", torch_dtype=cfg.dtype)
     if eos_token_id is not None:
@@ -27,7 +26,7 @@ def hf_config(spec: Mapping[str, Any], eos_token_id: int | None) -> dict[str, An
     return doc
 
 
-def write_hf_dir(spec: Mapping[str, Any], directory: str, weights: Mapping[str, Any], *,
+def write_hf_dir(cfg: ModelConfig, directory: str, weights: Mapping[str, Any], *,
                  eos_token_id: int | None = None) -> str:
     """Write ``config.json`` + ``model.safetensors`` into ``directory``; returns it.
 
@@ -38,7 +37,6 @@ def write_hf_dir(spec: Mapping[str, Any], directory: str, weights: Mapping[str, 
 
     from harness.rollout.sharding import hf_weight_shapes
 
-    cfg = ModelConfig.from_spec(spec["model"])
     expected = hf_weight_shapes(cfg)
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
@@ -49,7 +47,7 @@ def write_hf_dir(spec: Mapping[str, Any], directory: str, weights: Mapping[str, 
             raise ValueError(f"HF weight {name}: shape {tuple(weights[name].shape)}, expected {tuple(shape)}")
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(hf_config(spec, eos_token_id), f, indent=1, sort_keys=True)
+        json.dump(hf_config(cfg, eos_token_id), f, indent=1, sort_keys=True)
     dtype = cfg.torch_dtype()
     save_file({n: weights[n].detach().to(dtype).contiguous() for n in expected},
               os.path.join(directory, "model.safetensors"))

@@ -17,11 +17,12 @@ from typing import Any
 from harness.model.config import ModelConfig
 
 
-def state_dict_info(model_block: Mapping[str, Any]) -> dict:
-    """``{hf_name: (full_shape, torch dtype)}`` in model order (the native engine's ``state_dict_info``)."""
+def state_dict_info(model: ModelConfig | Mapping[str, Any]) -> dict:
+    """``{hf_name: (full_shape, torch dtype)}`` in model order (the native engine's ``state_dict_info``)
+    of a model config or a ``model`` block."""
     from harness.rollout.sharding import hf_weight_shapes
 
-    cfg = ModelConfig.from_spec(model_block)
+    cfg = model if isinstance(model, ModelConfig) else ModelConfig.from_spec(model)
     dtype = cfg.torch_dtype()
     return {name: (tuple(shape), dtype) for name, shape in hf_weight_shapes(cfg).items()}
 

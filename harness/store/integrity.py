@@ -1,0 +1,135 @@
+"""What makes a golden's files valid: the files a write stores and the checks a read makes.
+
+``golden_files`` validates a run's manifest, surfaces and provenance and returns the
+bytes of every file of the golden (what ``write_golden`` stores); ``golden_problems``
+lists, in words naming the file and JSON pointer, everything that makes stored files
+unusable for a verdict (what ``read_golden`` and ``golden lint`` refuse). No I/O:
+``harness.store.atomic`` reads and writes the directories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.docio import Limits, parse_json, short
+from harness.manifest.build import SCHEMA_VERSION
+from harness.manifest.validate import validate_manifest
+from harness.store import layout
+from harness.store.golden import GoldenStoreError
+from harness.store.provenance import provenance_errors
+from harness.surfaces.canonical import surface_file_bytes
+from harness.surfaces.digest import sha256_hex
+from harness.surfaces.portability import absolute_paths, describe
+from harness.surfaces.registry import GATED_SURFACES, SURFACES, validate_surface
+
+__all__ = ["golden_files", "golden_problems", "load_strict_bytes"]
+
+
+def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[str, Mapping[str, Any]],
+                  provenance: Mapping[str, Any], tolerances: str | None) -> dict[str, bytes]:
+    """Relative path -> bytes of every file of the golden, validated."""
+    files: dict[str, bytes] = {}
+    entries = []
+    for name in sorted(surfaces):
+        doc = surfaces[name]
+        errors = validate_surface(doc, name=name)
+        if errors:
+            pointer, message = errors[0]
+            raise GoldenStoreError(f"surface {name}: {pointer or '/'}: {message} ({len(errors)} error(s))")
+        if doc.get("workload") != workload:
+            raise GoldenStoreError(f"surface {name}: /workload is {doc.get('workload')!r}, expected {workload!r}")
+        paths = absolute_paths(doc)
+        if paths:
+            raise GoldenStoreError(describe(name, paths))
+        rel = f"{layout.SURFACES_DIR}/{name}.json"
+        files[rel] = surface_file_bytes(doc)
+        entries.append({"name": name, "path": rel, "sha256": sha256_hex(files[rel])})
+    stored = dict(manifest)
+    stored["surfaces"] = entries
+    errors = validate_manifest(stored)
+    if errors:
+        raise GoldenStoreError("manifest: " + "; ".join(str(e) for e in errors))
+    if stored["workload"]["name"] != workload:
+        raise GoldenStoreError(f"manifest: /workload/name is {stored['workload']['name']!r}, expected {workload!r}")
+    problems = provenance_errors(dict(provenance))
+    if problems:
+        raise GoldenStoreError("provenance: " + "; ".join(problems))
+    files[layout.MANIFEST] = surface_file_bytes(stored)
+    files[layout.PROVENANCE] = surface_file_bytes(dict(provenance))
+    if tolerances is not None:
+        files[layout.TOLERANCES] = tolerances.encode("utf-8")
+    return files
+
+
+def golden_problems(target: Path, manifest: Any, files: Mapping[str, bytes],
+                    surfaces: Mapping[str, Any]) -> list[str]:
+    """Everything that makes a stored golden unusable for a verdict, in words naming the
+    file (and JSON pointer): the integrity of the manifest's ``surfaces`` list
+    (``_check_integrity``), every gated surface present, every surface document
+    valid against its schema and naming its workload. ``[]`` when usable."""
+    try:
+        _check_integrity(target, manifest, files)
+    except GoldenStoreError as exc:
+        return [str(exc)]
+    problems = []
+    where = target / layout.MANIFEST
+    listed = {e.get("name") for e in manifest["surfaces"] if isinstance(e, dict)}
+    for name in GATED_SURFACES:
+        if name not in listed or name not in surfaces:
+            problems.append(f"{where}#/surfaces: gated surface {name!r} is missing (every golden stores all of "
+                            f"{', '.join(GATED_SURFACES)})")
+    for name in sorted(surfaces):
+        path = target / layout.SURFACES_DIR / f"{name}.json"
+        if name not in SURFACES:
+            problems.append(f"{path}: unknown surface {short(name, 60)!r}")
+            continue
+        errors = validate_surface(surfaces[name], name=name)
+        if errors:
+            pointer, message = errors[0]
+            problems.append(f"{path}#{pointer}: {short(message, 300)} ({len(errors)} schema error(s))")
+        elif surfaces[name].get("workload") != target.parent.name:
+            problems.append(f"{path}#/workload: {short(repr(surfaces[name].get('workload')), 80)}, expected "
+                            f"{target.parent.name!r}")
+    return problems
+
+
+def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) -> None:
+    """The stored manifest is schema v2 and its ``surfaces`` list matches the
+    surface files byte for byte (sha256): a golden edited by hand, truncated,
+    missing a surface or written by another schema version is refused here,
+    not compared (a missing surface would otherwise read as a regression)."""
+    where = target / layout.MANIFEST
+    if not isinstance(manifest, dict):
+        raise GoldenStoreError(f"{where}: not a JSON object")
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise GoldenStoreError(
+            f"{where}#/schema_version: golden has schema_version {short(repr(version), 40)}, this harness reads "
+            f"{SCHEMA_VERSION}; recapture it with: golden refresh {target.parent.name} "
+            f"--platform {target.name} --reason TEXT")
+    entries = manifest.get("surfaces")
+    if not isinstance(entries, list):
+        raise GoldenStoreError(f"{where}#/surfaces: not a list")
+    listed = set()
+    for i, entry in enumerate(entries):
+        rel = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(rel, str):
+            raise GoldenStoreError(f"{where}#/surfaces/{i}/path: missing")
+        listed.add(rel)
+        if rel not in files:
+            raise GoldenStoreError(f"{target / short(rel, 200)}: missing (listed in {where}#/surfaces/{i})")
+        if sha256_hex(files[rel]) != entry.get("sha256"):
+            raise GoldenStoreError(
+                f"{target / rel}: sha256 does not match {where}#/surfaces/{i}/sha256 "
+                "(the file was changed after capture; goldens change only through golden capture/refresh)")
+    for rel in files:
+        if rel.startswith(layout.SURFACES_DIR + "/") and rel not in listed:
+            raise GoldenStoreError(f"{target / rel}: not listed in {where}#/surfaces")
+
+
+def load_strict_bytes(files: Mapping[str, bytes], rel: str, base: Path, limits: Limits | None = None) -> Any:
+    if rel not in files:
+        raise GoldenStoreError(f"{base / rel}: missing")
+    return parse_json(files[rel], source=str(base / rel), limits=limits)
