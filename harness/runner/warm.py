@@ -16,6 +16,14 @@ so one per xdist worker) keeps, between consecutive workloads of that process:
   ``release`` them after every one retired cleanly. A process whose workload
   failed in any way is killed, never pooled.
 
+Every worker the runtime's Ray starts for a pool, and every fresh policy or
+rollout worker of a workload that is not pooled, forks from the runtime's
+*zygote* (``harness.runner.zygote``, started with Ray, torch and the worker
+modules imported, never ray) when :func:`zygote_runtime_env` allows it: its
+start-up environment holds only the runner's own variables. A forked worker
+is what a fresh interpreter is to a workload (``suites/integration/test_zygote.py``);
+it costs a fork instead of a torch import. ``GOLDEN_ZYGOTE=0`` turns it off.
+
 What is not pooled: the data-plane actor, internal rollout engine processes
 (``rollout.tp > 1`` or async) and rendezvous stores (all per workload), and
 whole workloads that :func:`cold_reason` names. The megatron policy backend

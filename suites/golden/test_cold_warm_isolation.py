@@ -9,7 +9,8 @@ first run starts the processes), and checks for each run:
 * every gated surface file is byte-identical to the stored golden (a cold
   capture), and so to the other run of the same workload;
 * the second workload of each order really reused processes of the first
-  (the pool's counters and the workers' pids).
+  (the pool's counters and the workers' pids), and the first one's policy and
+  rollout processes were forked by the runtime's zygote (``harness.runner.zygote``).
 
 A planted regression (``harness.mutations.WARM_SAFE``, run warm) must leave
 nothing behind: the smoke golden with ``extra_operator`` planted through the
@@ -19,17 +20,22 @@ byte-identical to the cold golden.
 
 The other CPU goldens are proven warm by ``pytest -m golden`` itself: this file
 sorts before ``test_goldens.py``, whose workloads then all run in processes
-used before (the megatron golden runs in fresh processes by design: ``warm.cold_reason``).
+used before (the megatron and dtensor goldens run in fresh processes by design,
+``warm.cold_reason``, forked from the same zygote after other workloads ran);
+``benches/warm_isolation.py`` runs every CPU golden warm in both orders.
 The cold side is the goldens, captured cold; no workload runs a second time
 cold here, so the gate's time does not double.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harness import flows
 from harness.pytest_plugin import GATED_SURFACES
+from harness.runner.warm import ZYGOTE_ENV
 from harness.spec.load import default_goldens_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.golden]
@@ -48,6 +54,11 @@ class PidRecorder:
 
     def detail(self, what: str, records: list[dict]) -> None:
         self.pids[what] = [r.get("pid", r.get("actor_pid")) for r in records]
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
 
 
 def _run(golden, workload: str, tmp_path_factory) -> tuple[flows.Execution, PidRecorder]:
@@ -72,6 +83,10 @@ def test_warm_run_equals_cold_golden(golden, order, tmp_path_factory):
     runtime = golden.warm_runtime()
     first, first_rec = _run(golden, order[0], tmp_path_factory)
     _assert_golden_bytes(first, f"{order[0]} in fresh processes")
+    if os.environ.get(ZYGOTE_ENV, "1").strip() != "0":  # the pooled processes were forked by the zygote
+        zygote_pid = runtime._zygote.proc.pid
+        for what in ("policy workers", "rollout workers"):
+            assert {_ppid(p) for p in first_rec.pids[what]} == {zygote_pid}, f"{what} not forked by the zygote"
     before = runtime.stats()
     second, second_rec = _run(golden, order[1], tmp_path_factory)
     after = runtime.stats()
