@@ -14,7 +14,9 @@ sink that records when each phase of ``harness.progress`` begins (the same
 * ``policy``   spawning the policy ranks, split by the slowest rank's stamps into
   ``spawn`` (driver request -> the actor's module starts importing: Ray's
   worker boot, unless Ray had a prestarted worker with the same runtime env),
-  ``imports`` (torch and the harness in the rank), ``pg``
+  ``imports`` (torch and the harness in the rank; for a worker forked from
+  the warm runtime's zygote, ``harness.runner.zygote``, only ray and what the
+  zygote did not preload), ``pg``
   (``init_process_group`` and settle), ``engine`` (model, optimizer, seeds,
   profiler) and the rest (waiting on the slowest);
 * ``rollout``  the rollout actors (internal engine processes, engine warm-up);
