@@ -32,7 +32,7 @@ def _policy_step(backend: str, extra: tuple[str, ...]) -> dict:
 
     from harness.parallel.rendezvous import HeldStore
     from harness.policy.distributed import init_distributed
-    from harness.policy.local_world import synthetic_batch
+    from harness.policy.synthetic import synthetic_batch
     from harness.registry.policy import create_engine
     from harness.spec import load_spec
 

@@ -35,10 +35,11 @@ from harness.parallel.rendezvous import HeldStore
 from harness.plugins.policy_hooks import ABORT_REASONS, PolicyProfilerHooks
 from harness.plugins.recording import InjectedFailure, RecordingPolicyProfiler
 from harness.policy.distributed import init_distributed
-from harness.policy.local_world import synthetic_batch, with_layout
 from harness.policy.native.engine import NativePolicyEngine
 from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN
+from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
+from suites.local_world import with_layout
 
 SPEC_PATH = str(Path(__file__).resolve().parents[2] / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
 _STATE: dict = {}
