@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from harness.parallel.rendezvous import HeldStore
+from harness.parallel.rendezvous import RendezvousServer
 from harness.spec.typed import as_workload
 
 
@@ -67,7 +67,7 @@ def spawn_world(spec: Mapping[str, Any], fn: Callable[..., Any], *args: Any, tim
     world = world_size(spec)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    held = HeldStore()
+    held = RendezvousServer()
     port = held.port
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, spec, fn, args, queue)) for r in range(world)]
     for p in procs:
