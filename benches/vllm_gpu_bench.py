@@ -16,7 +16,8 @@ One run on a GPU machine (``ci/gpu``'s wheels installed), medium model of
    directory vLLM loaded): tokens and tokens/s.
 
 Token comparisons report identical requests and the first difference.
-Writes ``--out`` (JSON) and prints a summary.
+Writes ``--out`` (JSON) after every arm (a run cut off by its time limit
+keeps what it measured) and prints a summary.
 
     python3 benches/vllm_gpu_bench.py --out /tmp/vllm_gpu_bench.json
 """
@@ -108,10 +109,18 @@ def main() -> None:
     tokens: dict[str, list[list[int]]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="vllm-gpu-bench-"))
 
+    def save() -> None:  # after every arm: a run cut off by its time limit keeps what it measured
+        for arm in ("sync", "async", "hf"):
+            if arm in tokens and "native" in tokens:
+                report[f"{arm}_vs_native"] = compare(tokens["native"], tokens[arm])
+                report[arm]["speedup_vs_native"] = report[arm]["tokens_per_s"] / report["native"]["tokens_per_s"]
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+
     def record(arm: str, out) -> None:
         tokens[arm], tps, times = out
         report[arm] = {**report.get(arm, {}), "tokens_per_s": tps, "times_s": times}
         print(f"{arm:7s} {tps:9.1f} tok/s  runs {[round(x, 3) for x in times]}", flush=True)
+        save()
 
     if "native" in arms:
         record("native", _timed(native.generate, reqs, args.repeat))
@@ -134,6 +143,7 @@ def main() -> None:
         report["sync"]["trace_pids"] = _trace_pids(tmp / "sync")
         report["sync"]["pid_proof"] = (set(report["sync"]["trace_pids"].values()) == {os.getpid()}
                                        and report["sync"]["worker_pids"] == [os.getpid()])
+        save()
 
     if "async" in arms:
         os.environ.update({ROLLOUT_PROFILER_ENV: TRACE, "HARNESS_TRACE_DIR": str(tmp / "async")})
@@ -173,6 +183,7 @@ def main() -> None:
             native_after = [list(r["output_ids"]) for r in native.generate(reqs)]
             report["async_after_refit_vs_native"] = compare(native_after, after)
             report["async_after_refit_differs_from_before"] = after != tokens["async"]
+            save()
             native.load_weights(weights.items())
         finally:
             procs.call("close_profiler")
@@ -181,6 +192,7 @@ def main() -> None:
         report["async"]["pid_proof"] = (set(report["async"]["trace_pids"].values()) == set(worker_pids)
                                         and list(profiler_pids) == list(worker_pids)
                                         and os.getpid() not in worker_pids)
+        save()
 
     if "hf" in arms:
         from transformers import AutoModelForCausalLM
@@ -202,11 +214,7 @@ def main() -> None:
         record("hf", _timed(hf_generate, reqs, args.repeat))
         del model
 
-    for arm in ("sync", "async", "hf"):
-        if arm in tokens and "native" in tokens:
-            report[f"{arm}_vs_native"] = compare(tokens["native"], tokens[arm])
-            report[arm]["speedup_vs_native"] = report[arm]["tokens_per_s"] / report["native"]["tokens_per_s"]
-    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    save()
     print(json.dumps(report, indent=1, default=str))
 
 

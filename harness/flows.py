@@ -117,6 +117,18 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
+    _refuse_unplaceable(spec, topology, address)
+    run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
+    t = time.perf_counter()
+    run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
+    phase(say, "postflight")
+    result = postflight(run_dir)
+    return Execution(spec, run_dir, result, time.perf_counter() - t)
+
+
+def _refuse_unplaceable(spec: Workload, topology: dict, address: str | None) -> None:
+    """``ClusterRefused`` (exit 2), before anything starts, for a plan the Ray it would run on
+    cannot hold: a private local instance is one node; a cluster is joined and checked."""
     if address is None:
         from harness.runner.capacity import local_refusal
 
@@ -127,12 +139,6 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
         from harness.runner.cluster import preflight
 
         preflight(spec, topology, address)  # ClusterRefused (exit 2) before anything starts
-    run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
-    t = time.perf_counter()
-    run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
-    phase(say, "postflight")
-    result = postflight(run_dir)
-    return Execution(spec, run_dir, result, time.perf_counter() - t)
 
 
 def ray_address_of(spec: Workload, explicit: str | None = None) -> str | None:
@@ -142,16 +148,23 @@ def ray_address_of(spec: Workload, explicit: str | None = None) -> str | None:
     return explicit or spec.platform.ray_address or None
 
 
-def resume(run_dir: Path, *, say: Say | None = None) -> Execution:
-    """Continue a stopped run from its newest checkpoint, then postflight it."""
+def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = None) -> Execution:
+    """Continue a stopped run from its newest checkpoint, then postflight it. ``ray_address``
+    (else the run's ``platform.ray_address``): resume on that Ray cluster, checked against
+    the plan first like a new run; without one a plan of several nodes is refused
+    (``ClusterRefused``, exit 2), since a private local instance is one node."""
     import json
 
     from harness.runner.run import resume_workload
+    from harness.spec.topology import plan
 
     run_dir = Path(run_dir)
     spec = as_workload(json.loads((run_dir / "run.json").read_text())["spec"])  # the canonical dict it stored
+    address = ray_address_of(spec, ray_address)
+    topology = plan(spec).to_dict()
+    _refuse_unplaceable(spec, topology, address)
     t = time.perf_counter()
-    resume_workload(run_dir, progress=say)
+    resume_workload(run_dir, progress=say, ray_address=address)
     phase(say, "postflight")
     return Execution(spec, run_dir, postflight(run_dir), time.perf_counter() - t)
 

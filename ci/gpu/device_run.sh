@@ -5,6 +5,7 @@
 # (exit status, seconds) in $OUT/phases.log. docs/gpu.md lists the phases.
 #
 #   ci/gpu/device_run.sh env unit refit      # then: native; vllm; capture; check; before; smoke-check
+#   BENCH_VLLM_ARGS='--arms native,async,hf --repeat 1' BENCH_VLLM_TIMEOUT=150 ci/gpu/device_run.sh vllm
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source ci/gpu/install.sh || exit 2
@@ -26,6 +27,9 @@ print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__v
         unit) timeout 180 python3 -m pytest -q -p no:cacheprovider suites/unit/test_refit_cuda_ipc.py \
                   suites/unit/test_refit_zmq.py suites/unit/test_vllm_cuda_config.py \
                   suites/unit/test_decode_probe_device.py suites/unit/test_grouped_experts.py ;;
+        unit-refit) timeout 180 python3 -m pytest -q -p no:cacheprovider suites/unit/test_refit_cuda_ipc.py \
+                        suites/unit/test_refit_zmq.py suites/unit/test_refit_staging.py \
+                        suites/unit/test_vllm_cuda_config.py ;;
         native) timeout 330 python3 benches/native_gpu_bench.py --repeat 1 --per-request --profile \
                     --out "$out/native_gpu_bench.json" ;;
         capture:*) w=${phase#capture:}   # GOLDEN_REASON: the capture's --reason
@@ -36,9 +40,9 @@ print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__v
                  { [ ! -d "$keep/$w" ] || { rm -rf "goldens/$w/cuda" && cp -r "$keep/$w" "goldens/$w/cuda"; }; } \
                  && timeout 580 python3 -m harness.cli check "$w" --platform cuda --run-dir "/tmp/run-$w";
                  find "/tmp/run-$w" -name 'timings.json' -path '*surfaces*' | tar -cf "$out/run_$w.tar" -T - ;;
-        refit) timeout 300 python3 benches/refit_cuda_ipc_bench.py ;;
-        vllm) timeout 560 python3 benches/vllm_gpu_bench.py --batch 8 --new-tokens 32 --repeat 2 \
-                  --out "$out/vllm_gpu_bench.json" ;;
+        refit) timeout 300 python3 benches/refit_cuda_ipc_bench.py --floor --out "$out/refit_bench.json" ;;
+        vllm) timeout "${BENCH_VLLM_TIMEOUT:-560}" python3 benches/vllm_gpu_bench.py \
+                  ${BENCH_VLLM_ARGS:---batch 8 --new-tokens 32 --repeat 2} --out "$out/vllm_gpu_bench.json" ;;
         capture) timeout 580 python3 -m harness.cli capture $W --platform cuda \
                      --reason "first capture on one H200: official vLLM 0.26.0 async engine, CUDA IPC refit (issue 24)" \
                  && rm -rf "$keep/$W" && cp -r goldens/$W/cuda "$keep/$W" \

@@ -1,7 +1,8 @@
 """``golden run WORKLOAD [key=value ...]``: run a workload and postflight it.
 
-``golden run --resume RUN_DIR`` continues a stopped run from its newest
-checkpoint (written every ``grpo.checkpoint_every`` steps).
+``golden run --resume RUN_DIR [--ray-address ADDR]`` continues a stopped run from its
+newest checkpoint (written every ``grpo.checkpoint_every`` steps), on that Ray cluster
+(else the run's ``platform.ray_address``, else a private local instance).
 
 Exit 0 when the run completes (its directory is printed on stdout), 2 for
 unusable input (spec, a non-empty --run-dir), 3 when the run does not
@@ -36,11 +37,12 @@ def run(args: argparse.Namespace) -> int:
             print("golden run --resume takes no workload or overrides (the run's own spec is used)", file=sys.stderr)
             return EXIT_USAGE
         from harness import flows
+        from harness.spec.errors import SpecError
 
         try:
             with progress(args) as say:
-                execution = flows.resume(args.resume, say=say)
-        except FileNotFoundError as exc:
+                execution = flows.resume(args.resume, say=say, ray_address=getattr(args, "ray_address", None))
+        except (FileNotFoundError, SpecError) as exc:  # SpecError: ClusterRefused, checked before anything starts
             print(f"golden run --resume: {exc}", file=sys.stderr)
             return EXIT_USAGE
         execution, code = report_execution(args, execution)

@@ -1,5 +1,8 @@
 """The teacher policy group of a distillation workload: logits of the student's batches into IPC buffers.
 
+Its ranks are placed from the plan like the student's (``placement``: the bundles of
+the teacher's planned slots; ``placement.json`` lists them as role ``teacher``).
+
 The teacher is a second Qwen3-MoE (``harness.spec.distill.teacher_spec``: its
 own seed, model fields and layout, native backend, ``pp = cp = 1``) in a gloo
 world of its own: :class:`TeacherGroup` is a ``PolicyGroup`` whose actors are
@@ -134,11 +137,14 @@ class TeacherGroup(PolicyGroup):
     role = TEACHER_ROLE
 
     def __init__(self, spec: Mapping[str, Any], topology: Any, run_dir: str, *,
-                 env_vars: Mapping[str, str] | None = None) -> None:
+                 env_vars: Mapping[str, str] | None = None, placement: Any = None) -> None:
+        """``placement``: the run's ``harness.runner.placement.Placement``; each teacher rank
+        is pinned to the bundle of its planned slot (``topology.teacher``), like a policy rank."""
         if getattr(topology, "teacher", None) is None:
             raise ValueError("topology has no teacher layout (is the distill: block missing?)")
         env = {**(env_vars or {}), ROLE_ENV: TEACHER_ROLE}
-        super().__init__(as_workload(teacher_spec(spec)), TeacherTopology(topology.teacher), run_dir, env_vars=env)
+        super().__init__(as_workload(teacher_spec(spec)), TeacherTopology(topology.teacher), run_dir, env_vars=env,
+                         placement=placement)
 
     def logits_refs(self, batch: Mapping[str, torch.Tensor]) -> list[dict[str, list]]:
         """Per global sample, the refs of its logits on every TP rank of its teacher DP rank."""

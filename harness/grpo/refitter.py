@@ -3,7 +3,9 @@
 Transport (``rollout.refit.transport``): ``zmq`` for colocated engines (policy
 rank 0 binds one REQ socket per engine TP rank, each engine rank connects a
 REP socket; two ping-pong buffers, COMPLETE/ACK; on ``platform.device: cuda``
-the buffers are GPU memory sent as CUDA IPC handles), ``broadcast`` for separate
+the buffers are GPU memory sent as CUDA IPC handles; an engine planned on another node
+than policy rank 0 gets ``tcp://`` endpoints that rank 0 binds on its node's address,
+and the bytes travel in the messages, ``harness.refit.tcp_stream``), ``broadcast`` for separate
 engines (a side process group of policy rank 0 + every engine rank that never
 touches the default world); ``auto`` picks by placement. After a refit every
 engine reports the same new weight version, or the step fails.
@@ -20,6 +22,7 @@ down) stops serving the store, last.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -33,6 +36,7 @@ from harness.spec.topology import Topology, plan
 from harness.spec.typed import RolloutSpec, as_workload
 
 STAGING_ENV = "HARNESS_REFIT_STAGING"
+ENDPOINTS_FILE = "refit_endpoints.json"
 
 
 def choose_transport(rollout: RolloutSpec) -> str:
@@ -66,15 +70,22 @@ class Refitter:
             if len(engines) != len(workers):
                 raise ValueError(f"{len(workers)} rollout workers for a topology of {len(engines)} engines")
             self.prefixes = [engine.rank_prefix for engine in engines]
+            from harness.runner.capacity import cross_node_engines
+
+            self.cross_node = set(cross_node_engines((topology if topology is not None else plan(spec)).to_dict()))
             self._side_world = 1 + sum(len(engine.ranks) for engine in engines)  # policy rank 0 + every engine rank
         else:
             self.prefixes = []
+            self.cross_node = set()
             self._side_world = 1
         self.history: list[dict] = []
         self._store = None  # RendezvousServer of the broadcast side group (first broadcast refit .. close)
         self._side: dict | None = None  # the side group's signature, the same for every refit
         self._closed = False
         self.store_host: str | None = None  # the side group's store address (None: loopback, one node)
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.endpoints: list[dict] | None = None  # the first zmq refit's endpoints per engine
+        self._pending_endpoints: list[dict] = []
 
     def refit(self, step: int) -> dict:
         """One refit after ``step`` (0 = initial sync). Returns {version, seconds, transport,
@@ -84,7 +95,8 @@ class Refitter:
         t = time.perf_counter()
         phases: dict[str, float] = {}
         if self.transport == "zmq":
-            versions = [self._zmq(w, phases) for w in self.workers]
+            versions = [self._zmq(i, w, phases) for i, w in enumerate(self.workers)]
+            self._record_endpoints()
         else:
             versions = self._broadcast()
         if len(set(versions)) != 1:
@@ -97,19 +109,54 @@ class Refitter:
         self.history.append(record)
         return record
 
-    def _zmq(self, worker, phases: dict[str, float]) -> int:
+    def _zmq(self, index: int, worker, phases: dict[str, float]) -> int:
         addresses = ray.get(worker.refit_addresses.remote())
+        extra = self.zmq_extra
+        sender = None
+        if index in self.cross_node:  # another node: tcp:// bound by rank 0 before the engine connects
+            from harness.refit import tcp_stream
+            from harness.refit.zmq_stream import DEFAULT_TIMEOUT_MS
+
+            sender = self.policy.workers[0]
+            addresses = ray.get(sender.__ray_call__.remote(tcp_stream.bind_in_actor, len(addresses),
+                                                           DEFAULT_TIMEOUT_MS))
+            extra = {}  # the bytes travel in the messages: no shared (host or CUDA IPC) staging
+        if self.endpoints is None:
+            self._pending_endpoints.append({"engine": index, "addresses": list(addresses)})
         receiving = worker.receive_weights.remote("zmq", addresses=addresses)
         try:
             for address in addresses:
                 stats = self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size,
-                                                   **self.zmq_extra)
+                                                   **extra)
                 for key, value in (getattr(stats, "seconds", None) or {}).items():
                     phases[key] = phases.get(key, 0.0) + float(value)
         except BaseException:
             ray.cancel(receiving, force=False)
+            if sender is not None:  # sockets bound for a stream that did not run
+                from harness.refit import tcp_stream
+
+                try:
+                    ray.get(sender.__ray_call__.remote(tcp_stream.close_in_actor), timeout=30)
+                except Exception:  # noqa: BLE001 - the stream's own error is the one to report
+                    pass
             raise
         return ray.get(receiving)
+
+    def _record_endpoints(self) -> None:
+        """After the first zmq refit: ``RUN_DIR/refit_endpoints.json`` lists each engine's
+        endpoints (``ipc://`` on policy rank 0's node, ``tcp://HOST:PORT`` on another; an
+        artifact, like ``placement.json``, never a surface)."""
+        if self.endpoints is not None:
+            return
+        self.endpoints, self._pending_endpoints = self._pending_endpoints, []
+        if self.run_dir is None:
+            return
+        doc = {"version": 1, "engines": [{**e, "scheme": e["addresses"][0].split("://")[0] if e["addresses"] else None,
+                                          "cross_node": e["engine"] in self.cross_node} for e in self.endpoints]}
+        path = self.run_dir / ENDPOINTS_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
 
     def side_group(self) -> dict:
         """The session's side-group signature (host, port, world_size, prefix); starts

@@ -56,7 +56,9 @@ def placement_problems(topology: dict, doc: object) -> list[str]:
         except (KeyError, TypeError, ValueError):
             return [f"{PLACEMENT_FILE}: a rank record without role/rank: {str(rec)[:80]}"]
     problems = []
-    for role in ("policy", "rollout"):
+    for role in ("policy", "rollout", "teacher"):
+        if role == "teacher" and not topology.get("teacher"):
+            continue  # a distillation workload's teacher ranks only
         for info in topology[role]["ranks"]:
             rec = seen.get((role, info["rank"]))
             if rec is None:

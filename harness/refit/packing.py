@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from harness.refit.buckets import calculate_aligned_size, tensor_nbytes
+from harness.refit.buckets import ALIGNMENT_BYTES, calculate_aligned_size, tensor_nbytes
 
 TensorInfo = tuple[tuple[int, ...], torch.dtype]
 """``(shape, dtype)`` of a full (unsharded) tensor, as in ``state_dict_info``."""
@@ -31,20 +31,27 @@ def info_nbytes(info: TensorInfo) -> int:
     numel = 1
     for dim in shape:
         numel *= int(dim)
-    return numel * torch.empty((), dtype=dtype).element_size()
+    return numel * dtype.itemsize
 
 
-def pack_into(buffer: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
+def pack_into(buffer: torch.Tensor, tensors: Sequence[torch.Tensor], *, batched: bool | None = None) -> int:
     """Byte-copy ``tensors`` into ``buffer`` (1-D ``uint8``); return ``used_bytes``.
 
     Non-contiguous inputs are fine (they are made contiguous for the copy).
-    Raises ValueError when the group does not fit.
+    Raises ValueError when the group does not fit. ``batched`` (default: when
+    ``buffer`` is on a GPU) issues the copies as one ``torch._foreach_copy_``
+    per dtype over typed views of the buffer instead of one ``copy_`` per
+    tensor: the same bytes at the same offsets, a few kernel launches instead
+    of one per tensor (the GPU refit's cost was the launches, not bandwidth).
+    A host buffer keeps the per-tensor loop unless asked.
     """
     if buffer.dtype != torch.uint8 or buffer.dim() != 1:
         raise ValueError("pack buffer must be a 1-D uint8 tensor")
     need = packed_size(tensors)
     if need > buffer.numel():
         raise ValueError(f"group needs {need} bytes but the buffer holds {buffer.numel()}")
+    if batched if batched is not None else buffer.device.type == "cuda":
+        return _pack_batched(buffer, tensors)
     offset = 0
     for tensor in tensors:
         nbytes = tensor_nbytes(tensor)
@@ -53,6 +60,47 @@ def pack_into(buffer: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
             buffer[offset : offset + nbytes].copy_(flat)
         offset += calculate_aligned_size(nbytes)
     return offset
+
+
+def _pack_batched(buffer: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
+    """``pack_into``'s layout with one ``_foreach_copy_`` per dtype (offsets are
+    512-byte aligned, so a slice of the buffer views as any dtype)."""
+    sized = [(t, tensor_nbytes(t)) for t in tensors]
+    slots = [(nbytes, calculate_aligned_size(nbytes)) for _, nbytes in sized]
+    used = sum(aligned for _, aligned in slots)
+    pairs: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    dtypes = {t.dtype for t in tensors}
+    views = _slot_views(buffer, slots, dtypes.pop()) if len(dtypes) == 1 else None
+    if views is not None:  # one dtype: every destination view from one split
+        pairs[tensors[0].dtype] = ([v for v, (_, n) in zip(views, sized) if n],
+                                   [t.reshape(-1) for t, n in sized if n])
+    else:
+        if buffer.storage_offset() % ALIGNMENT_BYTES:  # typed views need an aligned start: bytes then
+            sized = [(t.detach().contiguous().reshape(-1).view(torch.uint8), n) for t, n in sized]
+        offset = 0
+        for (tensor, nbytes), (_, aligned) in zip(sized, slots):
+            if nbytes:
+                dst, src = pairs.setdefault(tensor.dtype, ([], []))
+                dst.append(buffer[offset : offset + nbytes].view(tensor.dtype))
+                src.append(tensor.reshape(-1))
+            offset += aligned
+    with torch.no_grad():  # parameters may require grad; the staging copy is no autograd op
+        for dst, src in pairs.values():
+            torch._foreach_copy_(dst, src)
+    return used
+
+
+def _slot_views(buffer: torch.Tensor, slots: Sequence[tuple[int, int]],
+                dtype: torch.dtype) -> list[torch.Tensor] | None:
+    """Flat ``dtype`` views of consecutive slots ``(nbytes, aligned_nbytes)`` from byte 0 of
+    ``buffer``, made by one ``split_with_sizes`` (not one slice and view per tensor);
+    None when the buffer's start is not aligned or the slots run past its end."""
+    end = sum(aligned for _, aligned in slots)
+    if buffer.storage_offset() % ALIGNMENT_BYTES or end > buffer.numel():
+        return None
+    size = dtype.itemsize
+    sizes = [part for nbytes, aligned in slots for part in (nbytes // size, (aligned - nbytes) // size)]
+    return list(buffer[:end].view(dtype).split_with_sizes(sizes)[0::2])
 
 
 def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -67,15 +115,19 @@ def unpack_views(
     names: Sequence[str],
     state_dict_info: Mapping[str, TensorInfo],
     used_bytes: int | None = None,
+    *,
+    split: bool | None = None,
 ) -> list[tuple[str, torch.Tensor]]:
     """Rebuild ``(name, view)`` pairs from a packed buffer.
 
     The views alias ``buffer``; copy them before the buffer is reused. When
     ``used_bytes`` is given, the offsets implied by the metadata must end
     exactly there (a mismatch means sender and receiver disagree on shapes or
-    dtypes) and a RuntimeError names the group's first tensor.
+    dtypes) and a RuntimeError names the group's first tensor. ``split``
+    (default: when ``buffer`` is on a GPU) builds the views of a one-dtype
+    group with one ``split_with_sizes``; the views are the same either way.
     """
-    views: list[tuple[str, torch.Tensor]] = []
+    layout: list[tuple[str, tuple[int, ...], torch.dtype, int, int]] = []  # name, shape, dtype, offset, nbytes
     offset = 0
     for name in names:
         if name not in state_dict_info:
@@ -86,8 +138,7 @@ def unpack_views(
             raise RuntimeError(
                 f"packed buffer too small for {name!r}: need {offset + nbytes} bytes, have {buffer.numel()}"
             )
-        raw = buffer[offset : offset + nbytes]
-        views.append((name, raw.view(dtype).reshape(tuple(shape))))
+        layout.append((name, tuple(shape), dtype, offset, nbytes))
         offset += calculate_aligned_size(nbytes)
     if used_bytes is not None and offset != used_bytes:
         first = names[0] if names else "<empty group>"
@@ -95,4 +146,10 @@ def unpack_views(
             f"packed group starting at {first!r}: receiver metadata implies {offset} bytes "
             f"but the sender packed {used_bytes}"
         )
-    return views
+    dtypes = {dtype for _, _, dtype, _, _ in layout}
+    if (split if split is not None else buffer.device.type == "cuda") and len(dtypes) == 1:
+        flat = _slot_views(buffer, [(n, calculate_aligned_size(n)) for *_, n in layout], dtypes.pop())
+        if flat is not None:  # one split instead of a slice and a view per tensor (GPU refit)
+            return [(name, view.view(shape)) for (name, shape, *_), view in zip(layout, flat)]
+    return [(name, buffer[start : start + nbytes].view(dtype).reshape(shape))
+            for name, shape, dtype, start, nbytes in layout]

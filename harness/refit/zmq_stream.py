@@ -20,6 +20,9 @@ Protocol (sender = policy rank, REQ, *binds*; receiver = engine rank, REP,
   from the handle and copies on the device, and each side synchronises its
   stream before it sends the handle or the ACK). The receiver opens either
   kind; it opens each CUDA buffer once per stream.
+* Across nodes (a ``tcp://`` address, ``harness.refit.tcp_stream``): the same
+  protocol with inline buffers, whose handle carries the packed bytes and their
+  digest (checked by the receiver); ``staging_device`` is not used there.
 * The receiver validates names against ``state_dict_info`` (duplicates,
   unexpected names; missing names at COMPLETE), always ACKs, and raises
   ``WeightManifestError`` after acknowledging COMPLETE if anything was wrong.
@@ -43,6 +46,7 @@ import torch
 from harness.refit.buckets import calculate_aligned_size, tensor_nbytes
 from harness.refit.packing import TensorInfo, pack_into, unpack_views
 from harness.refit.staging import CUDA_IPC, CudaStagingBuffer, StagingBuffer, open_staging
+from harness.refit.tcp_stream import INLINE, InlineStagingBuffer, is_tcp, open_inline, take_bound
 
 COMPLETE = "complete"
 """Terminator message (the reference's ``IPCProtocol.COMPLETE``)."""
@@ -97,6 +101,8 @@ def _make_socket(kind: int, address: str, timeout_ms: int, bind: bool) -> Any:
     socket.setsockopt(zmq.SNDTIMEO, timeout_ms)
     socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
     socket.setsockopt(zmq.LINGER, 0)
+    if address.startswith("tcp://["):  # an IPv6 endpoint (an engine on another node)
+        socket.setsockopt(zmq.IPV6, 1)
     if bind:
         socket.bind(address)
     else:
@@ -131,13 +137,14 @@ class _PingPongSender:
     """Sender state machine; one instance per stream."""
 
     def __init__(self, socket: Any, buffer_size_bytes: int, staging_dir: str | None,
-                 staging_device: torch.device | None = None):
+                 staging_device: torch.device | None = None, inline: bool = False):
         if buffer_size_bytes < 2:
             raise ValueError(f"buffer_size_bytes must be >= 2, got {buffer_size_bytes}")
         self.socket = socket
         self.half = buffer_size_bytes // 2
         self.staging_dir = staging_dir
         self.staging_device = staging_device  # None: host staging; a cuda device: CUDA IPC
+        self.inline = inline  # tcp:// across nodes: the bytes travel in the messages
         self.buffers: list[Any] = []
         self.current = 0
         self.awaiting_ack = False
@@ -147,6 +154,8 @@ class _PingPongSender:
         self.used = 0
 
     def _new_buffer(self, nbytes: int) -> Any:
+        if self.inline:
+            return InlineStagingBuffer.create(nbytes)
         if self.staging_device is not None:
             return CudaStagingBuffer.create(nbytes, self.staging_device)
         return StagingBuffer.create(nbytes, self.staging_dir)
@@ -164,7 +173,8 @@ class _PingPongSender:
     def _send_group(self, staging: Any, names: list[str], used: int) -> None:
         self._await_ack()
         staging.ready()  # the packed bytes are in place before the receiver may read them
-        self.socket.send_pyobj((staging.handle(), list(names), used))
+        handle = staging.inline_handle(used) if self.inline else staging.handle()
+        self.socket.send_pyobj((handle, list(names), used))
         self.awaiting_ack = True
         self.stats.groups += 1
         self.stats.packed_bytes += used
@@ -232,15 +242,23 @@ def send_weights_zmq(
     memory of that device and send CUDA IPC handles (the tensors may live on
     the GPU or the host); ``None`` or ``"cpu"``: host shared memory, as before.
     A cuda ``staging_device`` without a usable GPU is a ValueError.
+
+    A ``tcp://`` address (an engine on another node): the bytes travel in the
+    messages (``tcp_stream``; ``staging_device`` is not used); the socket is the one
+    ``tcp_stream.bind_endpoints`` bound on that address in this process, else a new
+    one bound here.
     """
-    device = _staging_device(staging_device)
+    inline = is_tcp(address)
+    device = None if inline else _staging_device(staging_device)
     own_socket = socket is None
-    if own_socket:
+    if own_socket and inline:
+        socket = take_bound(address)
+    if socket is None:
         import zmq
 
         with _translate_zmq_errors("sender", timeout_ms, address):
             socket = _make_socket(zmq.REQ, address, timeout_ms, bind=True)
-    sender = _PingPongSender(socket, buffer_size_bytes, staging_dir, device)
+    sender = _PingPongSender(socket, buffer_size_bytes, staging_dir, device, inline=inline)
     try:
         with _translate_zmq_errors("sender", timeout_ms, address):
             for name, tensor in named_tensors:
@@ -270,14 +288,17 @@ def _staging_device(staging_device: str | torch.device | None) -> torch.device |
 class _OpenedBuffers:
     """The receiver's view of the sender's staging buffers during one stream.
 
-    Host mappings are opened per group (as before); CUDA buffers are opened
-    once per stream (two ping-pong buffers: two IPC opens) and dropped at the end.
+    Host mappings and inline groups (tcp://) are opened per group (as before); CUDA
+    buffers are opened once per stream (two ping-pong buffers: two IPC opens) and
+    dropped at the end.
     """
 
     def __init__(self) -> None:
         self.cuda: dict[str, torch.Tensor] = {}
 
     def open(self, handle: dict) -> torch.Tensor:
+        if handle.get("kind") == INLINE:
+            return open_inline(handle)
         if handle.get("kind") != CUDA_IPC:
             return open_staging(handle)
         key = str(handle["id"])

@@ -18,6 +18,10 @@ Rules (each refusal is a ``ClusterRefused``, a ``SpecError`` on field
   (address, node id) order, so the mapping is deterministic for one cluster;
 * a rollout engine is one actor whose TP ranks are its own processes, so all
   ranks of an engine must be planned on one node.
+
+``cross_node_engines`` names the engines whose zmq refit goes over ``tcp://``;
+``check_distill`` refuses a distillation plan whose teacher and student are not on one
+node (the teacher's logits reach the student as same-host IPC handles).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from harness.spec.errors import SpecError
 from harness.spec.typed import as_workload
 
 FIELD = "platform.ray_address"
+WARM_ON_CLUSTER = ("warm processes live in this machine's private Ray instance and are not placed from the plan; "
+                   "a cluster run starts fresh actors in its own placement group")
 SLOT_CPU = 1.0  # logical CPUs reserved per planned device slot
 
 
@@ -86,19 +92,30 @@ def check_engines(topology: dict) -> None:
                 "so no engine straddles nodes")
 
 
-def check_refit(spec: dict, topology: dict, transport: str) -> None:
-    """ZMQ refit endpoints are ``ipc://`` (one host): every engine shares policy rank 0's node."""
-    if transport != "zmq":
+def check_distill(topology: dict) -> None:
+    """A distillation teacher's ranks and the student's (policy) ranks are planned on one node:
+    the student opens the teacher's logits buffers by shared-memory / CUDA IPC handle
+    (``harness.distill.teacher_ipc``), which another host cannot open."""
+    teacher = topology.get("teacher")
+    if not teacher:
         return
+    student = sorted({r["node"] for r in topology["policy"]["ranks"]})
+    teacher_nodes = sorted({r["node"] for r in teacher["ranks"]})
+    if len(set(student) | set(teacher_nodes)) > 1:
+        raise ClusterRefused(
+            f"the distillation teacher is planned on node(s) {teacher_nodes} and the student on {student}, but the "
+            "student reads the teacher's logits through same-host IPC handles (harness.distill.teacher_ipc), so "
+            "both must be planned on one node; raise platform.gpus_per_node to hold the student, a separate "
+            "rollout and the teacher on one node")
+
+
+def cross_node_engines(topology: dict) -> list[int]:
+    """Rollout engines planned on another node than policy rank 0 (the zmq refit sender):
+    their zmq refit runs over ``tcp://`` with the bytes in the messages
+    (``harness.refit.tcp_stream``); every other engine's over ``ipc://`` with shared memory."""
     sender = topology["policy"]["ranks"][0]["node"]
     ranks = topology["rollout"]["ranks"]
-    for engine in topology["engines"]:
-        node = ranks[engine["rank_prefix"]]["node"]
-        if node != sender:
-            raise ClusterRefused(
-                f"rollout engine {engine['engine']} is planned on node {node} but policy rank 0 (the zmq refit "
-                f"sender) on node {sender}; zmq refit runs over ipc:// within a node only (tcp:// zmq endpoints "
-                "are not built); use rollout.refit.transport: broadcast (a side process group over tcp)")
+    return [e["engine"] for e in topology["engines"] if ranks[e["rank_prefix"]]["node"] != sender]
 
 
 def assign_nodes(spec: dict, topology: dict, nodes: list[NodeView], *, driver_node: str | None,

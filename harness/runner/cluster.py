@@ -84,10 +84,7 @@ def preflight(spec: dict, topology: dict, address: str) -> None:
     """Refuse (``ClusterRefused``) a plan the cluster at ``address`` cannot hold; starts nothing
     that stays. (A private local instance is one node: ``capacity.local_refusal``.)"""
     capacity.check_engines(topology)
-    from harness.grpo.refitter import choose_transport
-    from harness.spec.typed import as_workload
-
-    capacity.check_refit(spec, topology, choose_transport(as_workload(spec).rollout))
+    capacity.check_distill(topology)
     if ray.is_initialized():
         raise capacity.ClusterRefused(f"cannot join {address}: this process is already connected to a Ray instance")
     init_ray(spec, address, log_to_driver=False)

@@ -17,7 +17,9 @@ ranks are its processes on that node). Actors keep ``num_cpus=0``: Ray still
 charges each a sliver of the bundle's own ``bundle_group_<i>_<pg>`` resource,
 which is how an actor learns the bundle it actually got (``observe``).
 
-``record(run_dir, policy_workers, rollout_workers)`` asks every actor where it
+``options("teacher", r)`` pins a distillation teacher's rank r to its planned slot.
+
+``record(run_dir, policy_workers, rollout_workers, teacher_workers)`` asks every actor where it
 runs (Ray node id, the bundle it holds, node address) and writes
 ``placement.json``: the planned-node -> Ray-node map and, per rank, planned and
 actual node and device. Postflight (``harness.postflight.placement``) refuses a
@@ -139,11 +141,15 @@ class Placement:
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
             self.pg, placement_group_bundle_index=self.bundle(role, rank))}
 
-    def record(self, run_dir: Path, policy_workers: list, rollout_workers: list) -> dict:
+    def record(self, run_dir: Path, policy_workers: list, rollout_workers: list,
+               teacher_workers: list | tuple = ()) -> dict:
         """Ask every actor where it runs and write ``placement.json`` (returned)."""
-        refs = [w.__ray_call__.remote(_where) for w in [*policy_workers, *rollout_workers]]
+        teacher_workers = list(teacher_workers)
+        refs = [w.__ray_call__.remote(_where) for w in [*policy_workers, *rollout_workers, *teacher_workers]]
         seen = ray.get(refs, timeout=READY_TIMEOUT_S)
-        policy_seen, rollout_seen = seen[:len(policy_workers)], seen[len(policy_workers):]
+        n_policy, n_rollout = len(policy_workers), len(rollout_workers)
+        policy_seen, rollout_seen = seen[:n_policy], seen[n_policy:n_policy + n_rollout]
+        teacher_seen = seen[n_policy + n_rollout:]
         by_node_id = {v.node_id: k for k, v in self.mapping.items()}
         per_node = _per_node(self.topology)
         dev_nodes = _device_nodes(self.topology)
@@ -160,6 +166,11 @@ class Placement:
         for r, info in enumerate(self.topology["policy"]["ranks"]):
             ranks.append({"role": "policy", "rank": r, "planned": {"node": info["node"], "device": info["device"]},
                           "actual": actual(policy_seen[r]), "source": "actor"})
+        if teacher_seen:
+            for r, info in enumerate(self.topology["teacher"]["ranks"]):
+                ranks.append({"role": "teacher", "rank": r,
+                              "planned": {"node": info["node"], "device": info["device"]},
+                              "actual": actual(teacher_seen[r]), "source": "actor"})
         rollout_ranks = self.topology["rollout"]["ranks"]
         for engine, where in zip(self.topology["engines"], rollout_seen):
             for k, r in enumerate(engine["ranks"]):

@@ -98,6 +98,10 @@ def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] |
     topology = plan(spec)  # validates before anything starts
     run_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     if ray_address is not None:
+        if warm is not None and progress is not None:
+            from harness.runner.capacity import WARM_ON_CLUSTER
+
+            progress(f"cold start on the Ray cluster at {ray_address}: {WARM_ON_CLUSTER}")
         warm = None
     placed = warm is None or _private_ray(spec)
     return _execute(spec, topology, run_dir, run_id, _new_run_doc(spec, topology, run_id, placed=placed), None,
@@ -111,8 +115,13 @@ def _private_ray(spec) -> bool:
     return private_ray_reason(spec) is not None
 
 
-def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = None) -> RunOutcome:
+def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = None,
+                    ray_address: str | None = None) -> RunOutcome:
     """Continue a stopped run from its newest checkpoint (``golden run --resume``).
+
+    ``ray_address``: resume on that Ray cluster (fresh actors placed from the plan, as
+    in the first segment; the run directory must be one every node sees); None: a
+    private local instance (check the cluster first with ``cluster.preflight``).
 
     The spec is the one in the run's ``run.json`` (no overrides); logs are cut
     back to the checkpoint, the data plane and ledger restored from it, and the
@@ -136,7 +145,8 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
                    resumed=[*run_doc.get("resumed", []), {"segment": segment, "after_step": state["step"]}])
     resume = (ckpt, state)
     return _execute(spec, topology, run_dir, run_doc["run_id"], run_doc, resume, progress,
-                    trace_env={"HARNESS_TRACE_SEGMENT": str(segment), "HARNESS_STEP_OFFSET": str(state["step"])})
+                    trace_env={"HARNESS_TRACE_SEGMENT": str(segment), "HARNESS_STEP_OFFSET": str(state["step"])},
+                    ray_address=ray_address)
 
 
 def _new_run_doc(spec: dict, topology, run_id: str, *, placed: bool = False) -> dict:

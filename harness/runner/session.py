@@ -163,7 +163,8 @@ class Session:
             from harness.distill.teacher import TeacherGroup
 
             phase(self.say, f"spawning {self.topology.teacher.world} teacher workers")
-            self.teacher = TeacherGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars)
+            self.teacher = TeacherGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars,
+                                        placement=self.placement)
             self._detail("teacher workers", self.teacher.ready_info)
         phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec.rollout.tp}")
         if pool is None:
@@ -188,7 +189,8 @@ class Session:
         self._detail("rollout workers", ready)
         _record_worker_pythons(self.run_dir, worker_env.selection(), worker_pythons, self.policy.ready_info, ready)
         if self.placement is not None:
-            self.placement.record(self.run_dir, self.policy.workers, self.workers)
+            self.placement.record(self.run_dir, self.policy.workers, self.workers,
+                                  teacher_workers=self.teacher.workers if self.teacher is not None else ())
         self._await_dataplane()
         self.refitter = Refitter(spec, self.policy, self.workers, self.run_dir, topology=self.topology)
         if self.placement is not None and self.placement.spans_nodes:

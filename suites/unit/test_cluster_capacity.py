@@ -16,8 +16,9 @@ from harness.runner.capacity import (
     ClusterRefused,
     NodeView,
     assign_nodes,
+    check_distill,
     check_engines,
-    check_refit,
+    cross_node_engines,
     local_refusal,
 )
 from harness.spec.load import load_spec
@@ -74,16 +75,16 @@ def test_head_node_needs_one_more_distinct_node() -> None:
     assert mapping[0].address == "10.0.0.3" and {mapping[1].address, mapping[2].address} == {"10.0.0.1", "10.0.0.2"}
 
 
-def test_engine_straddling_nodes_and_cross_node_zmq_are_refused() -> None:
-    spec, topo = _spec("platform.gpus_per_node=1", "platform.nodes=8")  # the TP2 engine spans nodes 0 and 1
+def test_engine_straddling_nodes_is_refused_and_cross_node_engines_are_named() -> None:
+    _, topo = _spec("platform.gpus_per_node=1", "platform.nodes=8")  # the TP2 engine spans nodes 0 and 1
     with pytest.raises(ClusterRefused, match=r"rollout engine 0 is planned over nodes \[0, 1\]"):
         check_engines(topo)
-    spec, topo = _spec("rollout.engines=2", "policy.tp=2")  # engine 1 on slots 2,3: still node 0
-    check_refit(spec, topo, "zmq")
-    spec, topo = _spec("rollout.colocated=false", "platform.nodes=3")  # engines after the policy: node 2
-    with pytest.raises(ClusterRefused, match=r"rollout engine 0 is planned on node 2 but policy rank 0"):
-        check_refit(spec, topo, "zmq")
-    check_refit(spec, topo, "broadcast")
+    _, topo = _spec("rollout.engines=2", "policy.tp=2")  # engine 1 on slots 2,3: still node 0 (ipc://)
+    assert cross_node_engines(topo) == []
+    _, topo = _spec("rollout.engines=4")  # engines 2, 3 on node 1, policy rank 0 on node 0: tcp://
+    assert cross_node_engines(topo) == [2, 3]
+    _, topo = _spec("rollout.colocated=false", "platform.nodes=3")  # engines after the policy: node 2
+    assert cross_node_engines(topo) == [0]
 
 
 def test_a_private_local_instance_refuses_a_plan_of_two_nodes() -> None:
@@ -136,4 +137,59 @@ def test_cli_refuses_a_two_node_plan_without_a_cluster(tmp_path, capsys) -> None
     err = capsys.readouterr().err
     assert ("golden check: platform.ray_address: the plan needs 2 nodes, but without --ray-address (or "
             "platform.ray_address) the run starts a private local Ray instance, which is one node") in err
+    assert not run_dir.exists()
+
+
+def test_cli_refuses_to_resume_a_two_node_run_without_a_cluster(tmp_path, capsys) -> None:
+    import json
+
+    from harness.cli import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    spec = load_spec(TWO_NODE)
+    (run_dir / "run.json").write_text(json.dumps({"spec": spec.to_dict(), "status": "running"}))
+    assert main(["run", "--resume", str(run_dir), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert ("golden run --resume: platform.ray_address: the plan needs 2 nodes, but without --ray-address (or "
+            "platform.ray_address) the run starts a private local Ray instance, which is one node") in err
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"  # untouched
+
+
+DISTILL = "qwen3_moe_tiny_distill"
+
+
+def test_a_distillation_teacher_on_another_node_than_the_student_is_refused() -> None:
+    one = plan(load_spec(DISTILL)).to_dict()
+    check_distill(one)  # student slots 0-1, teacher 2-3: one node
+    check_distill(_spec()[1])  # no teacher: nothing to check
+    two = plan(load_spec(DISTILL, ["platform.nodes=2", "platform.gpus_per_node=2"])).to_dict()
+    with pytest.raises(ClusterRefused, match=r"platform.ray_address: the distillation teacher is planned on "
+                                             r"node\(s\) \[1\] and the student on \[0\].*same-host IPC handles"):
+        check_distill(two)
+
+
+def test_teacher_ranks_are_checked_against_the_plan() -> None:
+    topo = plan(load_spec(DISTILL)).to_dict()
+    ranks = [{"role": role, "rank": r["rank"], "planned": {"node": r["node"], "device": r["device"]},
+              "actual": {"node": r["node"], "device": r["device"]}}
+             for role in ("policy", "rollout", "teacher") for r in topo[role]["ranks"]]
+    assert placement_problems(topo, {"ranks": ranks}) == []
+    ranks[-1]["actual"]["device"] = 0  # teacher rank 1 on the student's first slot
+    assert placement_problems(topo, {"ranks": ranks[:-2] + ranks[-1:]}) == [
+        "teacher rank 0: no placement recorded",
+        "teacher rank 1: planned node 0 device 3, actual node 0 device 0",
+    ]
+
+
+def test_cli_refuses_a_teacher_on_another_node_before_joining(tmp_path, capsys) -> None:
+    from harness.cli import main
+
+    run_dir = tmp_path / "run"
+    # the address is never probed: the plan is refused first
+    assert main(["check", DISTILL, "platform.nodes=2", "platform.gpus_per_node=2", "--ray-address", "127.0.0.1:1",
+                 "--run-dir", str(run_dir), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert ("golden check: platform.ray_address: the distillation teacher is planned on node(s) [1] and the "
+            "student on [0]") in err and "cannot join" not in err
     assert not run_dir.exists()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from harness.refit import staging, zmq_stream
-from harness.refit.packing import pack
+from harness.refit.packing import pack, pack_into, packed_size, unpack_views
 from harness.refit.zmq_stream import ACK, COMPLETE, ipc_address, receive_weights_zmq, send_weights_zmq
 
 CUDA = torch.cuda.is_available()
@@ -126,7 +126,113 @@ def test_receiver_opens_each_cuda_buffer_once_per_stream(monkeypatch):
         assert torch.equal(received[name], t), name
 
 
+def _mixed(device: str = "cpu") -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(5)
+    return [t.to(device) for t in (
+        torch.randn(5, 7, generator=gen), torch.randn(3, generator=gen).to(torch.bfloat16), torch.empty(0),
+        torch.randn(6, 4, generator=gen).t(),  # non-contiguous
+        torch.arange(9, dtype=torch.int64), torch.tensor([True, False, True]), torch.randn(130, generator=gen))]
+
+
+def _foreach_spy(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = torch._foreach_copy_
+
+    def spy(dst, src, *args, **kwargs):
+        calls.append(len(dst))
+        return real(dst, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", spy)
+    return calls
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_batched_pack_writes_the_loop_bytes(monkeypatch, start):
+    """One ``_foreach_copy_`` per dtype lays out exactly the per-tensor loop's bytes (mixed
+    dtypes, an empty and a non-contiguous tensor; a buffer view at an unaligned start too)."""
+    tensors = _mixed()
+    size = start + 8192
+    loop, batched = torch.full((size,), 7, dtype=torch.uint8), torch.full((size,), 7, dtype=torch.uint8)
+    calls = _foreach_spy(monkeypatch)
+    used_loop = pack_into(loop[start:], tensors, batched=False)
+    assert calls == []
+    used_batched = pack_into(batched[start:], tensors, batched=True)
+    assert used_batched == used_loop == packed_size(tensors)
+    assert torch.equal(batched, loop)
+    assert sorted(calls) == ([6] if start else [1, 1, 1, 3])  # bytes at an unaligned start; else per dtype (3 fp32)
+    unpacked = unpack_views(batched[start:].clone(), [str(i) for i in range(len(tensors))],
+                            {str(i): (tuple(t.shape), t.dtype) for i, t in enumerate(tensors)}, used_batched)
+    for (_, view), t in zip(unpacked, tensors):
+        assert torch.equal(view, t)
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_one_dtype_group_packs_with_one_copy(monkeypatch, start):
+    """A one-dtype group (the usual: all fp32 or all bf16): one ``_foreach_copy_`` whose
+    destinations come from one split, the loop's bytes; tensors that require grad too."""
+    gen = torch.Generator().manual_seed(6)
+    tensors = [torch.randn(5, 7, generator=gen, requires_grad=True), torch.empty(0),
+               torch.randn(6, 4, generator=gen).t(), torch.randn(130, generator=gen)]
+    loop, batched = torch.zeros(start + 4096, dtype=torch.uint8), torch.zeros(start + 4096, dtype=torch.uint8)
+    calls = _foreach_spy(monkeypatch)
+    pack_into(loop[start:], tensors, batched=False)
+    assert pack_into(batched[start:], tensors, batched=True) == packed_size(tensors)
+    assert torch.equal(batched, loop) and not batched.requires_grad
+    assert calls == [3]
+
+
+@pytest.mark.parametrize("dtypes", [("f32",), ("f32", "bf16")])
+def test_split_views_equal_the_per_tensor_views(dtypes):
+    """``unpack_views(split=True)`` gives the per-tensor views exactly (same bytes, shape,
+    strides, address) and the same errors; a mixed-dtype group keeps the per-tensor views."""
+    kinds = {"f32": torch.float32, "bf16": torch.bfloat16}
+    gen = torch.Generator().manual_seed(7)
+    sd = {f"t{i}": torch.randn(shape, generator=gen).to(kinds[dtypes[i % len(dtypes)]])
+          for i, shape in enumerate([(5, 7), (0,), (3, 4, 2), (130,), (1,)])}
+    buffer = torch.zeros(8192, dtype=torch.uint8)
+    used = pack_into(buffer, list(sd.values()))
+    names, info = list(sd), _info(sd)
+    loop = unpack_views(buffer, names, info, used, split=False)
+    fast = unpack_views(buffer, names, info, used, split=True)
+    for (name, a), (name_b, b) in zip(loop, fast):
+        assert name == name_b and torch.equal(a, sd[name]) and torch.equal(b, sd[name])
+        assert (a.shape, a.stride(), a.dtype, a.data_ptr()) == (b.shape, b.stride(), b.dtype, b.data_ptr())
+    for split in (False, True):
+        with pytest.raises(RuntimeError, match="receiver metadata implies"):
+            unpack_views(buffer, names, info, used + 512, split=split)
+        with pytest.raises(RuntimeError, match="packed buffer too small for 't2'"):
+            unpack_views(buffer[:600], names, info, split=split)
+
+
+def test_host_buffers_keep_the_per_tensor_loop(monkeypatch):
+    """The CPU path is unchanged: a host buffer packs tensor by tensor unless asked."""
+    calls = _foreach_spy(monkeypatch)
+    pack_into(torch.zeros(8192, dtype=torch.uint8), _mixed())
+    assert calls == []
+
+
 # -- GPU ------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (L2: ci/l2.sh on a GPU machine)")
+def test_cuda_buffers_pack_batched_with_the_loop_bytes(monkeypatch):
+    tensors = _mixed("cuda")
+    loop, batched = torch.zeros(8192, dtype=torch.uint8, device="cuda"), torch.zeros(8192, dtype=torch.uint8,
+                                                                                     device="cuda")
+    calls = _foreach_spy(monkeypatch)
+    pack_into(loop, tensors, batched=False)
+    assert calls == []
+    pack_into(batched, tensors)  # the default on a GPU buffer
+    assert sorted(calls) == [1, 1, 1, 3]
+    assert torch.equal(batched, loop)
+    one = [t for t in tensors if t.dtype == torch.float32]
+    calls.clear()
+    used = pack_into(batched, one)
+    assert calls == [3]
+    info = {str(i): (tuple(t.shape), t.dtype) for i, t in enumerate(one)}
+    for (_, view), t in zip(unpack_views(batched, list(info), info, used), one):  # split views on a GPU
+        assert torch.equal(view, t)
+
+
 def _receive_in_child(address: str, info: dict, queue) -> None:
     try:
         torch.cuda.set_device(0)

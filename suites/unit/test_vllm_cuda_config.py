@@ -95,6 +95,35 @@ def test_refit_load_path_per_device(medium, device, reloaded, repacked):
     assert sorted(worker._harness_loaded) == sorted(_received()) and received == {}
 
 
+def test_zmq_keeper_copies_onto_the_workers_own_device(medium, monkeypatch):
+    """CPU worker: each view cloned (as before). A device worker: one ``_foreach_copy_`` per
+    group onto *its* device, whatever device the staging views are on (TP > 1: rank 0's GPU).
+    The second device is ``meta`` here (no GPU on this box): placement, shapes and dtypes."""
+    views = [("a", torch.arange(6.0).reshape(2, 3)), ("b", torch.ones(4, dtype=torch.bfloat16))]
+    calls = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda dst, src: (calls.append(len(dst)), real(dst, src)))
+    received: dict = {}
+    _Worker("cpu", medium["model"])._harness_keeper(received)(views)
+    assert calls == [] and all(torch.equal(received[n], v) for n, v in views)
+    assert all(received[n].data_ptr() != v.data_ptr() for n, v in views)  # copies, not the staging views
+    on_device: dict = {}
+    _Worker("meta", medium["model"])._harness_keeper(on_device)(views)
+    assert calls == [2]
+    assert {n: (t.device.type, tuple(t.shape), t.dtype) for n, t in on_device.items()} == {
+        "a": ("meta", (2, 3), torch.float32), "b": ("meta", (4,), torch.bfloat16)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (L2: ci/l2.sh on a GPU machine)")
+def test_zmq_keeper_on_a_gpu_worker_copies_bit_for_bit(medium):
+    views = [("a", torch.randn(3, 5, device="cuda")), ("b", torch.randn(7, device="cuda").to(torch.bfloat16))]
+    received: dict = {}
+    _Worker("cuda", medium["model"])._harness_keeper(received)(views)
+    for name, view in views:
+        assert torch.equal(received[name], view) and received[name].data_ptr() != view.data_ptr()
+
+
 def test_refitter_stages_on_the_gpu_only_on_cuda(medium, monkeypatch):
     monkeypatch.delenv("HARNESS_REFIT_STAGING", raising=False)
     assert Refitter(_on(medium, "cuda"), None, [], run_dir=None).zmq_extra == {"staging_device": "cuda"}

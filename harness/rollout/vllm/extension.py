@@ -179,14 +179,31 @@ class HarnessVllmWorkerExtension:
 
         kw = per_rank[self.harness_rank()]
         received: dict = {}
-
-        def keep(views):
-            for name, view in views:
-                received[name] = view.clone()
-
         receive_weights_zmq(address=kw["address"], state_dict_info=self.harness_state_dict_info(),
-                            load_fn=keep, timeout_ms=int(kw["timeout_ms"]))
+                            load_fn=self._harness_keeper(received), timeout_ms=int(kw["timeout_ms"]))
         return self._harness_load(received)
+
+    def _harness_keeper(self, received: dict):
+        """The zmq ``load_fn``: copy each group's views out of the staging buffer into ``received``.
+
+        On a GPU worker the copies land on *this worker's* device, issued as one
+        ``_foreach_copy_`` per group: at TP > 1 every engine rank's stream comes from
+        policy rank 0, so a CUDA IPC buffer may live on another GPU (a peer copy then).
+        On the CPU each view is cloned, as before (a worker without ``device`` is a CPU one)."""
+        import torch
+
+        device = torch.device(getattr(self, "device", None) or "cpu")
+        if device.type == "cpu":
+            def keep(views):
+                for name, view in views:
+                    received[name] = view.clone()
+            return keep
+
+        def keep_on_device(views):
+            copies = [torch.empty(view.shape, dtype=view.dtype, device=device) for _, view in views]
+            torch._foreach_copy_(copies, [view for _, view in views])
+            received.update(zip((name for name, _ in views), copies))
+        return keep_on_device
 
     def _harness_side_group_slot(self):
         """This worker's one refit side group holder (``SideGroupSlot``), created on first use."""
