@@ -4,16 +4,23 @@ Config: 8 layers, hidden 1024, 16 heads / 4 KV heads of 128, 64 experts top-8,
 expert FFN 384, vocabulary 4096 (the medium golden's model with a 4096 vocabulary).
 
 1. Generation, greedy, ``--prompt`` tokens, ``--new-tokens`` new, at each ``--batches``:
-   the native engine as it starts on this device (the start-up probe decides batched
-   decode: its verdict and reason are printed), the native engine request by request
-   (``--per-request``: only at the first batch size, it is slow), and transformers
-   ``generate``; tokens/s, the ratios, and identical sequences (native vs transformers).
+   the native engine per ``--kernels`` arm (``decode_kernels``: ``invariant`` and/or
+   ``standard``, the latter only up to ``--standard-max-batch``; the start-up probe's
+   verdict is printed), with ``--per-request`` at the first batch size also the requests
+   alone (invariant: each in a ``max_batch_size`` 1 engine; standard: request-by-request
+   decode) and whether their tokens and logprobs (greedy, then temperature/top-p samples)
+   are equal, and transformers ``generate`` (unless ``--no-hf``); tokens/s, the ratio of
+   the first arm, and identical sequences (native vs transformers).
 2. Forward+backward of the reference model vs transformers' ``Qwen3MoeForCausalLM``,
-   ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16): median seconds, ratio.
+   ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16), and with
+   ``--grouped-fp32`` an fp32 arm whose MoE runs as grouped GEMMs (``HARNESS_GROUPED_FP32=1``,
+   off by default: the fp32 path keeps the per-expert loop): median seconds, ratio.
 
 Prints a summary, writes ``--out`` (JSON). Never a test verdict.
 
-    python3 benches/native_gpu_bench.py --out /tmp/native_gpu_bench.json
+    PYTHONPATH=. python3 benches/native_gpu_bench.py --out /tmp/native_gpu_bench.json
+    PYTHONPATH=. python3 benches/native_gpu_bench.py --parts generate --batches 16 64 --per-request \
+        --kernels invariant --repeat 1 --out gen.json      # the figures in docs/gpu.md
 """
 
 from __future__ import annotations
@@ -68,38 +75,87 @@ class _Messages(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _generate_one(cfg: ModelConfig, state: dict, hf, prompts: torch.Tensor, args, per_request: bool) -> dict:
+def _native_arm(cfg: ModelConfig, state: dict, reqs: list, args, kernels: str, per_request: bool) -> dict:
+    """One native engine (``decode_kernels=kernels``): start, probe verdict, tok/s, tokens;
+    ``per_request``: the same requests alone (invariant: a batch of one each; standard:
+    request-by-request decode) and whether every token and logprob is equal."""
     from harness.rollout.native.engine import Engine
 
-    batch = prompts.shape[0]
-    reqs = [{"request_id": f"r{j}", "prompt_ids": prompts[j].tolist(), "max_new_tokens": args.new_tokens,
-             "seed": j, "temperature": 0.0, "top_p": 1.0} for j in range(batch)]
+    batch = len(reqs)
     row: dict = {}
     messages = _Messages()
     probe_log = logging.getLogger("harness.rollout.native.probe")
     probe_log.addHandler(messages)
     t = time.perf_counter()
-    engine = Engine(cfg, state, device="cuda", max_batch_size=batch)
+    engine = Engine(cfg, state, device="cuda", max_batch_size=batch, decode_kernels=kernels)
     row["engine_start_s"] = time.perf_counter() - t
     probe_log.removeHandler(messages)
+    print(f"  [{kernels} b{batch}] engine started in {row['engine_start_s']:.1f} s: {messages.messages}", flush=True)
     row["batched_decode"] = engine.batched_decode
     row["batched_sampling"] = engine.scheduler.batched_sampling
+    row["grouped_prefill"] = engine.forward.grouped_prefill
     row["probe_messages"] = messages.messages
     layer = engine.packed.layers[0]
     row["modes"] = [layer.qkv_proj.mode, layer.o_proj.mode, layer.router_proj.mode, layer.experts.mode]
     total = batch * args.new_tokens
     short = [dict(r, max_new_tokens=2) for r in reqs]  # warm-up: allocations, kernels; not the whole run
     out, times = _sync_time(partial(engine.generate, reqs), args.repeat, partial(engine.generate, short))
-    native_tokens = [list(r["output_ids"]) for r in out]
-    row["native_tok_s"] = total / statistics.median(times)
+    row["tok_s"] = total / statistics.median(times)
+    row["generate_s"] = times
+    row["tokens"] = [list(r["output_ids"]) for r in out]
+    print(f"  [{kernels} b{batch}] {row['tok_s']:.1f} tok/s (generate {times} s)", flush=True)
+    if args.profile_decode and kernels == "invariant":  # a short run: profiling a whole one overran 80 s
+        row["top_ops"] = _top_ops(partial(engine.generate, [dict(r, max_new_tokens=4) for r in reqs]), 20)
     if per_request:
-        solo = Engine(cfg, state, device="cuda", max_batch_size=batch, batched_decode=False)
+        if kernels == "invariant":
+            solo = Engine(cfg, state, device="cuda", max_batch_size=1, decode_kernels=kernels)
+        else:
+            solo = Engine(cfg, state, device="cuda", max_batch_size=batch, batched_decode=False)
         t = time.perf_counter()
-        alone = solo.generate(reqs)
+        alone = [solo.generate([r])[0] for r in reqs] if kernels == "invariant" else solo.generate(reqs)
         torch.cuda.synchronize()
-        row["native_per_request_tok_s"] = total / (time.perf_counter() - t)
-        row["batched_equals_per_request"] = [list(r["output_ids"]) for r in alone] == native_tokens
-        row["batched_logprobs_equal_per_request"] = [r["logprobs"] for r in alone] == [r["logprobs"] for r in out]
+        row["alone_tok_s"] = total / (time.perf_counter() - t)
+        row["equals_alone"] = [list(r["output_ids"]) for r in alone] == row["tokens"]
+        row["logprobs_equal_alone"] = [r["logprobs"] for r in alone] == [r["logprobs"] for r in out]
+        print(f"  [{kernels} b{batch}] alone {row['alone_tok_s']:.1f} tok/s, equal {row['equals_alone']}", flush=True)
+        sampled = [dict(r, temperature=0.8, top_p=(1.0, 0.9)[j % 2], seed=100 + j, max_new_tokens=8)
+                   for j, r in enumerate(reqs)]
+        with_temp = engine.generate(sampled)
+        alone_temp = [solo.generate([r])[0] for r in sampled] if kernels == "invariant" else solo.generate(sampled)
+        row["sampled_equals_alone"] = with_temp == alone_temp
+    del engine
+    return row
+
+
+def _generate_one(cfg: ModelConfig, state: dict, hf, prompts: torch.Tensor, args, per_request: bool) -> dict:
+    batch = prompts.shape[0]
+    reqs = [{"request_id": f"r{j}", "prompt_ids": prompts[j].tolist(), "max_new_tokens": args.new_tokens,
+             "seed": j, "temperature": 0.0, "top_p": 1.0} for j in range(batch)]
+    row: dict = {}
+    for kernels in args.kernels:
+        if kernels == "standard" and batch > args.standard_max_batch:
+            continue  # row-local decode: slow at large batches
+        try:
+            arm = _native_arm(cfg, state, reqs, args, kernels, per_request)
+        except ValueError as exc:  # the probe refused: report it, go on
+            row[kernels] = {"error": str(exc)}
+            print(f"generate batch {batch} native {kernels}: {exc}", flush=True)
+            continue
+        print(f"generate batch {batch} native {kernels}: {arm['tok_s']:.1f} tok/s "
+              f"{ {k: v for k, v in arm.items() if k not in ('tokens', 'top_ops')} }", flush=True)
+        row[kernels] = arm
+        torch.cuda.empty_cache()
+    first = row.get(args.kernels[0], {})
+    if "tokens" not in first:
+        return row
+    native_tokens = first["tokens"]
+    row["native_tok_s"] = first["tok_s"]
+    for arm in row.values():
+        if isinstance(arm, dict):
+            arm.pop("tokens", None)
+    if hf is None:
+        return row
+    total = batch * args.new_tokens
     ids = prompts.cuda()
 
     def hf_generate():
@@ -118,15 +174,14 @@ def _generate_one(cfg: ModelConfig, state: dict, hf, prompts: torch.Tensor, args
     row["hf_tok_s"] = total / statistics.median(times)
     row["native_over_hf"] = row["native_tok_s"] / row["hf_tok_s"]
     row["identical_vs_hf"] = sum(a == b for a, b in zip(native_tokens, hf_tokens))
-    print(f"generate batch {batch}: native {row['native_tok_s']:.1f} tok/s (batched_decode "
-          f"{row['batched_decode']}), transformers {row['hf_tok_s']:.1f} tok/s, ratio "
-          f"{row['native_over_hf']:.2f}; identical {row['identical_vs_hf']}/{batch}; "
-          f"per-request {row.get('native_per_request_tok_s')}; probe: {messages.messages}", flush=True)
+    print(f"generate batch {batch}: native ({args.kernels[0]}) {row['native_tok_s']:.1f} tok/s, transformers "
+          f"{row['hf_tok_s']:.1f} tok/s, ratio {row['native_over_hf']:.2f}; identical "
+          f"{row['identical_vs_hf']}/{batch}", flush=True)
     return row
 
 
 def generation(cfg: ModelConfig, state: dict, args, report: dict) -> None:
-    hf = _hf_model(cfg, state, torch.float32).eval()
+    hf = None if args.no_hf else _hf_model(cfg, state, torch.float32).eval()
     gen = torch.Generator().manual_seed(0)
     for i, batch in enumerate(args.batches):
         prompts = torch.randint(1, cfg.vocab, (batch, args.prompt), generator=gen)
@@ -182,6 +237,22 @@ def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
         report[f"fwd_bwd_{name}"] = row
         print(f"fwd+bwd {name} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
         torch.cuda.empty_cache()
+    if args.grouped_fp32:  # the opt-in: the reference model's MoE as grouped GEMMs in fp32 too
+        import os
+
+        from harness.model.grouped import GROUPED_FP32_ENV
+
+        saved = os.environ.get(GROUPED_FP32_ENV)
+        os.environ[GROUPED_FP32_ENV] = "1"
+        try:
+            row = _fwd_bwd_one(cfg, state, ids, torch.float32, args.repeat, args.profile)
+        finally:
+            if saved is None:
+                os.environ.pop(GROUPED_FP32_ENV)
+            else:
+                os.environ[GROUPED_FP32_ENV] = saved
+        report["fwd_bwd_float32_grouped"] = row
+        print(f"fwd+bwd float32 grouped {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
 
 
 def main() -> None:
@@ -190,7 +261,14 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--per-request", action="store_true")
+    ap.add_argument("--per-request", action="store_true",
+                    help="first batch size: the requests alone too, and whether their tokens are equal")
+    ap.add_argument("--kernels", nargs="+", default=["invariant", "standard"], choices=["invariant", "standard"],
+                    help="native decode_kernels arms; the first one's figure is the ratio's")
+    ap.add_argument("--standard-max-batch", type=int, default=16, help="skip the standard arm above this batch")
+    ap.add_argument("--grouped-fp32", action="store_true", help="fwd+bwd: an fp32 arm with grouped GEMMs")
+    ap.add_argument("--no-hf", action="store_true", help="generation: no transformers arm")
+    ap.add_argument("--profile-decode", action="store_true", help="generation: top ops of a 4-token invariant run")
     ap.add_argument("--fb-batch", type=int, default=8)
     ap.add_argument("--fb-seq", type=int, default=512)
     ap.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])

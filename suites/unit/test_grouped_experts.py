@@ -12,7 +12,7 @@ import torch
 
 from harness import ops
 from harness.model.config import ModelConfig
-from harness.model.grouped import grouped_swiglu, stack_experts, use_grouped
+from harness.model.grouped import grouped_dtypes, grouped_swiglu, stack_experts, use_grouped
 
 E, H, INTER = 4, 16, 8
 
@@ -43,9 +43,15 @@ def test_grouped_swiglu_equals_the_per_expert_loop_values_and_gradients():
                                    rtol=1e-5, atol=1e-4)
 
 
-def test_only_cuda_bf16_takes_the_grouped_path():
+def test_only_cuda_bf16_takes_the_grouped_path(monkeypatch):
     assert not use_grouped(torch.zeros(2, 2))
     assert not use_grouped(torch.zeros(2, 2, dtype=torch.bfloat16))  # bf16 on the CPU: the loop
+    assert grouped_dtypes() == (torch.bfloat16,)
+    monkeypatch.setenv("HARNESS_GROUPED_FP32", "1")  # the cuda fp32 opt-in: still never on the CPU
+    assert grouped_dtypes() == (torch.bfloat16, torch.float32)
+    assert not use_grouped(torch.zeros(2, 2))
+    monkeypatch.setenv("HARNESS_GROUPED_FP32", "0")
+    assert grouped_dtypes() == (torch.bfloat16,)
 
 
 @pytest.mark.gpu

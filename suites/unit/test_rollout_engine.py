@@ -296,7 +296,9 @@ def _tp_worker(rank: int, port: int, out_dir: str) -> None:
         requests = _pool(CFG)
         runs = {}
         for name, kw in (("per_request", dict(batched_decode=False, max_batch_size=3)),
-                         ("batched", dict(max_batch_size=3)), ("batched_wide", dict(max_batch_size=8))):
+                         ("batched", dict(max_batch_size=3)), ("batched_wide", dict(max_batch_size=8)),
+                         ("invariant_alone", dict(max_batch_size=1, decode_kernels="invariant")),
+                         ("invariant_wide", dict(max_batch_size=8, decode_kernels="invariant"))):
             engine = Engine(CFG, w, tp_rank=rank, tp_size=2, tp_group=group, **kw)
             runs[name] = {"forward": engine.generate(requests), "reversed": engine.generate(requests[::-1])[::-1],
                           "batched_decode": engine.batched_decode}
@@ -326,3 +328,7 @@ def test_tp2_batched_decode_is_exact_and_rank_identical(tmp_path):
     want = runs["per_request"]["forward"]
     for name in ("per_request", "batched", "batched_wide"):
         assert runs[name]["forward"] == want and runs[name]["reversed"] == want, name
+    alone = runs["invariant_alone"]["forward"]  # the invariant kernels: batch-free among themselves
+    assert alone != want  # other kernels (other rounding): not a copy of the standard run
+    for name in ("invariant_alone", "invariant_wide"):
+        assert runs[name]["forward"] == alone and runs[name]["reversed"] == alone, name

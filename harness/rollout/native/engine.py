@@ -21,6 +21,7 @@ with ``RolloutWorker`` (unsharding) and the vLLM backend (weight loading).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,10 +31,13 @@ from harness import ops
 from harness.model.config import ModelConfig
 from harness.rollout.native.forward import Forward
 from harness.rollout.native.kv_cache import KVCachePool
-from harness.rollout.native.probe import choose_batched_decode, choose_batched_sampling
+from harness.rollout.native.probe import choose_batched_decode, choose_batched_sampling, choose_invariant
 from harness.rollout.native.scheduler import Scheduler
 from harness.rollout.native.weights import PackedWeights
 from harness.rollout.sharding import ShardPlan
+
+DECODE_KERNELS = ("standard", "invariant")
+DECODE_KERNELS_ENV = "HARNESS_NATIVE_DECODE_KERNELS"
 
 
 def as_model_config(model_cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
@@ -57,6 +61,17 @@ class Engine:
     ``True`` requires the batched one (ValueError if the dtype or device is not
     supported or the probe fails). Either way the tokens and logprobs are the same.
     On a GPU the probe also decodes real rows both ways (``probe.probe_decode``).
+
+    ``decode_kernels``: ``None`` reads ``$HARNESS_NATIVE_DECODE_KERNELS`` (unset or empty:
+    ``"standard"``, so no golden moves unless it is set). ``"standard"`` decodes with the per-request
+    computation's kernels, as above; ``"invariant"`` decodes every decoding row, a
+    lone one too, through the batched path on the fixed-order kernels of
+    ``invariant`` (a row's bits are the same in a batch of one and in any batch,
+    checked at start by ``probe.probe_invariant``; ValueError naming the reason
+    where it fails, or with ``batched_decode=False``), and samples the decode rows
+    on the host (``sample_rows`` on CPU kernels, built batch-invariant there). These
+    kernels round differently from the per-request ones: a run's tokens and
+    logprobs are a function of its requests for each setting, not across settings.
     """
 
     def __init__(
@@ -71,6 +86,7 @@ class Engine:
         device: str | torch.device = "cpu",
         eos_token_id: int | None = None,
         batched_decode: bool | None = None,
+        decode_kernels: str | None = None,
     ) -> None:
         self.cfg = as_model_config(model_cfg)
         if max_batch_size < 1:
@@ -100,12 +116,28 @@ class Engine:
             if missing:
                 raise ValueError(f"engine weights are missing {len(missing)} tensor(s), first: {missing[:3]}")
             self.load_weights(weights.items())
-        batched = choose_batched_decode(self.forward, max_batch_size, batched_decode)
+        if decode_kernels is None:
+            decode_kernels = os.environ.get(DECODE_KERNELS_ENV) or "standard"
+        if decode_kernels not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernels (or ${DECODE_KERNELS_ENV}) must be one of {DECODE_KERNELS}, "
+                             f"got {decode_kernels!r}")
+        if decode_kernels == "invariant":
+            if batched_decode is False:
+                raise ValueError("decode_kernels='invariant' decodes batched; batched_decode=False contradicts it")
+            choose_invariant(self.forward, max_batch_size, requested=True)
+            batched, sampling = True, True
+        else:
+            batched = choose_batched_decode(self.forward, max_batch_size, batched_decode)
+            sampling = batched and choose_batched_sampling(self.device, self.cfg.vocab)
         self.scheduler = Scheduler(
             self.cfg, self.forward, self.kv, max_batch_size=max_batch_size, eos_token_id=eos_token_id,
-            batched_decode=batched,
-            batched_sampling=batched and choose_batched_sampling(self.device, self.cfg.vocab),
+            batched_decode=batched, batched_sampling=sampling,
         )
+
+    @property
+    def decode_kernels(self) -> str:
+        """``"invariant"`` or ``"standard"``: the kernels of the decode path in use."""
+        return self.forward.kernels
 
     @property
     def batched_decode(self) -> bool:

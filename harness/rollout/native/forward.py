@@ -23,6 +23,14 @@ the step* (so a request's tokens and logprobs never depend on the batch, on
   (``ops.rms_norm`` of ``[1, H]``, the q and k norms apart, the row's own RoPE,
   ``kv.write``/``kv.read`` and ``ops.causal_attention`` of the slot, ``ops.route``
   of ``[1, E]``): the per-request computation itself, with the GEMMs shared.
+* **Invariant batched decode** (``kernels == "invariant"``, the engine's
+  ``decode_kernels``): every decoding row, a lone one too, goes through the
+  batched path on the fixed-order kernels of ``invariant`` (folded norms, router
+  softmax and attention over the batch's longest cache, each row masked to its
+  own length; every matrix product an element-wise product folded over its inner
+  dimension, so no GEMM kernel is picked by the row count). A row's bits are
+  the same in any batch by construction (``probe.probe_invariant`` checks it on
+  the device), but not those of the per-request decode, whose kernels differ.
 
 The TP sum is an ``all_gather`` followed by a sum in rank order, not an
 ``all_reduce`` (whose ring chunking makes an element's summation order depend on
@@ -34,7 +42,7 @@ per-request rows together.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,6 +53,7 @@ import torch.nn.functional as F
 from harness import ops
 from harness.model.config import ModelConfig
 from harness.model.grouped import grouped_swiglu, use_grouped
+from harness.rollout.native import invariant as inv
 from harness.rollout.native.kv_cache import KVCachePool
 from harness.rollout.native.weights import PackedWeights
 from harness.rollout.sharding import ShardPlan
@@ -86,6 +95,10 @@ class Forward:
         self.rope_sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).contiguous()
         self.kv_head_of_q = torch.arange(plan.local_heads, device=device) // (plan.local_heads // plan.local_kv_heads)
         self.row_local = False  # the probe may set it (a GPU): reductions and attention per row
+        # "invariant": batched decode on the fixed-order kernels of ``invariant`` (the engine's
+        # ``decode_kernels``); "standard": the per-request computation's kernels (above)
+        self.kernels = "standard"
+        self.grouped_prefill = False  # invariant kernels on cuda: the per-request MoE as grouped GEMMs
 
     # -- collectives -------------------------------------------------------------
 
@@ -145,7 +158,7 @@ class Forward:
         order, counts = ops.moe_dispatch_order(indices, cfg.experts)
         token_of_slot = order // cfg.top_k
         slot_weight = weights.reshape(-1)[order]
-        if use_grouped(h):  # cuda bf16: two grouped GEMMs over the packed expert weights (no copy)
+        if use_grouped(h) or self.grouped_prefill:  # cuda: grouped GEMMs over the packed expert weights
             experts = self.layers[layer].experts
             gate_up, down = experts.views(experts.pack)
             y = grouped_swiglu(h.index_select(0, token_of_slot), gate_up.transpose(1, 2), down.transpose(1, 2), counts)
@@ -224,13 +237,17 @@ class Forward:
     def decode_moe(self, li: int, x: torch.Tensor) -> torch.Tensor:
         """Expert-column partial ``[B, H]`` for one-token rows ``x``."""
         cfg, layer = self.cfg, self.layers[li]
-        b, k = x.shape[0], cfg.top_k
         h = self.rms(x, layer.post_norm)
         (router_logits,) = layer.router_proj(h)
-        _, weights, indices = ops.route(router_logits, k, cfg.norm_topk_prob)
+        _, weights, indices = ops.route(router_logits, cfg.top_k, cfg.norm_topk_prob)
+        return self._experts_sum(li, h, weights, indices)
+
+    def _experts_sum(self, li: int, h: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Rows ``h [B, H]``'s expert slots (``weights``, ``indices [B, k]``), summed per row."""
+        b, k = indices.shape
         # A token's slots in expert-id order: the per-request dispatch visits experts that way.
         experts, perm = indices.sort(dim=-1)
-        y = layer.experts(h.repeat_interleave(k, dim=0), experts.view(-1))
+        y = self.layers[li].experts(h.repeat_interleave(k, dim=0), experts.view(-1))
         y = y.view(b, k, -1) * weights.gather(-1, perm).unsqueeze(-1)
         out = y[:, 0] + 0.0  # the per-request path index_adds into zeros: 0 + y (-0.0 becomes +0.0)
         for j in range(1, k):
@@ -272,8 +289,36 @@ class Forward:
         routed = [ops.route(router_logits[i : i + 1], k, cfg.norm_topk_prob) for i in range(b)]
         weights = torch.cat([w for _, w, _ in routed])
         indices = torch.cat([ix for _, _, ix in routed])
-        experts, perm = indices.sort(dim=-1)
-        y = layer.experts(h.repeat_interleave(k, dim=0), experts.view(-1))
+        return self._experts_sum(li, h, weights, indices)
+
+    # -- batch-invariant decode (``invariant``: fixed-order reductions) ------------------------
+
+    def decode_attention_invariant(self, li: int, x: torch.Tensor, dec: DecodeBatch) -> torch.Tensor:
+        """``decode_attention`` on the ``invariant`` kernels: norms and attention folded, all
+        rows padded to the batch's longest cache and masked (a row's bits do not depend on it)."""
+        plan, layer, eps = self.plan, self.layers[li], self.cfg.rms_eps
+        b, d = x.shape[0], self.cfg.head_dim
+        hq, hkv = plan.local_heads, plan.local_kv_heads
+        qkv = inv.linear(inv.rms_norm(x, layer.input_norm, eps), layer.qkv_proj.pack)  # [q | k | v] columns
+        qk = qkv[:, : (hq + hkv) * d].view(b, hq + hkv, d)
+        if layer.qk_norm is not None:
+            qk = inv.rms_norm(qk, layer.qk_norm, eps)
+        qk = qk * dec.cos + qk.roll(d // 2, dims=-1) * dec.sin_signed
+        self.kv.write_rows(li, dec.kv_rows, qk[:, hq:], qkv[:, (hq + hkv) * d :].reshape(b, hkv, d))
+        keys = self.kv.k[li][:, :, : dec.max_length].index_select(0, dec.slots)
+        values = self.kv.v[li][:, :, : dec.max_length].index_select(0, dec.slots)
+        out = inv.decode_attention(qk[:, :hq].reshape(b, hkv, hq // hkv, d), keys, values, dec.lengths)
+        return inv.linear(out, layer.o_proj.pack)
+
+    def decode_moe_invariant(self, li: int, x: torch.Tensor) -> torch.Tensor:
+        """``decode_moe`` on the ``invariant`` kernels (folded norm and router softmax)."""
+        cfg, layer = self.cfg, self.layers[li]
+        b, k = x.shape[0], cfg.top_k
+        h = inv.rms_norm(x, layer.post_norm, cfg.rms_eps)
+        weights, indices = inv.route(inv.linear(h, layer.router_proj.pack), k, cfg.norm_topk_prob)
+        experts, perm = indices.sort(dim=-1)  # a token's slots in expert-id order, as everywhere
+        y = inv.expert_swiglu(h.repeat_interleave(k, dim=0), experts.view(-1),
+                              *layer.experts.views(layer.experts.pack))
         y = y.view(b, k, -1) * weights.gather(-1, perm).unsqueeze(-1)
         out = y[:, 0] + 0.0
         for j in range(1, k):
@@ -281,6 +326,16 @@ class Forward:
         return out
 
     # -- one step ------------------------------------------------------------------------
+
+    def _decode_attention_kernel(self) -> Callable[[int, torch.Tensor, DecodeBatch], torch.Tensor]:
+        if self.kernels == "invariant":
+            return self.decode_attention_invariant
+        return self.decode_attention_rows if self.row_local else self.decode_attention
+
+    def _decode_moe_kernel(self) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        if self.kernels == "invariant":
+            return self.decode_moe_invariant
+        return self.decode_moe_rows if self.row_local else self.decode_moe
 
     @torch.no_grad()
     def step(
@@ -303,7 +358,7 @@ class Forward:
             if xd is None:
                 xs = [x + a for x, a in zip(xs, self.tp_sum(partials))]
             else:
-                attend = self.decode_attention_rows if self.row_local else self.decode_attention
+                attend = self._decode_attention_kernel()
                 summed = self.tp_sum([attend(layer, xd, decode), *partials])
                 xd = xd + summed[0]
                 xs = [x + a for x, a in zip(xs, summed[1:])]
@@ -311,15 +366,18 @@ class Forward:
             if xd is None:
                 xs = [x + m for x, m in zip(xs, self.tp_sum(partials))]
             else:
-                moe = self.decode_moe_rows if self.row_local else self.decode_moe
+                moe = self._decode_moe_kernel()
                 summed = self.tp_sum([moe(layer, xd), *partials])
                 xd = xd + summed[0]
                 xs = [x + m for x, m in zip(xs, summed[1:])]
         decode_logits = None
         if xd is not None:
             final = self.params["model.norm.weight"]
-            norm = self._norm_rows(xd, final) if self.row_local else self.rms(xd, final)
-            (decode_logits,) = self.weights.lm_head_proj(norm)
+            if self.kernels == "invariant":
+                decode_logits = inv.linear(inv.rms_norm(xd, final, self.cfg.rms_eps), self.weights.lm_head_proj.pack)
+            else:
+                norm = self._norm_rows(xd, final) if self.row_local else self.rms(xd, final)
+                (decode_logits,) = self.weights.lm_head_proj(norm)
         return decode_logits, [self.logits(x) for x in xs]
 
 
@@ -335,6 +393,9 @@ class DecodeBatch:
     groups: list[tuple[int, int, int]]  # (first row, end row, cache length incl. the new token)
     group_heads: list[torch.Tensor]  # per group: KVCachePool.head_index of (slot, kv head of each q head)
     row_ropes: list[tuple[torch.Tensor, ...]] | None = None  # row_local: each row's Forward.row_rope
+    slots: torch.Tensor | None = None  # invariant kernels: [B] KV slots of the rows
+    lengths: torch.Tensor | None = None  # invariant kernels: [B] cache lengths incl. the new token
+    max_length: int = 0  # invariant kernels: the longest row's cache length
 
     @classmethod
     def build(cls, fwd: Forward, seqs: Sequence[DecodeRow]) -> DecodeBatch:
@@ -347,6 +408,8 @@ class DecodeBatch:
                     f"sequence length {s.cached + 1} exceeds model.max_position ({fwd.cfg.max_position})"
                 )
         dev = fwd.device
+        if fwd.kernels == "invariant":
+            return cls._build_invariant(fwd, seqs)
         positions = torch.tensor([s.cached for s in seqs], device=dev)
         slots = torch.tensor([s.slot for s in seqs], device=dev)
         groups: list[tuple[int, int, int]] = []
@@ -366,4 +429,22 @@ class DecodeBatch:
             groups=groups,
             group_heads=[heads[g0 * hq : g1 * hq] for g0, g1, _ in groups],
             row_ropes=[fwd.row_rope(s.cached, 1) for s in seqs] if fwd.row_local else None,
+        )
+
+    @classmethod
+    def _build_invariant(cls, fwd: Forward, seqs: list[Any]) -> DecodeBatch:
+        """The rows' tensors for the invariant kernels (no length groups): one host copy."""
+        host = torch.tensor([[s.cached for s in seqs], [s.slot for s in seqs], [s.tokens[-1] for s in seqs]])
+        positions, slots, tokens = host.to(fwd.device).unbind(0)
+        return cls(
+            seqs=seqs,
+            tokens=tokens,
+            kv_rows=fwd.kv.row_index(slots, positions),
+            cos=fwd.rope_cos[positions].unsqueeze(1),
+            sin_signed=fwd.rope_sin_signed[positions].unsqueeze(1),
+            groups=[],
+            group_heads=[],
+            slots=slots,
+            lengths=positions + 1,
+            max_length=seqs[-1].cached + 1,
         )

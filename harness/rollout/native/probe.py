@@ -21,7 +21,9 @@ batched logits are sampled row by row). Where the batched attention, the RoPE
 table or the end-to-end check fail on a GPU, the row-local decode
 (``Forward.row_local``: GEMMs batched, every reduction and the attention per row
 on the per-request shapes) is checked end to end instead; only if that fails too
-does the engine decode request by request. On the CPU these hold by construction
+does the engine decode request by request. (With ``decode_kernels="invariant"`` none
+of the above decides: ``probe_invariant`` checks a batched step against each row's own
+batch of one on the same kernels.) On the CPU these hold by construction
 (the per-kernel checks above and the unit tests) and are not run, so a CPU
 engine's start dispatches exactly the operators it did before.
 """
@@ -29,7 +31,7 @@ engine's start dispatches exactly the operators it did before.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -216,7 +218,54 @@ class _ProbeRow:
         self.slot, self.tokens, self.cached = slot, tokens, len(tokens) - 1
 
 
-def probe_decode(fwd: Forward, max_batch_size: int) -> str | None:
+def choose_invariant(fwd: Forward, max_batch_size: int, requested: bool) -> bool:
+    """The invariant decode kernels (``invariant``): on where ``probe_invariant`` passes (it sets
+    ``fwd.kernels``). ``requested`` True (``decode_kernels="invariant"``): a failing probe is a
+    ValueError naming the reason; False (a caller that falls back): a warning, and False."""
+    problem = probe_invariant(fwd, max_batch_size)
+    if problem is None:
+        log.info("rollout engine on %s: batched decode on the batch-invariant kernels", fwd.device)
+        return True
+    if requested:
+        raise ValueError(f"invariant decode kernels requested but unavailable on {fwd.device}: {problem}")
+    log.warning("rollout engine on %s: invariant decode kernels off (%s)", fwd.device, problem)
+    return False
+
+
+def probe_invariant(fwd: Forward, max_batch_size: int) -> str | None:
+    """Whether the invariant kernels hold on this machine: ``probe_decode`` with each row's
+    reference its own batch of one on the same kernels (the guarantee itself). Sets
+    ``fwd.kernels`` to ``"invariant"`` on success, back to ``"standard"`` otherwise; on cuda
+    it also tries the per-request MoE as grouped GEMMs (``fwd.grouped_prefill``)."""
+    from harness.rollout.native.invariant import INVARIANT_DTYPES
+
+    if fwd.dtype not in INVARIANT_DTYPES:
+        return f"dtype {fwd.dtype} is not one of {INVARIANT_DTYPES}"
+    fwd.kernels = "invariant"
+    fwd.grouped_prefill = fwd.device.type == "cuda" and grouped_fp_ok(fwd)
+    problem = probe_decode(fwd, max_batch_size, alone=lambda row: fwd.step([], DecodeBatch.build(fwd, [row]))[0][0])
+    if problem is not None:
+        fwd.kernels, fwd.grouped_prefill = "standard", False
+    return problem
+
+
+def grouped_fp_ok(fwd: Forward) -> bool:
+    """Whether ``torch._grouped_mm`` runs this dtype here (its result agrees with the loop to
+    rounding; prefill is per request, so any deterministic kernel keeps the guarantee)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    x = torch.ones(4, 8, dtype=fwd.dtype, device=fwd.device)
+    w = torch.ones(2, 8, 16, dtype=fwd.dtype, device=fwd.device)
+    try:
+        y = torch._grouped_mm(x, w, offs=torch.tensor([1, 4], dtype=torch.int32, device=fwd.device))
+    except (RuntimeError, NotImplementedError) as exc:
+        log.info("rollout engine on %s: no grouped GEMM for %s (%s)", fwd.device, fwd.dtype, str(exc)[:120])
+        return False
+    return bool(torch.all(y == 8))
+
+
+def probe_decode(fwd: Forward, max_batch_size: int,
+                 alone: Callable[[_ProbeRow], torch.Tensor] | None = None) -> str | None:
     """One decode step of real rows, batched and per request, on the engine's weights.
 
     For each batch size ``n`` (2, 3, 5, 8, 16 and ``max_batch_size``, where they fit):
@@ -225,7 +274,8 @@ def probe_decode(fwd: Forward, max_batch_size: int) -> str | None:
     (``Forward.step`` with the one new token); every row's logits must be equal bit
     for bit. A row's own tokens are the same in every batch it appears in, so this
     also checks that a row does not depend on its neighbours. Frees every slot it
-    takes. Returns the first problem, or None.
+    takes. Returns the first problem, or None. ``alone``: a row's reference logits
+    (default: the per-request step of its one new token).
     """
     gen = torch.Generator().manual_seed(1)
     room = min(fwd.cfg.max_position - 1, 40)
@@ -242,11 +292,14 @@ def probe_decode(fwd: Forward, max_batch_size: int) -> str | None:
             batch = DecodeBatch.build(fwd, rows)
             batched, _ = fwd.step([], batch)
             for i, row in enumerate(batch.seqs):
-                _, (alone,) = fwd.step([(row.slot, row.cached, row.tokens[-1:])])
-                if not torch.equal(batched[i], alone[-1]):
+                if alone is None:
+                    ref = fwd.step([(row.slot, row.cached, row.tokens[-1:])])[1][0][-1]
+                else:
+                    ref = alone(row)
+                if not torch.equal(batched[i], ref):
                     return (f"batched decode logits differ from the per-request ones (batch of {n}, a row "
                             f"with {row.cached} cached positions; max |diff| "
-                            f"{float((batched[i] - alone[-1]).abs().max()):.3g})")
+                            f"{float((batched[i] - ref).abs().max()):.3g})")
         finally:
             for slot in slots:
                 fwd.kv.release(slot)

@@ -4,7 +4,8 @@ Requests are admitted in order while KV slots are free; each step prefills the
 newly admitted requests and decodes one token for the running ones; a finished
 request frees its slot at once. Within a step the decoding rows go through the
 batched path (when it is on and there are at least two), the rest run per
-request. Identical prompts admitted in one step (a GRPO group) are prefilled
+request (with the invariant decode kernels every decoding row goes batched, and the
+decode rows are sampled on the host). Identical prompts admitted in one step (a GRPO group) are prefilled
 once: the followers get a copy of the leader's KV prefix and sample from the
 leader's logits with their own generators (the same computation on the same
 tokens gives the same bits). Every request samples with its own
@@ -93,8 +94,9 @@ class Scheduler:
         """Run one step for ``step`` (decoding rows and newly admitted prefills) and sample
         (the module docstring says which rows share a forward)."""
         decoding = [s for s in step if s.cached > 0] if self.batched_decode else []
-        if len(decoding) < 2:
-            decoding = []  # a lone row gains nothing from the batched path
+        invariant = self.fwd.kernels == "invariant"
+        if len(decoding) < 2 and not invariant:
+            decoding = []  # a lone row gains nothing from the batched path (invariant: its only path)
         chosen = {id(s) for s in decoding}
         computed: list[RunningRequest] = []
         leaders: dict[tuple[int, ...], RunningRequest] = {}
@@ -116,6 +118,8 @@ class Scheduler:
                 self._advance(seq, decode_logits[i : i + 1])
         elif decode is not None:
             seqs = decode.seqs
+            if invariant and decode_logits.device.type != "cpu":
+                decode_logits = decode_logits.cpu()  # sampled on the CPU kernels: batch-invariant there
             tokens, logprobs = sample_rows(
                 decode_logits,
                 temperatures=[s.temperature for s in seqs],
