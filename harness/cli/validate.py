@@ -107,17 +107,27 @@ def _in_goldens_tree(path: Path) -> bool:
 
 def _golden_extras(base: Path, manifest: dict) -> list[str]:
     from harness.docio import read_json
+    from harness.store.integrity import KNOWN_FILES, stored_golden_problems
     from harness.store.provenance import provenance_errors
     from harness.surfaces.canonical import StrictJSONError
 
     errors = []
     listed = {e.get("path") for e in manifest.get("surfaces") or [] if isinstance(e, dict)}
-    for stored in sorted((base / "surfaces").glob("*.json")):
+    for stored in sorted((base / "surfaces").glob("*")):
         rel = stored.relative_to(base).as_posix()
         if rel not in listed:
             errors.append(f"{stored}: not listed in manifest.json /surfaces")
         if stored.is_symlink():
             errors.append(f"{stored}: is a symlink (a golden stores regular files only)")
+    for entry in sorted(base.iterdir()):
+        if entry.name == "surfaces" and entry.is_dir() and not entry.is_symlink():
+            continue
+        if entry.name not in KNOWN_FILES:
+            errors.append(f"{entry}: not a file a golden holds (the store writes {', '.join(KNOWN_FILES)} "
+                          "and surfaces/<surface>.json only)")
+        elif entry.is_dir() or entry.is_symlink():
+            errors.append(f"{entry}: not a regular file")
+    errors += stored_golden_problems(base, manifest, _gated_documents(base, manifest))
     from harness.surfaces.registry import GATED_SURFACES
 
     names = {e.get("name") for e in manifest.get("surfaces") or [] if isinstance(e, dict)}
@@ -133,6 +143,23 @@ def _golden_extras(base: Path, manifest: dict) -> list[str]:
     except StrictJSONError as exc:
         errors.append(str(exc))
     return errors + _tolerance_errors(base)
+
+
+def _gated_documents(base: Path, manifest: dict) -> dict:
+    """The listed gated surfaces that read (confined, strict); the others are reported elsewhere."""
+    from harness.docio import read_json
+    from harness.manifest.confine import PathEscape, confined
+    from harness.surfaces.canonical import StrictJSONError
+    from harness.surfaces.registry import GATED_SURFACES
+
+    docs = {}
+    for entry in manifest.get("surfaces") or []:
+        if isinstance(entry, dict) and entry.get("name") in GATED_SURFACES and isinstance(entry.get("path"), str):
+            try:
+                docs[entry["name"]] = read_json(confined(base, entry["path"]), what="surface")
+            except (PathEscape, StrictJSONError):
+                continue
+    return docs
 
 
 def _tolerance_errors(base: Path) -> list[str]:

@@ -13,8 +13,9 @@
 3. a manifest whose ``status`` is not ``complete``, or a ``run.json`` whose
    ``status`` is not ``completed``, is ``NoVerdict`` (exit 3), with the reason the
    run recorded (its failed checks, the runner's error);
-4. each listed surface is read (the bytes must still have the listed sha256) and
-   validated against its schema; a surface error is ``RunUnusable``.
+4. each listed surface is read (the bytes must still have the listed sha256),
+   validated against its schema and must name the manifest's workload; a surface
+   error is ``RunUnusable``.
 
 Pure gate code: no torch, no ray.
 """
@@ -120,6 +121,10 @@ def load_run(path: str | Path, *, require_complete: bool = True) -> RunDocuments
         if problems:
             raise RunUnusable(f"{target}: surface {entry['name']!r} (manifest /surfaces/{index}) fails its schema",
                               [f"{target}#{p}: {short(m, 300)}" for p, m in problems[:20]])
+        if doc.get("workload") != manifest["workload"]["name"]:
+            raise RunUnusable(f"{target}#/workload: {short(repr(doc.get('workload')), 80)}, but the manifest's "
+                              f"/workload/name is {short(repr(manifest['workload']['name']), 80)}: the surface "
+                              "is not this run's; nothing was compared")
     return RunDocuments(base, manifest, surfaces, run)
 
 

@@ -1,0 +1,207 @@
+"""Fail-closed audit: inputs the gate used to accept (a verdict on nothing or on a golden it
+could not fully trust) or crashed on, each now refused as unusable input naming the file
+and field, never with a traceback.
+
+Real run directories and goldens (`suites/run_dirs.py`, `write_golden`), damaged the way a
+hand edit, a truncated copy or a bad merge leaves them, then the real `golden` command
+in-process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.parity.synthetic import synthetic_surfaces
+from harness.parity.tolerances import ToleranceFileError, parse_tolerances
+from harness.store import new_provenance, write_golden
+from harness.store.golden import GoldenStoreError
+from harness.surfaces import surface_file_bytes
+from harness.surfaces.digest import sha256_hex
+from suites.run_dirs import make_run, read_manifest, write_manifest
+
+
+def _provenance() -> dict:
+    return new_provenance(commit=None, reason="test", command="pytest", environment={})
+
+
+@pytest.fixture
+def world(tmp_path):
+    docs = synthetic_surfaces("w", seed=5)
+    run = make_run(tmp_path / "run", docs)
+    golden = write_golden(tmp_path / "goldens", "w", "cpu", read_manifest(run), docs, _provenance())
+    (tmp_path / "goldens/w/workload.yaml").write_text("name: w\n")  # lint: not an orphan
+    return tmp_path, run, golden, docs
+
+
+def _golden_manifest(golden: Path, change) -> None:
+    manifest = json.loads((golden / "manifest.json").read_text())
+    change(manifest)
+    (golden / "manifest.json").write_bytes(surface_file_bytes(manifest))
+
+
+def _golden_surface(golden: Path, name: str, doc: dict) -> None:
+    """Replace a stored surface and record its new sha256, as a careless hand edit would."""
+    data = surface_file_bytes(doc)
+    (golden / "surfaces" / f"{name}.json").write_bytes(data)
+
+    def fix(manifest):
+        for entry in manifest["surfaces"]:
+            if entry["name"] == name:
+                entry["sha256"] = sha256_hex(data)
+    _golden_manifest(golden, fix)
+
+
+def _gate(capsys, args) -> tuple[int, str]:
+    """(exit code, stderr + stdout) of one command; never a traceback."""
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    return code, captured.err + captured.out
+
+
+def _refused_everywhere(capsys, run: Path, golden: Path, root: Path, needle: str) -> None:
+    """diff exits 2 naming the problem; validate and lint report it (exit 1)."""
+    code, err = _gate(capsys, ["diff", run, golden])
+    assert code == 2, err
+    assert needle in err and "unusable input" in err
+    code, err = _gate(capsys, ["validate", golden])
+    assert code == 1
+    assert needle in err
+    code, _ = _gate(capsys, ["lint", "--goldens-root", root])
+    assert code == 1
+
+
+# --- a gate must not pass on nothing ------------------------------------------------------
+
+def test_a_golden_of_an_empty_gated_surface_is_never_written(world):
+    tmp_path, run, _, docs = world
+    empty = dict(docs)
+    empty["collectives"] = dict(docs["collectives"], sections={})
+    with pytest.raises(GoldenStoreError, match="surface collectives: /sections is empty"):
+        write_golden(tmp_path / "other", "w", "cpu", read_manifest(run), empty, _provenance())
+    assert not (tmp_path / "other/w/cpu").exists()
+
+
+def test_empty_run_against_empty_golden_is_not_parity(world, tmp_path, capsys):
+    # before: both sides with zero sections in every surface -> PARITY, exit 0
+    _, _, golden, docs = world
+    empty = {name: dict(doc, sections={}) for name, doc in docs.items()}
+    for name, doc in empty.items():
+        _golden_surface(golden, name, doc)
+    run = make_run(tmp_path / "empty_run", empty)
+    _refused_everywhere(capsys, run, golden, tmp_path / "goldens", "surfaces/topology.json#/sections: empty")
+
+
+# --- a stored manifest is read completely --------------------------------------------------
+
+@pytest.mark.parametrize("case, change, needle", [
+    ("another workload", lambda m: m["workload"].__setitem__("name", "other"),
+     "manifest.json#/workload/name: 'other', expected 'w'"),
+    ("an incomplete run", lambda m: m.__setitem__("status", "incomplete"),
+     "manifest.json#/status: 'incomplete'"),
+    ("a schema violation", lambda m: m.__setitem__("iterations", "two"), "manifest.json#/iterations"),
+    ("an absolute artifact path", lambda m: m["artifacts"][0].__setitem__("path", "/etc/passwd"),
+     "manifest.json#/artifacts/0/path"),
+])
+def test_a_golden_manifest_that_is_not_a_complete_run_of_its_workload_is_refused(world, capsys, case, change,
+                                                                                  needle):
+    # before: diff gave PARITY (exit 0): read_golden checked only schema_version and the surfaces list
+    tmp_path, run, golden, _ = world
+    _golden_manifest(golden, change)
+    code, err = _gate(capsys, ["diff", run, golden])
+    assert code == 2, (case, err)
+    assert needle in err
+    code, _ = _gate(capsys, ["lint", "--goldens-root", tmp_path / "goldens"])
+    assert code == 1
+    if case in ("another workload", "an incomplete run"):  # validate already caught the schema cases
+        code, err = _gate(capsys, ["validate", golden])
+        assert code == 1 and needle in err
+
+
+# --- PROVENANCE.json: a damaged one is unusable input, not a traceback or a silent parity ----
+
+@pytest.mark.parametrize("raw, needle", [
+    (b"[]\n", "PROVENANCE.json#/: provenance must be a JSON object"),
+    (b"{}\n", "PROVENANCE.json#/commit: commit: required field is missing"),
+    ((b'{"commit": 5, "date": [], "reason": {}, "command": 1, "environment": "x", "tolerance_evidence": 3, '
+     b'"repository": 7, "versions": "v"}\n'), "PROVENANCE.json#/commit: commit: must be a non-empty string"),
+])
+def test_a_damaged_provenance_is_unusable_input(world, capsys, raw, needle):
+    # before: [] and {} gave PARITY; wrong field types crashed the terminal renderer (exit 3, traceback)
+    _, run, golden, _ = world
+    (golden / "PROVENANCE.json").write_bytes(raw)
+    code, err = _gate(capsys, ["diff", run, golden])
+    assert code == 2, err
+    assert needle in err
+
+
+# --- tolerances.yaml ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("doc, field", [
+    (None, "empty document"),
+    ({"version": True}, "version: True is not supported"),
+    ({"version": 1.0}, "version: 1.0 is not supported"),
+    ({"version": 1, "rules": 0}, "rules: must be a list"),
+    ({"version": 1, "rules": ""}, "rules: must be a list"),
+])
+def test_parse_tolerances_refuses_what_python_truthiness_let_through(doc, field):
+    with pytest.raises(ToleranceFileError, match=field):
+        parse_tolerances(doc, source="t.yaml")
+
+
+@pytest.mark.parametrize("case", ["empty", "version true", "rules zero", "a directory"])
+def test_a_golden_tolerances_file_that_does_not_read_is_refused(world, capsys, case):
+    # before: each was read as "no overrides" (or, a directory, skipped): PARITY and validate "ok"
+    tmp_path, run, golden, _ = world
+    path = golden / "tolerances.yaml"
+    if case == "a directory":
+        path.mkdir()
+        needle = "tolerances.yaml: is a directory"
+    else:
+        path.write_text({"empty": "", "version true": "version: true\n", "rules zero": "version: 1\nrules: 0\n"}[case])
+        needle = {"empty": "empty document", "version true": "version: True",
+                  "rules zero": "rules: must be a list"}[case]
+    code, err = _gate(capsys, ["diff", run, golden])
+    assert code == 2, err
+    assert "tolerances.yaml" in err and (needle in err or case == "a directory")
+    code, err = _gate(capsys, ["validate", golden])
+    assert code == 1
+    assert "tolerances.yaml" in err
+    code, _ = _gate(capsys, ["lint", "--goldens-root", tmp_path / "goldens"])  # lint read no tolerances before
+    assert code == 1
+
+
+# --- files the store never writes ----------------------------------------------------------
+
+@pytest.mark.parametrize("rel", ["junk.bin", "surfaces/notes.txt", "surfaces/old/topology.json"])
+def test_a_golden_with_files_the_store_never_writes_is_refused(world, capsys, rel):
+    # before: junk.bin and surfaces/old/... were ignored (PARITY, validate ok); surfaces/notes.txt
+    # was refused by diff but validate said "ok"
+    tmp_path, run, golden, _ = world
+    (golden / rel).parent.mkdir(parents=True, exist_ok=True)
+    (golden / rel).write_bytes(b"\xff\x00")
+    code, err = _gate(capsys, ["diff", run, golden])
+    assert code == 2, err
+    assert ("surfaces/old" if rel.startswith("surfaces/old") else rel) in err
+    code, err = _gate(capsys, ["validate", golden])
+    assert code == 1, err
+    code, _ = _gate(capsys, ["lint", "--goldens-root", tmp_path / "goldens"])
+    assert code == 1
+
+
+# --- a run whose surfaces are not its manifest's -------------------------------------------
+
+def test_a_run_whose_surfaces_name_another_workload_than_its_manifest_is_unusable(world, capsys):
+    # before: manifest workload 'other', surfaces (and golden) 'w' -> PARITY, exit 0
+    _, run, golden, _ = world
+    manifest = read_manifest(run)
+    manifest["workload"]["name"] = "other"
+    write_manifest(run, manifest)
+    code, err = _gate(capsys, ["diff", run, golden])
+    assert code == 2, err
+    assert "surfaces/collectives.json#/workload: 'w', but the manifest's /workload/name is 'other'" in err
+    assert "nothing was compared" in err
