@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.cli import EXIT_FINDINGS, EXIT_OK
     from harness.cli._workload_args import (
         Refused,
+        check_output_target,
         execute_or_explain,
         prepare,
         progress,
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         resolve_report(args)
         prepared = prepare(args)
-        _golden(prepared, args)  # refuse a missing or corrupt golden before running for a minute
+        golden, _, _ = _golden(prepared, args)  # refuse a missing or corrupt golden before running for a minute
+        check_output_target(args.output, golden_dir=golden.path)
     except Refused as exc:
         print(f"golden check: {exc}", file=sys.stderr)
         return exc.code

@@ -205,3 +205,83 @@ def test_a_run_whose_surfaces_name_another_workload_than_its_manifest_is_unusabl
     assert code == 2, err
     assert "surfaces/collectives.json#/workload: 'w', but the manifest's /workload/name is 'other'" in err
     assert "nothing was compared" in err
+
+
+# --- a report never lands in what is compared ----------------------------------------------
+
+@pytest.mark.parametrize("where", ["golden manifest", "new file in golden", "run manifest", "run surface"])
+def test_diff_never_writes_its_report_over_what_it_compares(world, capsys, where):
+    # before: --output GOLDEN/manifest.json overwrote the golden's manifest with the report (exit 0)
+    _, run, golden, _ = world
+    target = {"golden manifest": golden / "manifest.json", "new file in golden": golden / "report.json",
+              "run manifest": run / "manifest.json", "run surface": run / "surfaces/training.json"}[where]
+    before = {p: p.read_bytes() for d in (run, golden) for p in sorted(d.rglob("*")) if p.is_file()}
+    code, err = _gate(capsys, ["diff", run, golden, "--output", target, "--format", "json"])
+    assert code == 2, err
+    assert "--output" in err and ("inside the golden" in err or "a file this comparison reads" in err)
+    after = {p: p.read_bytes() for d in (run, golden) for p in sorted(d.rglob("*")) if p.is_file()}
+    assert after == before
+
+
+def test_check_refuses_an_output_inside_its_golden_before_running(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from harness import flows
+
+    def refuse(*args, **kwargs):  # test double: the workload must not start for a usage error
+        raise AssertionError("the workload must not start for a usage error")
+
+    monkeypatch.setattr(flows, "execute", refuse)
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    repo, smoke = Path(__file__).resolve().parents[2], "qwen3_moe_tiny_smoke"
+    root = tmp_path / "goldens"
+    (root / smoke).mkdir(parents=True)
+    shutil.copy(repo / "goldens" / smoke / "workload.yaml", root / smoke / "workload.yaml")
+    shutil.copytree(repo / "goldens" / smoke / "cpu", root / smoke / "cpu")
+    out = root / smoke / "cpu" / "report.html"
+    code, err = _gate(capsys, ["check", smoke, "--goldens-root", root, "--output", out, "--run-dir", tmp_path / "r"])
+    assert code == 2
+    assert "is inside the golden" in err
+    assert not out.exists() and not (tmp_path / "r").exists()
+
+
+def test_a_report_write_that_fails_leaves_no_half_report(tmp_path, monkeypatch):
+    from harness.cli import _workload_args
+
+    out = tmp_path / "r.md"
+    out.write_text("previous report\n")
+
+    class Boom(OSError):
+        pass
+
+    real_fdopen = _workload_args.os.fdopen
+
+    def failing_fdopen(fd, *a, **kw):
+        handle = real_fdopen(fd, *a, **kw)
+        handle.write("half")
+        handle.flush()
+        raise Boom("disk full")
+
+    monkeypatch.setattr(_workload_args.os, "fdopen", failing_fdopen)
+    with pytest.raises(Boom):
+        _workload_args.write_report(out, "a long report\n")
+    assert out.read_text() == "previous report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.md"]
+
+
+# --- golden vs golden ----------------------------------------------------------------------
+
+def test_diff_of_two_goldens_compares_them(world, capsys):
+    # before: exit 2 "artifacts/... is missing under <golden>" (a golden stores no artifacts)
+    tmp_path, run, golden, docs = world
+    same = write_golden(tmp_path / "goldens", "w", "cuda", read_manifest(run), docs, _provenance())
+    code, err = _gate(capsys, ["diff", golden, same])
+    assert code == 0, err
+    changed = json.loads(json.dumps(docs))
+    next(iter(changed["training"]["sections"].values()))["metrics"]["loss"] = 123.0
+    other = write_golden(tmp_path / "g2", "w", "cpu", read_manifest(run), changed, _provenance())
+    code, out = _gate(capsys, ["diff", golden, other])
+    assert code == 1 and "training" in out
+    (golden / "surfaces/training.json").write_bytes(b"{}")  # a damaged golden as RUN is unusable input
+    code, err = _gate(capsys, ["diff", golden, other])
+    assert code == 2 and "surfaces/training.json" in err
