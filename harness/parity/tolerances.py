@@ -130,16 +130,20 @@ def parse_tolerances(doc: Any, *, source: str = "tolerances.yaml") -> Tolerances
 
 def parse_tolerances_bytes(data: bytes, *, source: str = "tolerances.yaml") -> TolerancesFile:
     """``parse_tolerances`` of a file's bytes, read with the specs' strict, bounded YAML
-    parser (UTF-8 only, alias-expansion limit, duplicate keys refused)."""
+    parser (the size limit of ``load_tolerances``, UTF-8 only, alias-expansion limit,
+    duplicate keys refused)."""
+    from harness.spec import yaml_io
     from harness.spec.errors import SpecError
-    from harness.spec.yaml_io import load_yaml_text
 
+    if len(data) > yaml_io.MAX_YAML_BYTES:
+        raise ToleranceFileError(f"{source}: {len(data)} bytes is more than the {yaml_io.MAX_YAML_BYTES}-byte "
+                                 "limit for a YAML file (GOLDEN_YAML_MAX_BYTES)")
     try:
         text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ToleranceFileError(f"{source}: not UTF-8 (byte {exc.start})") from None
     try:
-        doc = load_yaml_text(text, source=source)
+        doc = yaml_io.load_yaml_text(text, source=source)
     except SpecError as exc:
         raise ToleranceFileError(f"not valid YAML: {exc}") from None
     return parse_tolerances(doc, source=source)

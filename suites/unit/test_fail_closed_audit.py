@@ -285,3 +285,17 @@ def test_diff_of_two_goldens_compares_them(world, capsys):
     (golden / "surfaces/training.json").write_bytes(b"{}")  # a damaged golden as RUN is unusable input
     code, err = _gate(capsys, ["diff", golden, other])
     assert code == 2 and "surfaces/training.json" in err
+
+
+def test_an_oversized_tolerances_file_in_a_golden_is_refused_from_its_size(world, capsys, monkeypatch):
+    from harness.spec import yaml_io
+
+    _, run, golden, _ = world
+    monkeypatch.setattr(yaml_io, "MAX_YAML_BYTES", 64)
+    (golden / "tolerances.yaml").write_text("version: 1\nrules: []\n" + "#" * 100 + "\n")
+    code, err = _gate(capsys, ["diff", run, golden])
+    assert code == 2
+    assert "tolerances.yaml" in err and "64-byte limit" in err
+    code, out = _gate(capsys, ["lint", "--goldens-root", golden.parent.parent])  # lint parses the stored bytes
+    assert code == 1
+    assert "tolerances.yaml" in out and "64-byte limit" in out
