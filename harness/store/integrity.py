@@ -56,6 +56,10 @@ def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[s
     errors = validate_manifest(stored)
     if errors:
         raise GoldenStoreError("manifest: " + "; ".join(str(e) for e in errors))
+    if stored["status"] != "complete" or any(c["outcome"] != "pass" for c in stored["checks"]):
+        raise GoldenStoreError(f"manifest: /status is {stored['status']!r} with checks "
+                               f"{[c['name'] for c in stored['checks'] if c['outcome'] != 'pass']} failing: only a "
+                               "complete run whose every check passed becomes a golden")
     if stored["workload"]["name"] != workload:
         raise GoldenStoreError(f"manifest: /workload/name is {stored['workload']['name']!r}, expected {workload!r}")
     problems = provenance_errors(dict(provenance))
@@ -65,6 +69,9 @@ def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[s
     files[layout.PROVENANCE] = surface_file_bytes(dict(provenance))
     if tolerances is not None:
         files[layout.TOLERANCES] = tolerances.encode("utf-8")
+        problems = _tolerance_problems(Path(layout.TOLERANCES), files[layout.TOLERANCES])
+        if problems:  # a golden the next read would refuse is never written; the bands are edited by hand
+            raise GoldenStoreError(f"{problems[0]} (fix tolerances.yaml by hand; nothing was stored)")
     return files
 
 
@@ -107,7 +114,8 @@ def golden_problems(target: Path, manifest: Any, files: Mapping[str, bytes],
 
 def stored_golden_problems(target: Path, manifest: Any, surfaces: Mapping[str, Any]) -> list[str]:
     """What a stored golden's documents must say besides their integrity and schemas: the
-    manifest records a complete run of this workload (the folder it is stored in), and
+    manifest records a complete run (every check passed) of this workload (the folder it
+    is stored in), and
     every gated surface holds at least one section (a golden of nothing passes every run
     that also records nothing). ``golden validate`` shares these checks."""
     where = target / layout.MANIFEST
@@ -116,6 +124,10 @@ def stored_golden_problems(target: Path, manifest: Any, surfaces: Mapping[str, A
         if manifest.get("status") != "complete":
             problems.append(f"{where}#/status: {short(repr(manifest.get('status')), 40)}, a golden records a "
                             "complete run")
+        for index, check in enumerate(manifest.get("checks") or []):
+            if isinstance(check, dict) and check.get("outcome") != "pass":
+                problems.append(f"{where}#/checks/{index}/outcome: {short(repr(check.get('outcome')), 40)}, a golden "
+                                "records a run whose every check passed")
         name = manifest.get("workload", {}).get("name") if isinstance(manifest.get("workload"), dict) else None
         if name != target.parent.name:
             problems.append(f"{where}#/workload/name: {short(repr(name), 80)}, expected {target.parent.name!r} "

@@ -299,3 +299,25 @@ def test_an_oversized_tolerances_file_in_a_golden_is_refused_from_its_size(world
     code, out = _gate(capsys, ["lint", "--goldens-root", golden.parent.parent])  # lint parses the stored bytes
     assert code == 1
     assert "tolerances.yaml" in out and "64-byte limit" in out
+
+
+@pytest.mark.parametrize("text", ["", "version: true\n", "rules: [\n"])
+def test_write_golden_never_stores_a_tolerances_file_the_next_read_refuses(world, text):
+    # before: refresh carried an unreadable tolerances.yaml into the new golden verbatim
+    tmp_path, run, _, docs = world
+    with pytest.raises(GoldenStoreError, match="tolerances.yaml"):
+        write_golden(tmp_path / "fresh", "w", "cpu", read_manifest(run), docs, _provenance(), tolerances=text)
+    assert not (tmp_path / "fresh/w/cpu").exists()
+
+
+def test_a_run_that_says_complete_with_a_failed_check_gets_no_verdict(world, tmp_path, capsys):
+    # before: status 'complete' with a failed postflight check -> PARITY (postflight never writes that pair)
+    _, _, golden, docs = world
+    checks = [{"name": "traces_intact", "outcome": "fail", "detail": "rank 3 trace truncated"}]
+    run = make_run(tmp_path / "claims_complete", docs, checks=checks)
+    code, err = _gate(capsys, ["diff", run, golden])
+    assert code == 3
+    assert "#/checks/0/outcome: 'fail' in a manifest whose status is 'complete'" in err
+    assert "rank 3 trace truncated" in err
+    with pytest.raises(GoldenStoreError, match="traces_intact"):
+        write_golden(tmp_path / "fresh", "w", "cpu", read_manifest(run), docs, _provenance())
