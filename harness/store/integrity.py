@@ -87,7 +87,7 @@ def golden_problems(target: Path, manifest: Any, files: Mapping[str, bytes],
         return [str(exc)]
     problems = unknown_files(target, files)
     where = target / layout.MANIFEST
-    listed = {e.get("name") for e in manifest["surfaces"] if isinstance(e, dict)}
+    listed = {e.get("name") for e in manifest["surfaces"] if isinstance(e, dict) and isinstance(e.get("name"), str)}
     for name in GATED_SURFACES:
         if name not in listed or name not in surfaces:
             problems.append(f"{where}#/surfaces: gated surface {name!r} is missing (every golden stores all of "

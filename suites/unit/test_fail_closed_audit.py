@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness.cli import main
 from harness.parity.synthetic import synthetic_surfaces
@@ -321,3 +323,86 @@ def test_a_run_that_says_complete_with_a_failed_check_gets_no_verdict(world, tmp
     assert "rank 3 trace truncated" in err
     with pytest.raises(GoldenStoreError, match="traces_intact"):
         write_golden(tmp_path / "fresh", "w", "cpu", read_manifest(run), docs, _provenance())
+
+
+# --- wrong-typed manifest fields (found by fuzzing: each was a TypeError traceback, exit 3) ---
+
+@pytest.mark.parametrize("side, change, pointer", [
+    ("golden", lambda m: m["surfaces"][3].__setitem__("name", {"a": 1}), "/surfaces/3/name"),
+    ("golden", lambda m: m["surfaces"][1].__setitem__("path", {"a": 1}), "/surfaces/1/path"),
+    ("run", lambda m: m.__setitem__("artifacts", 5.5), "/artifacts"),
+    ("run", lambda m: m.__setitem__("surfaces", 7), "/surfaces"),
+])
+def test_wrong_typed_manifest_fields_are_errors_not_tracebacks(world, capsys, side, change, pointer):
+    tmp_path, run, golden, _ = world
+    if side == "golden":
+        _golden_manifest(golden, change)
+    else:
+        manifest = read_manifest(run)
+        change(manifest)
+        write_manifest(run, manifest)
+    code, err = _gate(capsys, ["diff", run, golden])
+    assert code == 2, err
+    assert f"manifest.json#{pointer}" in err
+    code, out = _gate(capsys, ["validate", golden if side == "golden" else run])
+    assert code == 1
+    assert f"manifest.json#{pointer}" in out
+    code, _ = _gate(capsys, ["lint", "--goldens-root", tmp_path / "goldens"])
+    assert code == 1
+
+
+def _json_paths(doc, prefix=()):
+    yield prefix
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in items:
+        yield from _json_paths(value, prefix + (key,))
+
+
+_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+                       | st.text(max_size=6), lambda c: st.lists(c, max_size=3)
+                       | st.dictionaries(st.text(max_size=4), c, max_size=3), max_leaves=5)
+
+
+_FUZZ_TEMPLATE: dict[str, Path] = {}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(which=st.sampled_from(["run/manifest.json", "run/run.json", "goldens/w/cpu/manifest.json",
+                              "goldens/w/cpu/PROVENANCE.json"]), pick=st.integers(0, 10**6), value=_values)
+def test_no_replaced_value_in_a_manifest_or_provenance_gives_a_traceback(tmp_path_factory, which, pick, value):
+    """One value anywhere in the run's manifest / run.json or the golden's manifest /
+    provenance replaced by arbitrary JSON: every command answers with an exit code, never a
+    traceback."""
+    import contextlib
+    import io
+    import shutil
+
+    template = _FUZZ_TEMPLATE.get("dir")
+    if template is None:  # one real run dir + golden, copied per example (write_golden fsyncs every file)
+        template = _FUZZ_TEMPLATE["dir"] = tmp_path_factory.mktemp("fuzz_template")
+        docs = synthetic_surfaces("w", seed=5)
+        run = make_run(template / "run", docs)
+        write_golden(template / "goldens", "w", "cpu", read_manifest(run), docs, _provenance())
+    tmp_path = tmp_path_factory.mktemp("fuzz")
+    shutil.copytree(template, tmp_path, dirs_exist_ok=True)
+    run = tmp_path / "run"
+    target = tmp_path / which
+    doc = json.loads(target.read_text())
+    paths = list(_json_paths(doc))
+    path = paths[pick % len(paths)]
+    if not path:
+        doc = value
+    else:
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = value
+    target.write_text(json.dumps(doc))
+    golden = tmp_path / "goldens/w/cpu"
+    for args in (["diff", run, golden], ["validate", golden], ["validate", run],
+                 ["lint", "--goldens-root", tmp_path / "goldens"]):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+        assert "Traceback" not in err.getvalue() + out.getvalue(), (which, path, value, args[0])
+        assert code in (0, 1, 2, 3)
