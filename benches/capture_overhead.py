@@ -55,7 +55,7 @@ from harness.capture.finalize import finalize_group
 from harness.capture.ledger import CaptureLedger
 from harness.capture.receipt import build_receipts
 from harness.capture.sink import CaptureSink
-from harness.dataplane.store import DataPlaneStore
+from harness.dataplane.staging_db import StagingDB
 from harness.spec.typed import Workload
 
 EOS, IM_START, NL = 2, 1, 3
@@ -99,7 +99,7 @@ def run(engine: TinyEngine, rollouts: int, turns: int, tokens: int, capture_dir:
     one capture batch; one receipt batch and one finalisation at the end."""
     if capture_dir:
         ledger = CaptureLedger(f"{capture_dir}/ledger.sqlite")
-        dp = DataPlaneStore(f"{capture_dir}/dataplane.sqlite")
+        dp = StagingDB(f"{capture_dir}/dataplane.sqlite")
         sink = CaptureSink(dp, CaptureLedger(f"{capture_dir}/ledger.sqlite"))
         admitter = CaptureAdmitter(ledger, dp, eos_token_id=EOS)
     produced = 0

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model, hf_fused_state_dict
 from harness.parallel.data import shard_for_dp
-from harness.policy.local_world import spawn_world, synthetic_batch, with_layout
+from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: suites/ holds the spawn helper
+from suites.local_world import spawn_world, with_layout
 
 
 def _timed_steps(engine, batch, steps):
-    shard = shard_for_dp(batch, engine.spec["policy"]["dp"], engine.coords["dp"])
+    shard = shard_for_dp(batch, engine.spec.policy.dp, engine.coords["dp"])
     engine.train(shard)  # warm-up
     times = []
     for _ in range(steps):

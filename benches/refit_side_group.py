@@ -26,14 +26,14 @@ import torch
 
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
-from harness.parallel.rendezvous import HeldStore
+from harness.parallel.rendezvous import RendezvousServer
 from harness.refit.broadcast import SideGroupSlot, broadcast_weights, receive_broadcast
 from harness.spec import load_spec
 
 BUFFER = 1 << 20
 
 
-def _one_refit(store: HeldStore, slots: list[SideGroupSlot], weights: dict, prefix: str, close: bool) -> float:
+def _one_refit(store: RendezvousServer, slots: list[SideGroupSlot], weights: dict, prefix: str, close: bool) -> float:
     info = {n: (tuple(t.shape), t.dtype) for n, t in weights.items()}
     side = {"host": store.host, "port": store.port, "world_size": len(slots), "prefix": prefix}
     errors: list[BaseException] = []
@@ -72,7 +72,7 @@ def main() -> None:
     model = build_reference_model(ModelConfig.from_spec(spec["model"]), int(spec["seed"]))
     weights = {n: t.detach() for n, t in model.state_dict().items()}
     nbytes = sum(t.numel() * t.element_size() for t in weights.values())
-    store = HeldStore()
+    store = RendezvousServer()
     try:
         times: dict[str, list[float]] = {"rebuild": [], "reuse": []}
         reuse_slots = [SideGroupSlot() for _ in range(1 + args.receivers)]

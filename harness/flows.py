@@ -1,10 +1,15 @@
 """The golden flows shared by the ``golden`` command and the pytest plugin.
 
-``execute``  run a workload (workload half) and postflight it (gate half);
-``check``    execute, then compare the surfaces with the stored golden;
-``capture``  execute, then store a golden for a platform that has none;
-``refresh``  execute, show the diff against the current golden, then rewrite
-             it atomically with a reason and provenance.
+``execute``              run a workload (workload half) and postflight it (gate half);
+``resume``               continue a stopped run from its newest checkpoint, then postflight it;
+``compare_with_golden``  the verdict of an execution against the stored golden (``load_golden``);
+``remember_golden``      record the golden a refresh that does not compare first replaces;
+``store_golden``         write the execution as the golden, atomically, with provenance
+                         (compare-and-swap on the golden seen).
+
+``golden check`` is execute + compare_with_golden, ``capture`` execute + store_golden
+(none may exist), ``refresh`` execute + compare_with_golden + store_golden
+(``harness.cli``; the pytest plugin does the same per workload).
 
 The workload half is imported only inside ``execute``; everything else here
 is gate-half code.
@@ -23,7 +28,7 @@ from harness.parity.findings import Verdict
 from harness.postflight.run import PostflightResult, postflight
 from harness.progress import phase
 from harness.spec.load import default_goldens_root, load_spec
-from harness.spec.typed import Workload
+from harness.spec.typed import Workload, as_workload
 from harness.surfaces.build import GATED
 
 Say = Callable[[str], None]
@@ -56,7 +61,7 @@ class Execution:
         return [f"{c['name']}: {c['detail']}" for c in self.postflight.failed_checks]
 
 
-def platform_of(spec: dict, platform: str | None = None) -> str:
+def platform_of(spec: Workload, platform: str | None = None) -> str:
     """The golden platform: explicit, else ``$GOLDEN_PLATFORM``, else the spec's
     (``harness.spec.load.golden_platform``: the device, ``cpu-vllm`` for vLLM on cpu)."""
     from harness.spec.load import golden_platform
@@ -121,7 +126,7 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     return Execution(spec, run_dir, result, time.perf_counter() - t)
 
 
-def _refuse_unplaceable(spec: dict, topology: dict, address: str | None) -> None:
+def _refuse_unplaceable(spec: Workload, topology: dict, address: str | None) -> None:
     """``ClusterRefused`` (exit 2), before anything starts, for a plan the Ray it would run on
     cannot hold: a private local instance is one node; a cluster is joined and checked."""
     if address is None:
@@ -136,13 +141,11 @@ def _refuse_unplaceable(spec: dict, topology: dict, address: str | None) -> None
         preflight(spec, topology, address)  # ClusterRefused (exit 2) before anything starts
 
 
-def ray_address_of(spec: dict, explicit: str | None = None) -> str | None:
+def ray_address_of(spec: Workload, explicit: str | None = None) -> str | None:
     """The Ray cluster a run joins: ``explicit`` (``--ray-address``), else the spec's optional
     ``platform.ray_address``, else None (a private local instance; ``RAY_ADDRESS`` is not
     followed, so a golden never lands on a shared cluster by accident)."""
-    from harness.spec.typed import as_workload
-
-    return explicit or as_workload(spec).platform.ray_address or None
+    return explicit or spec.platform.ray_address or None
 
 
 def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = None) -> Execution:
@@ -156,7 +159,7 @@ def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = N
     from harness.spec.topology import plan
 
     run_dir = Path(run_dir)
-    spec = json.loads((run_dir / "run.json").read_text())["spec"]
+    spec = as_workload(json.loads((run_dir / "run.json").read_text())["spec"])  # the canonical dict it stored
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
     _refuse_unplaceable(spec, topology, address)

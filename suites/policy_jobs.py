@@ -1,6 +1,7 @@
-"""Jobs run on every rank of a policy world spawned by `harness.policy.local_world.spawn_world`
+"""Jobs run on every rank of a policy world spawned by `suites.local_world.spawn_world`
 (which builds the engine the spec selects) by the backend tests: `curve_job` (the
-backend-vs-native comparison: megatron and dtensor) and `lora_job` (dtensor's LoRA check).
+backend-vs-native comparison: megatron and dtensor), `lora_job` (dtensor's LoRA check)
+and `parity_job` (monolithic vs split train steps, the layer-level parity tests).
 Test code: the backends' packages hold none of it."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from typing import Any
 import torch
 
 from harness.parallel.data import shard_for_dp
-from harness.policy.local_world import checksums
 from harness.spec.typed import as_workload
+from suites.local_world import checksums
 
 
 def curve_job(engine, batch: Mapping[str, torch.Tensor], steps: int, ckpt_dir: str) -> dict[str, Any]:
@@ -55,3 +56,26 @@ def lora_job(engine, batch: Mapping[str, torch.Tensor], steps: int) -> dict[str,
         return {}
     return {"before": before, "after": after, "adapters": adapters, "exported": exported, "trained": trained,
             "optimized": optimized, "metrics": metrics}
+
+
+def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: int, ckpt_dir: str) -> dict[str, Any]:
+    """Run `steps` monolithic steps, restore the initial checkpoint, then the
+    same steps through the split API (`chunks` train_microbatch calls each).
+    Returns per-step metrics of both paths (last-stage ranks) and parameter
+    checksums after each path (rank 0)."""
+    shard = shard_for_dp(batch, as_workload(engine.spec).policy.dp, engine.coords["dp"])
+    engine.save_checkpoint(ckpt_dir)
+    mono = [engine.train(shard) for _ in range(steps)]
+    mono_sums = checksums(engine.hf_state_dict())  # collective; {} except on rank 0
+    logprobs = engine.get_logprobs(shard)
+    engine.load_checkpoint(ckpt_dir)
+    split = []
+    n = shard["input_ids"].shape[0] // chunks
+    for _ in range(steps):
+        engine.begin_train_step()
+        for c in range(chunks):
+            engine.train_microbatch({k: v[c * n : (c + 1) * n] for k, v in shard.items()})
+        split.append(engine.finish_train_step())
+    split_sums = checksums(engine.hf_state_dict())
+    return {"mono": mono, "split": split, "mono_sums": mono_sums, "split_sums": split_sums,
+            "logprobs": logprobs, "coords": dict(engine.coords), "is_last": engine.is_last}

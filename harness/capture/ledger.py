@@ -36,7 +36,7 @@ from typing import Any, Self
 
 from harness.capture.records import CallRecord, CaptureAdmission, CaptureValidationError
 from harness.dataplane.sqlite import open_durable
-from harness.dataplane.store import _backup, _immediate, _restore_file
+from harness.dataplane.staging_db import _backup, _immediate, _restore_file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS admissions (

@@ -66,9 +66,9 @@ def sink_parts(cfg: dict[str, Any]) -> tuple[Any, CaptureLedger, dict[str, Any]]
         dataplane: Any = DataPlaneClient(actor, namespace=cfg.get("dataplane_namespace"),
                                          local_writes=cfg.get("dataplane_local_writes"))
     else:
-        from harness.dataplane.store import DataPlaneStore
+        from harness.dataplane.staging_db import StagingDB
 
-        dataplane = DataPlaneStore(path)
+        dataplane = StagingDB(path)
     return dataplane, CaptureLedger(cfg["ledger_path"]), {"fail_stage_rate": cfg.get("fail_stage_rate", 0.0),
                                                           "seed": cfg.get("seed", 0),
                                                           "ledger_sync": cfg.get("ledger_sync", "normal")}

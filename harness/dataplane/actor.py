@@ -1,6 +1,6 @@
 """The data plane as a named Ray actor, and a blocking client for it.
 
-`DataPlaneActor` owns one `DataPlaneStore`: the data plane's address in the
+`DataPlaneActor` owns one `StagingDB`: the data plane's address in the
 cluster, and the writer for clients on other nodes. Clients on the actor's
 node may read, and (opt-in) stage rows, through their own connection to the
 same file (see `DataPlaneClient`). `DataPlaneClient` exposes the
@@ -20,18 +20,18 @@ from typing import Any
 
 import ray
 
-from harness.dataplane.store import DataPlaneStore
+from harness.dataplane.staging_db import StagingDB
 
 
 @ray.remote(num_cpus=0)
 class DataPlaneActor:
-    """Ray actor wrapper around `DataPlaneStore(path)`; methods mirror the store."""
+    """Ray actor wrapper around `StagingDB(path)`; methods mirror the store."""
 
     def __init__(self, path: str):
         import torch
 
         torch.set_num_threads(1)
-        self._store = DataPlaneStore(path)
+        self._store = StagingDB(path)
 
     def path(self) -> str:
         return str(self._store.path)
@@ -90,13 +90,13 @@ def start_dataplane_actor(name: str, path: str, *, namespace: str | None = None)
 
 
 class DataPlaneClient:
-    """Blocking client with `DataPlaneStore`'s interface, over a Ray actor.
+    """Blocking client with `StagingDB`'s interface, over a Ray actor.
 
     `target` is an actor handle or the actor's registered name.
 
     Local connection: when the client runs on the actor's node it can open
     its own connection to the same SQLite file (decided on first use: the
-    actor reports its file and node). The store's contract is the file's, not
+    actor reports its file and node). The staging DB's contract is the file's, not
     the process's -- WAL, `synchronous=FULL`, `BEGIN IMMEDIATE` transactions
     (SQLite serialises writers across processes; `busy_timeout` waits), the
     digest computed from the canonical bytes and re-verified on every read --
@@ -121,7 +121,7 @@ class DataPlaneClient:
         self._actor = ray.get_actor(target, namespace=namespace) if isinstance(target, str) else target
         self._local_reads = local_reads
         self._local_writes = local_writes
-        self._local: DataPlaneStore | None = None
+        self._local: StagingDB | None = None
         self._local_checked = False
         self._where: tuple[str, str, str] = ("?", "?", "?")
 
@@ -134,7 +134,7 @@ class DataPlaneClient:
         """The actor handle (pass it to other actors; they wrap it in their own client)."""
         return self._actor
 
-    def _local_store(self, want: bool | None, what: str) -> DataPlaneStore | None:
+    def _local_store(self, want: bool | None, what: str) -> StagingDB | None:
         """The local connection for `what` (reads/writes) under the setting `want`, or None."""
         if want is False:
             return None
@@ -144,18 +144,18 @@ class DataPlaneClient:
             here = ray.get_runtime_context().get_node_id()
             self._where = (path, node, here)
             if node == here and Path(path).is_file():
-                self._local = DataPlaneStore(path)
+                self._local = StagingDB(path)
         if self._local is None and want:
             path, node, here = self._where
             raise ValueError(f"data plane client: local_{what}=True but the store {path} is on node {node} "
                              f"and this process runs on node {here}")
         return self._local
 
-    def _rows(self) -> DataPlaneStore | None:
+    def _rows(self) -> StagingDB | None:
         """The local connection for row reads, or None (reads go to the actor)."""
         return self._local_store(self._local_reads, "reads")
 
-    def _writer(self) -> DataPlaneStore | None:
+    def _writer(self) -> StagingDB | None:
         """The local connection for row writes, or None (writes go to the actor)."""
         return self._local_store(self._local_writes, "writes")
 
@@ -171,7 +171,7 @@ class DataPlaneClient:
         return local.stage(key, row) if local is not None else ray.get(self._actor.stage.remote(key, dict(row)))
 
     def stage_many(self, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str | Exception]:
-        """One transaction for the whole batch (see `DataPlaneStore.stage_many`):
+        """One transaction for the whole batch (see `StagingDB.stage_many`):
         on the local connection, or in one actor round trip."""
         local = self._writer()
         if local is not None:

@@ -11,7 +11,7 @@ touches the default world); ``auto`` picks by placement. After a refit every
 engine reports the same new weight version, or the step fails.
 
 Broadcast side group, one per session: the first broadcast refit starts a
-``HeldStore`` in this (driver) process -- bound before its port is handed out,
+``RendezvousServer`` in this (driver) process -- bound before its port is handed out,
 so no other process can take the port in between -- with a store prefix unique
 to this ``Refitter``. Policy rank 0 and every engine rank join it as clients
 and keep the group they build (``SideGroupSlot``); every later refit sends the
@@ -79,7 +79,7 @@ class Refitter:
             self.cross_node = set()
             self._side_world = 1
         self.history: list[dict] = []
-        self._store = None  # HeldStore of the broadcast side group (first broadcast refit .. close)
+        self._store = None  # RendezvousServer of the broadcast side group (first broadcast refit .. close)
         self._side: dict | None = None  # the side group's signature, the same for every refit
         self._closed = False
         self.store_host: str | None = None  # the side group's store address (None: loopback, one node)
@@ -164,10 +164,10 @@ class Refitter:
         if self._closed:
             raise RuntimeError("the refitter is closed: its side-group store is no longer served")
         if self._side is None:
-            from harness.parallel.rendezvous import HeldStore
+            from harness.parallel.rendezvous import RendezvousServer
 
             # bound here, before the port leaves this process
-            self._store = HeldStore() if self.store_host is None else HeldStore(self.store_host)
+            self._store = RendezvousServer() if self.store_host is None else RendezvousServer(self.store_host)
             self._side = {"host": self._store.host, "port": int(self._store.port),
                           "world_size": self._side_world,
                           "prefix": f"harness-refit/{uuid.uuid4().hex}"}

@@ -137,7 +137,7 @@ def settled_wait(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.
     Python object, one reference) and the collective's work hold; the work lets go
     when gloo's worker thread releases it. So the tensor is settled once it is
     referenced once. A tensor that something else holds too waits :data:`TIMEOUT_S`
-    and counts a timeout (``harness.policy.local_world`` fails a test world on one)."""
+    and counts a timeout (``suites.local_world`` fails a test world on one)."""
 
     @functools.wraps(fn)
     def call(tensor: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from harness.devices import local_device
 from harness.parallel import settle
-from harness.parallel.rendezvous import join_store
+from harness.parallel.rendezvous import join_rendezvous
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
@@ -31,5 +31,5 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESS_COLLECTIVE_TIMEOUT_S", "300")))
-        store = join_store(master_addr, master_port, timeout.total_seconds())
+        store = join_rendezvous(master_addr, master_port, timeout.total_seconds())
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)

@@ -25,7 +25,7 @@ import torch
 
 from harness.parallel.data import shard_for_dp
 from harness.parallel.groups import validate_policy_layout
-from harness.parallel.rendezvous import HeldStore
+from harness.parallel.rendezvous import RendezvousServer
 from harness.policy.worker import PolicyWorker
 from harness.spec.typed import as_workload
 from harness.workerenv.select import actor_runtime_env
@@ -132,7 +132,7 @@ class PolicyGroup:
         env = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", **(env_vars or {})}
         host = ray.util.get_node_ip_address() if placement is not None and placement.spans_nodes else None
         # served here for the group's lifetime (ranks may create groups later)
-        self._store = HeldStore() if host is None else HeldStore(host)
+        self._store = RendezvousServer() if host is None else RendezvousServer(host)
         args = (self._store.host, self._store.port, run_dir, topology)
         if pool is None:
             self.workers = [

@@ -4,7 +4,8 @@
 ``op`` the ``torch.distributed`` API name where one is known (``OP_NAMES``), else
 the c10d op name; ``group_kind`` the ``group_desc`` of the process group among the
 arguments; ``dtype`` / ``numel`` the first tensor argument's (summed over a tensor
-list). Both recording methods (``harness.profiler.collectives``) build entries here.
+list). Both recording methods (``harness.profiler.collectives``) build entries here and
+share ``RecorderThread`` (the thread a recorder was started on).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["COLLECTIVE_NAMESPACES", "IGNORED_OPS", "OP_NAMES", "entry"]
+__all__ = ["COLLECTIVE_NAMESPACES", "IGNORED_OPS", "OP_NAMES", "RecorderThread", "entry"]
 
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
 # c10d op name -> torch.distributed API name.
@@ -110,3 +111,18 @@ def entry(name: str, namespace: str, args: tuple[Any, ...], kwargs: dict[str, An
     ``harness.profiler.collectives`` says what each field holds)."""
     dtype, numel = _first_tensor(args)
     return [OP_NAMES.get(name, name), _group_kind(args, kwargs, namespace), dtype, numel]
+
+
+class RecorderThread:
+    """What both recorders share: ``_thread``, the thread ``start`` ran on (None when
+    stopped; ``active`` between ``start`` and ``stop``), and the refusal of a second start."""
+
+    _thread: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None
+
+    def _refuse_if_started(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("collective recorder already started")

@@ -49,7 +49,7 @@ from typing import Any, Self
 
 import torch
 
-from harness.profiler.collective_ops import COLLECTIVE_NAMESPACES, IGNORED_OPS, entry
+from harness.profiler.collective_ops import COLLECTIVE_NAMESPACES, IGNORED_OPS, RecorderThread, entry
 from harness.profiler.collectives_mode import ModeCollectiveRecorder
 
 METHOD_ENV = "HARNESS_TRACE_COLLECTIVES"
@@ -201,7 +201,7 @@ def install_kernels() -> int:
         return wrapped
 
 
-class KernelCollectiveRecorder:
+class KernelCollectiveRecorder(RecorderThread):
     """Appends ``[op, group_kind, dtype, numel]`` for every collective issued in this thread's state.
 
     ``start()`` / ``stop()`` (or ``with``) on the same thread; stopping on
@@ -215,13 +215,8 @@ class KernelCollectiveRecorder:
         self.recording = False
         self._thread: int | None = None
 
-    @property
-    def active(self) -> bool:
-        return self._thread is not None
-
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("collective recorder already started")
+        self._refuse_if_started()
         install_kernels()
         self.recording = True
         self._thread = threading.get_ident()

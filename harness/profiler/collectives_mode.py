@@ -12,11 +12,11 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.profiler.collective_ops import COLLECTIVE_NAMESPACES, IGNORED_OPS, entry
+from harness.profiler.collective_ops import COLLECTIVE_NAMESPACES, IGNORED_OPS, RecorderThread, entry
 
 __all__ = ["ModeCollectiveRecorder"]
 
-class ModeCollectiveRecorder(TorchDispatchMode):
+class ModeCollectiveRecorder(RecorderThread, TorchDispatchMode):
     """The dispatch-mode method: sees every op of the window (slow), records collectives.
 
     Use ``start()`` / ``stop()``; both must run on the same thread, because
@@ -39,13 +39,8 @@ class ModeCollectiveRecorder(TorchDispatchMode):
                 self.entries.append(entry(name, namespace, args, kwargs))
         return func(*args, **kwargs)
 
-    @property
-    def active(self) -> bool:
-        return self._thread is not None
-
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("collective recorder already started")
+        self._refuse_if_started()
         self.__enter__()
         self._thread = threading.get_ident()
 

@@ -7,7 +7,7 @@ groups and ``dist.is_initialized()`` are untouched, so a policy world and the
 engines' own TP worlds can coexist with it in the same processes.
 
 Rendezvous: the refit driver serves the group's ``TCPStore`` with a
-``HeldStore`` (bound before its port is handed out) and every member, the
+``RendezvousServer`` (bound before its port is handed out) and every member, the
 sender included, joins it as a client, so there is no pick-then-bind race.
 A member keeps one group for the whole session in a :class:`SideGroupSlot`
 (reused by every refit with the same signature) and closes it on shutdown;
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.parallel.rendezvous import join_store
+from harness.parallel.rendezvous import join_rendezvous
 from harness.refit.buckets import calculate_aligned_size, iter_named_tensor_buckets
 from harness.refit.packing import (
     TensorInfo,
@@ -114,7 +114,7 @@ def create_side_group(
 
     Every member, rank 0 included, joins as a *client*: the store must already
     be served by someone else (the refit driver's
-    :class:`harness.parallel.rendezvous.HeldStore`, bound before its port was
+    :class:`harness.parallel.rendezvous.RendezvousServer`, bound before its port was
     handed out), so no member ever binds a port it was told about. Collective
     over all members. ``backend`` is ``gloo`` (CPU tensors) or ``nccl`` (CUDA
     tensors); ``prefix`` namespaces the group's keys in the store (the driver
@@ -136,7 +136,7 @@ def create_side_group(
         raise ValueError(f"side group prefix must be a non-empty string, got {prefix!r}")
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        store = join_store(host, port, timeout_s)
+        store = join_rendezvous(host, port, timeout_s)
     except Exception as exc:
         raise RuntimeError(
             f"side-group rank {rank} of {world_size}: cannot join the refit store at {host}:{port} "

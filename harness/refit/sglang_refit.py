@@ -135,7 +135,7 @@ def connect_rollout_engines_from_distributed(
     """Trainer rank 0: build the weight-update group with the engines; returns the trainer's member.
 
     The store at ``master_address:master_port`` must already be served (a
-    :class:`harness.parallel.rendezvous.HeldStore`). On any engine's refusal the
+    :class:`harness.parallel.rendezvous.RendezvousServer`). On any engine's refusal the
     trainer's member is closed, the engines that joined leave, and RuntimeError
     is raised.
     """

@@ -70,10 +70,10 @@ def engine_process_main(
         try:
             group = None
             if tp_size > 1:
-                from harness.parallel.rendezvous import DEFAULT_HOST, join_store
+                from harness.parallel.rendezvous import DEFAULT_HOST, join_rendezvous
 
                 dist.init_process_group(
-                    "gloo", store=join_store(DEFAULT_HOST, port, READY_TIMEOUT_S), rank=tp_rank, world_size=tp_size
+                    "gloo", store=join_rendezvous(DEFAULT_HOST, port, READY_TIMEOUT_S), rank=tp_rank, world_size=tp_size
                 )
                 group = dist.new_group(list(range(tp_size)), group_desc="rollout_tp")
             from harness.rollout.engine_worker import EngineWorker
@@ -121,11 +121,11 @@ class EngineProcesses:
         cls, spec: Mapping[str, Any], *, tp_size: int, rank_prefix: int, label: str, env: Mapping[str, str]
     ) -> EngineProcesses:
         """Spawn ``tp_size`` processes and wait until every engine is built and warmed up."""
-        from harness.parallel.rendezvous import HeldStore
+        from harness.parallel.rendezvous import RendezvousServer
 
         ctx = _context()
         environ = {**os.environ, **{k: str(v) for k, v in env.items()}}
-        store = HeldStore() if tp_size > 1 else None
+        store = RendezvousServer() if tp_size > 1 else None
         port = store.port if store is not None else 0
         processes, conns = [], []
         for rank in range(tp_size):

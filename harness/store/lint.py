@@ -8,7 +8,7 @@ Findings (kind):
 * ``leftover_temp``: ``.<platform>.tmp-*`` / ``.old-*`` left by an interrupted write;
 * ``bad_provenance``: PROVENANCE.json missing, unparsable or invalid;
 * ``missing_manifest``: a golden dir without manifest.json;
-* ``damaged_golden``: whatever ``read_golden`` refuses (``atomic.golden_problems``),
+* ``damaged_golden``: whatever ``read_golden`` refuses (``integrity.golden_problems``),
   so every check of it would fail: a symlink or over-limit file, a document that
   is not strict JSON (NaN, duplicate key, too deep: ``harness.docio``), a manifest
   that is not schema v2, a surface file missing, unlisted or differing from the
@@ -78,7 +78,7 @@ def _check_golden(golden: Path, root: Path) -> list[LintFinding]:
 
 
 def _damage(golden: Path, rel: str) -> list[LintFinding]:
-    """What ``read_golden`` would refuse (``atomic.golden_problems``), one finding each."""
+    """What ``read_golden`` would refuse (``integrity.golden_problems``), one finding each."""
     from harness.docio import Limits, parse_json
     from harness.store.atomic import GoldenStoreError, _read_tree, golden_problems
 

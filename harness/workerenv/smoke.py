@@ -30,16 +30,16 @@ SMOKE_WORKLOAD = "qwen3_moe_tiny_smoke"
 def _policy_step(backend: str, extra: tuple[str, ...]) -> dict:
     import torch.distributed as dist
 
-    from harness.parallel.rendezvous import HeldStore
+    from harness.parallel.rendezvous import RendezvousServer
     from harness.policy.distributed import init_distributed
-    from harness.policy.local_world import synthetic_batch
+    from harness.policy.synthetic import synthetic_batch
     from harness.registry.policy import create_engine
     from harness.spec import load_spec
 
     overrides = [f"policy.backend={backend}", "model.layers=2", "policy.seq_len=32", "policy.micro_batch_size=2",
                  *extra]
     spec = load_spec(SMOKE_WORKLOAD, overrides)
-    held = HeldStore()
+    held = RendezvousServer()
     try:
         init_distributed(0, 1, held.host, held.port)
         engine = create_engine(spec, 0)

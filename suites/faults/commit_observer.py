@@ -184,11 +184,11 @@ def run_turns(path: Path, *, rollouts: int = 4, turns: int = 3, ledger_sync: str
     from harness.capture.admission import AdmissionRequest, CaptureAdmitter
     from harness.capture.ledger import CaptureLedger
     from harness.capture.sink import CaptureSink
-    from harness.dataplane.store import DataPlaneStore
+    from harness.dataplane.staging_db import StagingDB
 
     ledger = CaptureLedger(path / "ledger.sqlite")
-    dp = DataPlaneStore(path / "dataplane.sqlite")
-    sink = CaptureSink(DataPlaneStore(path / "dataplane.sqlite"), CaptureLedger(path / "ledger.sqlite"),
+    dp = StagingDB(path / "dataplane.sqlite")
+    sink = CaptureSink(StagingDB(path / "dataplane.sqlite"), CaptureLedger(path / "ledger.sqlite"),
                        ledger_sync=ledger_sync)
     admitter = CaptureAdmitter(ledger, dp, eos_token_id=EOS)
     rids = [f"r{i}" for i in range(rollouts)]

@@ -20,9 +20,9 @@ SetAttr = Callable[[Any, str, Any], None]
 def sync_off_around_stage_commit(set_attr: SetAttr = setattr) -> None:
     """The stage commit runs at ``synchronous=OFF`` (no fsync); FULL is restored after it,
     so a pragma read at open or between batches still says FULL."""
-    from harness.dataplane.store import DataPlaneStore
+    from harness.dataplane.staging_db import StagingDB
 
-    original = DataPlaneStore.stage_many
+    original = StagingDB.stage_many
 
     def stage_many(self, items):
         self._db.execute("PRAGMA synchronous=OFF")
@@ -31,7 +31,7 @@ def sync_off_around_stage_commit(set_attr: SetAttr = setattr) -> None:
         finally:
             self._db.execute("PRAGMA synchronous=FULL")
 
-    set_attr(DataPlaneStore, "stage_many", stage_many)
+    set_attr(StagingDB, "stage_many", stage_many)
 
 
 def ledger_before_stage(set_attr: SetAttr = setattr) -> None:
@@ -53,9 +53,9 @@ def stage_returns_before_commit(set_attr: SetAttr = setattr) -> None:
     nothing reaches the data plane, while the ledger records the calls as committed."""
     import hashlib
 
-    from harness.dataplane.store import DataPlaneStore, canonical_row_bytes
+    from harness.dataplane.staging_db import StagingDB, canonical_row_bytes
 
     def stage_many(self, items):
         return [hashlib.sha256(canonical_row_bytes(key, row)).hexdigest() for key, row in items]
 
-    set_attr(DataPlaneStore, "stage_many", stage_many)
+    set_attr(StagingDB, "stage_many", stage_many)

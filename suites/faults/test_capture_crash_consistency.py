@@ -33,7 +33,7 @@ import pytest
 from harness.capture.finalize import finalize_from_ledger, mask_cause
 from harness.capture.ledger import CaptureLedger
 from harness.capture.records import CallRecord
-from harness.dataplane.store import DataPlaneError, DataPlaneStore
+from harness.dataplane.staging_db import DataPlaneError, StagingDB
 from suites.faults import planted
 from suites.faults.commit_observer import run_turns
 
@@ -120,7 +120,7 @@ def _kill_points(statements: list[list[str]], inside: int) -> list[int]:
 def _reopen_and_check(path: Path) -> tuple[list[str], dict[str, int]]:
     """(breaches of the invariant, what the killed writer left) from a fresh connection."""
     ledger = CaptureLedger(path / "ledger.sqlite")
-    dp = DataPlaneStore(path / "dataplane.sqlite")
+    dp = StagingDB(path / "dataplane.sqlite")
     try:
         problems = []
         bodies = ledger._db.execute("SELECT body FROM calls WHERE status = 'committed'").fetchall()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.dataplane.store import DataPlaneStore
+from harness.dataplane.staging_db import StagingDB
 from suites.faults import planted
 from suites.faults.commit_observer import FULL, NORMAL, CommitObserver, durability_problems, run_turns
 
@@ -72,7 +72,7 @@ def test_each_finish_batch_commits_the_rows_fsynced_then_the_ledger(tmp_path, mo
 def test_sync_off_around_the_stage_commit_is_caught_where_a_pragma_read_at_open_is_not(tmp_path, monkeypatch):
     planted.sync_off_around_stage_commit(monkeypatch.setattr)
     observer, batches = _observed_batches(tmp_path, monkeypatch)
-    store = DataPlaneStore(tmp_path / "dataplane.sqlite")
+    store = StagingDB(tmp_path / "dataplane.sqlite")
     assert store._db.execute("PRAGMA synchronous").fetchone()[0] == FULL  # what the older tests read: fine
     store.stage_many([("x/c0", {"a": 1})])
     assert store._db.execute("PRAGMA synchronous").fetchone()[0] == FULL  # still fine after a stage

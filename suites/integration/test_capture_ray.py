@@ -113,7 +113,7 @@ def test_group_commit_through_the_actor_and_local_reads(ray_session, tmp_path):
     from harness.capture.ledger import CaptureLedger
     from harness.capture.receipt import build_receipt
     from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
-    from harness.dataplane.store import StagingConflict
+    from harness.dataplane.staging_db import StagingConflict
 
     handle = start_dataplane_actor("dataplane-batch", str(tmp_path / "dataplane.sqlite"))
     client = DataPlaneClient(handle)
@@ -156,7 +156,7 @@ def test_local_writes_on_the_actor_node_equal_the_actor_path(ray_session, tmp_pa
     import sqlite3
 
     from harness.dataplane.actor import DataPlaneClient, start_dataplane_actor
-    from harness.dataplane.store import StagingConflict
+    from harness.dataplane.staging_db import StagingConflict
 
     handle = start_dataplane_actor("dataplane-local-writes", str(tmp_path / "dataplane.sqlite"))
     local = DataPlaneClient(handle, local_writes=None)

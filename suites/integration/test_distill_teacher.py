@@ -8,9 +8,9 @@ import torch
 from harness.distill.teacher import logits_job
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
-from harness.policy.local_world import spawn_world
 from harness.spec import load_spec
 from harness.spec.distill import teacher_spec
+from suites.local_world import spawn_world
 
 
 def test_tp2_teacher_logits_are_the_reference_models():

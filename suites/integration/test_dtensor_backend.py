@@ -1,7 +1,7 @@
 """`policy.backend: dtensor` (torch DTensor: FSDP2 over dp, tensor parallel over tp,
 gloo on CPU) against the native backend from the same spec, seed and batch.
 
-Each layout spawns its world once (`harness.policy.local_world.spawn_world` with
+Each layout spawns its world once (`suites.local_world.spawn_world` with
 `suites.policy_jobs.curve_job`, backend-neutral): initial
 logprobs, 3 monolithic AdamW steps, reference logprobs, the same 3 steps through
 the split API after restoring the initial checkpoint, and the refit export.
@@ -26,8 +26,9 @@ import torch
 
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
-from harness.policy.local_world import checksums, spawn_world, synthetic_batch, with_layout
+from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
+from suites.local_world import checksums, spawn_world, with_layout
 from suites.policy_jobs import curve_job, lora_job
 
 pytestmark = [pytest.mark.slow]

@@ -27,13 +27,9 @@ pytest.importorskip("megatron.core", reason="megatron-core not installed (pip in
 
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
-from harness.policy.local_world import (
-    checksums,
-    spawn_world,
-    synthetic_batch,
-    with_layout,
-)
+from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
+from suites.local_world import checksums, spawn_world, with_layout
 from suites.policy_jobs import curve_job
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]

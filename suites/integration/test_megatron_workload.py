@@ -31,7 +31,7 @@ import pytest
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 
 from harness import flows
-from harness.dataplane.store import DataPlaneStore
+from harness.dataplane.staging_db import StagingDB
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -46,7 +46,7 @@ def _run(tmp: Path, backend: str) -> tuple[list[dict], dict[str, dict]]:
     assert ex.ok, f"{backend} run failed: {ex.problems()}"
     assert ex.spec["policy"]["backend"] == backend
     steps = [json.loads(line) for line in (ex.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    with DataPlaneStore(ex.run_dir / "dataplane.sqlite") as store:
+    with StagingDB(ex.run_dir / "dataplane.sqlite") as store:
         calls = {k: store.fetch(k) for k in store.keys(prefix="")}
     return steps, calls
 

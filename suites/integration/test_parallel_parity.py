@@ -1,7 +1,7 @@
 """Parity of every parallelism with the 1-rank run (plain torch.multiprocessing + gloo).
 
 Each layout spawns its world once and runs all checks inside it
-(`harness.policy.local_world.parity_job`): 3 monolithic optimizer steps,
+(`suites.policy_jobs.parity_job`): 3 monolithic optimizer steps,
 restore from the initial checkpoint, the same 3 steps through the split API.
 Loss, grad norm and parameter checksums must match the 1-rank monolithic run
 to rel 1e-5 (fp32), and split must match monolithic.
@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.policy.local_world import parity_job, spawn_world, synthetic_batch, with_layout
+from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
+from suites.local_world import spawn_world, with_layout
+from suites.policy_jobs import parity_job
 
 pytestmark = pytest.mark.slow
 

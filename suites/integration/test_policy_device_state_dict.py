@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.policy.local_world import spawn_world, with_layout
 from harness.spec import load_spec
+from suites.local_world import spawn_world, with_layout
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def _bf16_steps(engine, batch) -> dict:
 
 
 def test_a_bf16_native_policy_trains_on_fp32_masters():
-    from harness.policy.local_world import synthetic_batch
+    from harness.policy.synthetic import synthetic_batch
 
     spec = _spec()
     spec["model"] = {**spec["model"], "dtype": "bfloat16"}

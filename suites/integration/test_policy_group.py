@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.policy.local_world import synthetic_batch, with_layout
+from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from harness.spec.topology import plan
+from suites.local_world import with_layout
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.policy.local_world import synthetic_batch
+from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from harness.spec.topology import plan
 from suites.tcp_connections import settles_to

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 from harness.model.config import ModelConfig  # noqa: E402
 from harness.model.qwen3_moe import build_reference_model  # noqa: E402
-from harness.parallel.rendezvous import HeldStore  # noqa: E402
+from harness.parallel.rendezvous import RendezvousServer  # noqa: E402
 from harness.refit.broadcast import SideGroupSlot, broadcast_weights  # noqa: E402
 from harness.refit.engine_offsets import derive_engine_gpu_offsets  # noqa: E402
 from harness.refit.zmq_stream import send_weights_zmq  # noqa: E402
@@ -166,7 +166,7 @@ def test_zmq_refit_is_bit_exact(cluster, name):
 @pytest.fixture(scope="module")
 def side_store(cluster):
     """The refit driver's role: a store served (bound) here before any member hears of the port."""
-    store = HeldStore()
+    store = RendezvousServer()
     yield {"store": store, "base": established(store.port), "prefix": "test-rollout-worker"}
     store.close()
 

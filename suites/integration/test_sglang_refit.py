@@ -25,7 +25,7 @@ import torch
 
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
-from harness.parallel.rendezvous import HeldStore, join_store
+from harness.parallel.rendezvous import RendezvousServer, join_rendezvous
 from harness.refit.buckets import iter_named_tensor_buckets
 from harness.refit.colocate import ColocateTopology, connect_colocate_topology, disconnect_colocate_topology
 from harness.refit.sglang_refit import (
@@ -103,7 +103,7 @@ def _colocated_rank(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    store = join_store("127.0.0.1", port, 120.0)
+    store = join_rendezvous("127.0.0.1", port, 120.0)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=120))
     facts: dict = {"rank": rank}
@@ -177,7 +177,7 @@ def _colocated_rank(rank: int, port: int, out_dir: str) -> None:
 def test_colocated_refit_is_bit_exact_and_rebuilds_on_a_layout_change(tmp_path):
     import torch.multiprocessing as mp
 
-    held = HeldStore()
+    held = RendezvousServer()
     try:
         mp.spawn(_colocated_rank, args=(held.port, str(tmp_path)), nprocs=WORLD)
     finally:
@@ -208,7 +208,7 @@ def test_colocated_refit_is_bit_exact_and_rebuilds_on_a_layout_change(tmp_path):
 
 
 def test_separate_refit_from_trainer_rank0_is_bit_exact_and_torn_down_on_both_sides():
-    held = HeldStore()
+    held = RendezvousServer()
     engines = [_native(1), _native(2)]
     lock = threading.Lock()
     try:
@@ -241,7 +241,7 @@ def test_separate_refit_from_trainer_rank0_is_bit_exact_and_torn_down_on_both_si
             with pytest.raises(RuntimeError, match="the side group is closed"):
                 group.broadcast(torch.zeros(1), 0)
             # the same name can be set up again after the teardown (a new session: a new store)
-            again = HeldStore()
+            again = RendezvousServer()
             try:
                 group = connect_rollout_engines_from_distributed(
                     group_name="wu-1", rollout_engines=engines, engine_gpu_counts=[1, 2],

@@ -117,7 +117,7 @@ def test_which_specs_run_warm():
 def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path, monkeypatch):
     pytest.importorskip("ray")
     from harness.policy.group import PolicyGroup
-    from harness.policy.local_world import synthetic_batch
+    from harness.policy.synthetic import synthetic_batch
     from harness.runner.warm import WarmRuntime
 
     spec = load_spec(str(SMOKE)).to_dict()

@@ -39,7 +39,7 @@ def test_overlay_env_builds_reuses_runs_a_policy_worker_and_passes_doctor(tmp_pa
     assert exe == str(python) and prefix == str(cache / "native") != sys.prefix
 
     from harness.policy.group import PolicyGroup
-    from harness.policy.local_world import synthetic_batch
+    from harness.policy.synthetic import synthetic_batch
     from harness.spec import load_spec
 
     spec = load_spec("qwen3_moe_tiny_smoke", ["model.layers=2", "policy.seq_len=32", "plugins.policy_profiler=null"])

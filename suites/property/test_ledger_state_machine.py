@@ -37,7 +37,7 @@ from harness.capture.ledger import CaptureLedger
 from harness.capture.receipt import build_receipt
 from harness.capture.records import StagedCall
 from harness.capture.sink import CaptureSink
-from harness.dataplane.store import DataPlaneStore
+from harness.dataplane.staging_db import StagingDB
 
 EOS = 2
 
@@ -53,7 +53,7 @@ class FlakyDataPlane:
     whole batch) raise; `fail_keys` makes those rows of a batch come back as
     errors (the store's per-row outcome) while the rest are really staged."""
 
-    def __init__(self, store: DataPlaneStore):
+    def __init__(self, store: StagingDB):
         self.store = store
         self.fail_next = False
         self.fail_keys: set[str] = set()
@@ -103,7 +103,7 @@ class LedgerMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="ledger_sm_")
         self.ledger = CaptureLedger(f"{self.dir}/ledger.sqlite")
-        self.store = DataPlaneStore(f"{self.dir}/dataplane.sqlite")
+        self.store = StagingDB(f"{self.dir}/dataplane.sqlite")
         self.dp = FlakyDataPlane(self.store)
         self.sink = CaptureSink(self.dp, CaptureLedger(f"{self.dir}/ledger.sqlite"))
         self.admitter = CaptureAdmitter(self.ledger, self.dp, eos_token_id=EOS)

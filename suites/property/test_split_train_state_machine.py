@@ -31,14 +31,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from harness.parallel.rendezvous import HeldStore
+from harness.parallel.rendezvous import RendezvousServer
 from harness.plugins.policy_hooks import ABORT_REASONS, PolicyProfilerHooks
 from harness.plugins.recording import InjectedFailure, RecordingPolicyProfiler
 from harness.policy.distributed import init_distributed
-from harness.policy.local_world import synthetic_batch, with_layout
 from harness.policy.native.engine import NativePolicyEngine
 from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN
+from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
+from suites.local_world import with_layout
 
 SPEC_PATH = str(Path(__file__).resolve().parents[2] / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
 _STATE: dict = {}
@@ -60,7 +61,7 @@ def one_rank_world():
         pytest.skip("a default process group of another size is already initialised")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    held = HeldStore()  # this process serves the store its one rank joins
+    held = RendezvousServer()  # this process serves the store its one rank joins
     _STATE["store"] = held
     init_distributed(0, 1, held.host, held.port)
     spec = _spec()

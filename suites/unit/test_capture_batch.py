@@ -19,13 +19,13 @@ from harness.capture.finalize import (
 from harness.capture.ledger import CaptureLedger, LedgerError
 from harness.capture.receipt import build_receipt, build_receipts
 from harness.capture.sink import CaptureBeginError, CaptureSink
-from harness.dataplane.store import DataPlaneStore
+from harness.dataplane.staging_db import StagingDB
 
 EOS = 2
 
 
 def _stores(path):
-    return CaptureLedger(path / "ledger.sqlite"), DataPlaneStore(path / "dataplane.sqlite")
+    return CaptureLedger(path / "ledger.sqlite"), StagingDB(path / "dataplane.sqlite")
 
 
 def _render(turns: list[list[int]], gen: bool) -> list[int]:

@@ -25,7 +25,7 @@ from harness.capture.ledger import CaptureLedger, LedgerError
 from harness.capture.receipt import build_receipt
 from harness.capture.records import CaptureValidationError
 from harness.capture.sink import CaptureSink, capture_config_from_spec
-from harness.dataplane.store import DataPlaneStore
+from harness.dataplane.staging_db import StagingDB
 from harness.spec.typed import as_workload
 
 EOS, IM_START, NL, THINK, ENDTHINK = 2, 1, 3, 8, 9
@@ -63,7 +63,7 @@ class Engine:
 @pytest.fixture
 def stores(tmp_path):
     cfg = {"ledger_path": str(tmp_path / "ledger.sqlite"), "dataplane_path": str(tmp_path / "dataplane.sqlite")}
-    ledger, dp = CaptureLedger(cfg["ledger_path"]), DataPlaneStore(cfg["dataplane_path"])
+    ledger, dp = CaptureLedger(cfg["ledger_path"]), StagingDB(cfg["dataplane_path"])
     yield cfg, ledger, dp
     ledger.close()
     dp.close()
@@ -326,7 +326,7 @@ def test_ledger_snapshot_restore(stores, tmp_path):
     dp.snapshot(tmp_path / "ckpt" / "dataplane.sqlite")
     run_rollout("s", 1, CaptureAdmitter(ledger, dp, eos_token_id=EOS), sink, Engine(5))
     l2 = CaptureLedger.restore(tmp_path / "ckpt" / "ledger.sqlite", tmp_path / "restored" / "ledger.sqlite")
-    d2 = DataPlaneStore.restore(tmp_path / "ckpt" / "dataplane.sqlite", tmp_path / "restored" / "dataplane.sqlite")
+    d2 = StagingDB.restore(tmp_path / "ckpt" / "dataplane.sqlite", tmp_path / "restored" / "dataplane.sqlite")
     assert l2.rollout_ids() == ["r"] and l2.manifest("r") == ledger.manifest("r")
     a = finalize_rollout(build_receipt("r", l2, reward=1.0), d2, l2)
     b = finalize_rollout(build_receipt("r", ledger, reward=1.0), dp, ledger)
@@ -429,7 +429,7 @@ def test_batch_ledger_records_only_after_the_durable_stage(stores):
 
 def test_batch_and_one_by_one_write_identical_records(tmp_path):
     def run(kind):
-        ledger, dp = CaptureLedger(tmp_path / kind / "l.sqlite"), DataPlaneStore(tmp_path / kind / "d.sqlite")
+        ledger, dp = CaptureLedger(tmp_path / kind / "l.sqlite"), StagingDB(tmp_path / kind / "d.sqlite")
         sink = CaptureSink(dp, CaptureLedger(tmp_path / kind / "l.sqlite"), fail_stage_rate=0.3, seed=2)
         admitter = CaptureAdmitter(ledger, dp, eos_token_id=EOS)
         rids = [f"r{i}" for i in range(8)]

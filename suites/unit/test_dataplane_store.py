@@ -1,4 +1,4 @@
-"""DataPlaneStore: durability, digests, idempotence, snapshots, tensors."""
+"""StagingDB: durability, digests, idempotence, snapshots, tensors."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import textwrap
 import pytest
 import torch
 
-from harness.dataplane.store import DataPlaneStore, DigestMismatch, StagingConflict
+from harness.dataplane.staging_db import DigestMismatch, StagingConflict, StagingDB
 
 ROW = {"token_ids_delta": [1, 2, 3], "token_mask_delta": [0, 1, 1], "generation_log_probs_delta": [0.0, -0.5, -0.25]}
 
 
 @pytest.fixture
 def store(tmp_path):
-    s = DataPlaneStore(tmp_path / "dp.sqlite")
+    s = StagingDB(tmp_path / "dp.sqlite")
     yield s
     s.close()
 
@@ -71,15 +71,15 @@ def test_row_staged_then_sigkill_survives_reopen(tmp_path):
     path = tmp_path / "dp.sqlite"
     code = textwrap.dedent(f"""
         import os, signal, sys
-        from harness.dataplane.store import DataPlaneStore
-        s = DataPlaneStore({str(path)!r})
+        from harness.dataplane.staging_db import StagingDB
+        s = StagingDB({str(path)!r})
         s.stage("r0/c0", {{"token_ids_delta": [7, 8, 9]}})
         sys.stdout.write("staged\\n"); sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -signal.SIGKILL and proc.stdout == "staged\n"
-    with DataPlaneStore(path) as reopened:
+    with StagingDB(path) as reopened:
         assert reopened.fetch("r0/c0") == {"token_ids_delta": [7, 8, 9]}
 
 
@@ -88,12 +88,12 @@ def test_snapshot_and_restore(store, tmp_path):
     store.put_tensors("step1/batch", {"x": torch.arange(4)})
     store.snapshot(tmp_path / "ckpt" / "dp.sqlite")
     store.stage("r0/c1", ROW)  # after the snapshot: must not come back
-    restored = DataPlaneStore.restore(tmp_path / "ckpt" / "dp.sqlite", tmp_path / "other.sqlite")
+    restored = StagingDB.restore(tmp_path / "ckpt" / "dp.sqlite", tmp_path / "other.sqlite")
     assert restored.keys() == ["r0/c0"] and restored.fetch("r0/c0") == ROW
     assert torch.equal(restored.get_tensors("step1/batch")["x"], torch.arange(4))
     restored.close()
     with pytest.raises(FileNotFoundError, match="missing"):
-        DataPlaneStore.restore(tmp_path / "missing", tmp_path / "x.sqlite")
+        StagingDB.restore(tmp_path / "missing", tmp_path / "x.sqlite")
 
 
 def test_tensors_roundtrip_bit_exact(store):
@@ -152,7 +152,7 @@ def test_stage_many_isolates_bad_rows_and_commits_the_rest(store):
 
 def test_stage_many_digests_equal_single_stage(store, tmp_path):
     rows = [(f"r{i}/c0", {**ROW, "token_ids_delta": [i, i + 1, i + 2]}) for i in range(5)]
-    with DataPlaneStore(tmp_path / "single.sqlite") as single:
+    with StagingDB(tmp_path / "single.sqlite") as single:
         assert store.stage_many(rows) == [single.stage(k, r) for k, r in rows]
 
 
@@ -171,8 +171,8 @@ def test_batch_staged_then_sigkill_survives_reopen(tmp_path):
     path = tmp_path / "dp.sqlite"
     code = textwrap.dedent(f"""
         import os, signal, sys
-        from harness.dataplane.store import DataPlaneStore
-        s = DataPlaneStore({str(path)!r})
+        from harness.dataplane.staging_db import StagingDB
+        s = StagingDB({str(path)!r})
         out = s.stage_many([("r0/c%d" % i, {{"token_ids_delta": [i]}}) for i in range(4)])
         assert all(isinstance(d, str) for d in out), out
         sys.stdout.write("staged\\n"); sys.stdout.flush()
@@ -180,5 +180,5 @@ def test_batch_staged_then_sigkill_survives_reopen(tmp_path):
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == -signal.SIGKILL and proc.stdout == "staged\n", proc.stderr
-    with DataPlaneStore(path) as reopened:
+    with StagingDB(path) as reopened:
         assert reopened.fetch_many([f"r0/c{i}" for i in range(4)]) == [{"token_ids_delta": [i]} for i in range(4)]

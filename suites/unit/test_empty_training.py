@@ -19,7 +19,7 @@ from harness.capture.admission import CaptureAdmitter
 from harness.capture.finalize import Placeholder, Sample, finalize_from_ledger, mask_cause
 from harness.capture.ledger import CaptureLedger
 from harness.capture.sink import CaptureSink
-from harness.dataplane.store import DataPlaneStore
+from harness.dataplane.staging_db import StagingDB
 from harness.grpo.trainer import EmptyTrainingStep, check_verified, min_verified_samples
 from harness.spec import SpecError, list_workloads, load_spec, spec_digest
 
@@ -34,8 +34,8 @@ def _masked_mix(tmp_path):
     but never finished (no outcome row), r3's staged row vanishes and r4's is
     tampered after the commit (both fail verification at finalisation)."""
     ledger = CaptureLedger(tmp_path / "ledger.sqlite")
-    dp = DataPlaneStore(tmp_path / "dataplane.sqlite")
-    sink = CaptureSink(DataPlaneStore(tmp_path / "dataplane.sqlite"), CaptureLedger(tmp_path / "ledger.sqlite"))
+    dp = StagingDB(tmp_path / "dataplane.sqlite")
+    sink = CaptureSink(StagingDB(tmp_path / "dataplane.sqlite"), CaptureLedger(tmp_path / "ledger.sqlite"))
     admitter = CaptureAdmitter(ledger, dp, eos_token_id=EOS)
     rids = [f"r{i}" for i in range(6)]
     results = [admitter.admit_root(r, "c0", [1, 5, 3]) for r in rids]

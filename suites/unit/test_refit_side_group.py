@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from harness.parallel.rendezvous import HeldStore
+from harness.parallel.rendezvous import RendezvousServer
 from harness.refit.broadcast import (
     SideGroupSlot,
     broadcast_weights,
@@ -94,9 +94,9 @@ def test_a_store_nobody_serves_is_a_clear_error_naming_rank_and_address():
 
 
 def test_every_member_rank0_included_joins_the_held_store_as_a_client():
-    """Regression for pick-then-bind: the port is already bound (by the driver's HeldStore)
+    """Regression for pick-then-bind: the port is already bound (by the driver's RendezvousServer)
     when the members learn it. Rank 0 binding it itself, as before, fails here."""
-    store = HeldStore()
+    store = RendezvousServer()
     try:
         groups = _in_threads([
             (lambda r=r: create_side_group(host=store.host, port=store.port, rank=r, world_size=WORLD,
@@ -123,7 +123,7 @@ def test_every_member_rank0_included_joins_the_held_store_as_a_client():
 
 
 def test_slot_keeps_one_group_per_session_and_close_releases_its_connection():
-    store = HeldStore()
+    store = RendezvousServer()
     port = store.port
     base = established(port)  # the serving store's own client connection
     slots = [SideGroupSlot() for _ in range(WORLD)]

@@ -25,7 +25,7 @@ pytest.importorskip("vllm", reason="vllm is not installed: the optional tier ci/
 
 import torch
 
-from harness.parallel.rendezvous import HeldStore
+from harness.parallel.rendezvous import RendezvousServer
 from harness.refit.broadcast import SideGroupSlot, broadcast_weights
 from harness.refit.zmq_stream import ipc_address, send_weights_zmq
 from harness.rollout.engine_worker import (
@@ -128,7 +128,7 @@ def test_async_zmq_refit_then_generation_follows_native(spec, procs, tmp_path):
 def test_async_broadcast_refits_reuse_one_side_group_then_generation_follows_native(spec, procs):
     version0 = procs.call("weight_version")[0]
     before = _generate(procs, _requests())
-    store, sender = HeldStore(), SideGroupSlot()  # the refit driver's role: the store is served here
+    store, sender = RendezvousServer(), SideGroupSlot()  # the refit driver's role: the store is served here
     side = {"host": store.host, "port": store.port, "world_size": 2, "prefix": "vllm-async-test"}
     try:
         for refit in range(3):

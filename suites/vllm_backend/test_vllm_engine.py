@@ -21,7 +21,7 @@ pytest.importorskip("vllm", reason="vllm is not installed: the optional tier ci/
 
 import torch
 
-from harness.parallel.rendezvous import HeldStore
+from harness.parallel.rendezvous import RendezvousServer
 from harness.refit.broadcast import SideGroupSlot, broadcast_weights
 from harness.refit.zmq_stream import ipc_address, send_weights_zmq
 from harness.rollout.engine_worker import (
@@ -147,7 +147,7 @@ def _broadcast(worker, weights, store, sender, buffer_size_bytes=65536):
 def test_broadcast_refits_reuse_one_side_group_and_load_the_policy_weights(spec, vllm_worker):
     version0 = vllm_worker.weight_version()
     before = vllm_worker.generate(_requests())
-    store, sender = HeldStore(), SideGroupSlot()
+    store, sender = RendezvousServer(), SideGroupSlot()
     base = established(store.port)
     try:
         for refit in range(3):
@@ -181,7 +181,7 @@ def test_broadcast_refit_with_a_wrong_manifest_is_refused(spec, vllm_worker):
     policy = initial_weights(dict(spec, seed=int(spec["seed"]) + 8))
     name = "model.embed_tokens.weight"
     policy[name] = policy[name][:-1]  # one row short
-    store, sender = HeldStore(), SideGroupSlot()
+    store, sender = RendezvousServer(), SideGroupSlot()
     try:
         sent, received = _broadcast(vllm_worker, policy, store, sender)
     finally:

@@ -1,4 +1,5 @@
-"""Durable key/row store over SQLite: the data plane.
+"""``StagingDB``: the data plane's durable key/row database over SQLite (staged token rows,
+bulk tensors).
 
 Contract:
   * `stage(key, row)` returns only after the row is committed with
@@ -101,7 +102,7 @@ def validate_key(key: str) -> None:
         raise ValueError(f"data plane key must be a non-empty string without NUL, got {key!r}")
 
 
-class DataPlaneStore:
+class StagingDB:
     """SQLite-backed durable store. One instance per process; not thread-safe."""
 
     def __init__(self, path: str | os.PathLike[str]):
@@ -262,7 +263,7 @@ class DataPlaneStore:
         _backup(self._db, dest)
 
     @classmethod
-    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> DataPlaneStore:
+    def restore(cls, snapshot: str | os.PathLike[str], path: str | os.PathLike[str]) -> StagingDB:
         """Replace the store at `path` with `snapshot` and open it."""
         _restore_file(snapshot, path)
         return cls(path)

@@ -1,9 +1,12 @@
-"""Run a policy world in plain `torch.multiprocessing` processes (no Ray).
+"""Run a policy world in plain `torch.multiprocessing` processes (no Ray): test and bench support.
 
-Used by the layer-level parity tests and the step benchmark: `spawn_world`
-starts `world` spawned ranks, each initialises gloo, builds
-the engine `spec.policy.backend` selects (`create_engine`) and calls `fn(engine, *args)`; results come back per rank.
-`synthetic_batch` builds a deterministic GRPO train batch for a spec.
+`spawn_world` starts `world` spawned ranks, each initialises gloo, builds the engine
+`spec.policy.backend` selects (`harness.registry.policy.create_engine`) and calls
+`fn(engine, *args)`; results come back per rank. `with_layout` copies a spec with
+other policy sizes; `checksums` summarises a state dict. The jobs the tests run on
+each rank are in `suites/policy_jobs.py`; the train batch is
+`harness.policy.synthetic.synthetic_batch`. Used by the integration and property
+suites and by `benches/policy_step_bench.py`.
 """
 
 from __future__ import annotations
@@ -17,11 +20,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from harness import ops
-from harness.model.config import ModelConfig
-from harness.model.qwen3_moe import build_reference_model
-from harness.parallel.data import shard_for_dp
-from harness.parallel.rendezvous import HeldStore
+from harness.parallel.rendezvous import RendezvousServer
 from harness.spec.typed import as_workload
 
 
@@ -68,7 +67,7 @@ def spawn_world(spec: Mapping[str, Any], fn: Callable[..., Any], *args: Any, tim
     world = world_size(spec)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    held = HeldStore()
+    held = RendezvousServer()
     port = held.port
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, spec, fn, args, queue)) for r in range(world)]
     for p in procs:
@@ -97,63 +96,9 @@ def spawn_world(spec: Mapping[str, Any], fn: Callable[..., Any], *args: Any, tim
     return [results[r] for r in range(world)]
 
 
-def synthetic_batch(spec: Mapping[str, Any], batch_size: int, seed: int) -> dict[str, torch.Tensor]:
-    """A deterministic GRPO train batch `[batch_size, seq_len]`: random prompt
-    and response tokens, right padding, a token mask on the response,
-    advantages per sample, and prev/generation/reference logprobs from the
-    initial reference model (so ratios start at 1)."""
-    spec = as_workload(spec)
-    cfg = ModelConfig.from_spec(spec.model)
-    seq = spec.policy.seq_len
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg.vocab, (batch_size, seq), generator=g)
-    prompt = torch.randint(seq // 8, seq // 4, (batch_size,), generator=g)
-    lengths = torch.randint(seq // 2, seq + 1, (batch_size,), generator=g)
-    pos = torch.arange(seq).unsqueeze(0)
-    token_mask = ((pos >= prompt[:, None]) & (pos < lengths[:, None])).to(torch.float32)
-    ids = torch.where(pos < lengths[:, None], ids, torch.zeros_like(ids))
-    adv = torch.randn(batch_size, generator=g)
-    with torch.no_grad():
-        ref = build_reference_model(cfg, spec.seed)
-        lp = ops.token_logprobs(ref(ids)[0], ids)
-    return {
-        "input_ids": ids,
-        "input_lengths": lengths,
-        "token_mask": token_mask,
-        "sample_mask": torch.ones(batch_size),
-        "advantages": adv[:, None].expand(batch_size, seq).contiguous(),
-        "prev_logprobs": lp.clone(),
-        "generation_logprobs": lp.clone(),
-        "reference_policy_logprobs": lp.clone(),
-    }
-
-
 def checksums(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[float, float, float]]:
     """{name: (sum, sum of squares, sum of |x|)} in float64."""
     return {
         k: (float(v.double().sum()), float(v.double().pow(2).sum()), float(v.double().abs().sum()))
         for k, v in state.items()
     }
-
-
-def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: int, ckpt_dir: str) -> dict[str, Any]:
-    """Run `steps` monolithic steps, restore the initial checkpoint, then the
-    same steps through the split API (`chunks` train_microbatch calls each).
-    Returns per-step metrics of both paths (last-stage ranks) and parameter
-    checksums after each path (rank 0)."""
-    shard = shard_for_dp(batch, as_workload(engine.spec).policy.dp, engine.coords["dp"])
-    engine.save_checkpoint(ckpt_dir)
-    mono = [engine.train(shard) for _ in range(steps)]
-    mono_sums = checksums(engine.hf_state_dict())  # collective; {} except on rank 0
-    logprobs = engine.get_logprobs(shard)
-    engine.load_checkpoint(ckpt_dir)
-    split = []
-    n = shard["input_ids"].shape[0] // chunks
-    for _ in range(steps):
-        engine.begin_train_step()
-        for c in range(chunks):
-            engine.train_microbatch({k: v[c * n : (c + 1) * n] for k, v in shard.items()})
-        split.append(engine.finish_train_step())
-    split_sums = checksums(engine.hf_state_dict())
-    return {"mono": mono, "split": split, "mono_sums": mono_sums, "split_sums": split_sums,
-            "logprobs": logprobs, "coords": dict(engine.coords), "is_last": engine.is_last}
