@@ -406,3 +406,23 @@ def test_no_replaced_value_in_a_manifest_or_provenance_gives_a_traceback(tmp_pat
             code = main([str(a) for a in args])
         assert "Traceback" not in err.getvalue() + out.getvalue(), (which, path, value, args[0])
         assert code in (0, 1, 2, 3)
+
+
+# --- a bad reader limit in the environment ---------------------------------------------------
+
+@pytest.mark.parametrize("variable, value, says", [
+    ("GOLDEN_YAML_MAX_BYTES", "abc", "$GOLDEN_YAML_MAX_BYTES='abc' is not an integer"),
+    ("GOLDEN_YAML_MAX_NODES", "-5", "$GOLDEN_YAML_MAX_NODES must be >= 1, got -5"),
+])
+def test_a_bad_yaml_limit_in_the_environment_is_a_usage_error(variable, value, says):
+    # before: int() at import time of harness.spec.yaml_io: a ValueError traceback, exit 3
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, variable: value, "GOLDEN_PROGRESS": "off"}
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "plan", "qwen3_moe_tiny_smoke"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert says in proc.stderr and "workload.yaml" in proc.stderr
