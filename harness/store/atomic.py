@@ -152,6 +152,7 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
     target = layout.golden_dir(root, workload, platform)
     files = golden_files(workload, manifest, surfaces, provenance, tolerances)
     workload_dir = target.parent
+    _refuse_symlinked_workload(workload_dir)
     with workload_lock(workload_dir):
         _recover_locked(workload_dir, platform)
         if expect is not ANY:
@@ -231,6 +232,14 @@ def golden_digest(root: str | Path, workload: str, platform: str) -> str | None:
         return _digest_locked(target)
 
 
+def _refuse_symlinked_workload(workload_dir: Path) -> None:
+    """A workload folder of the goldens root that is a symlink would read (or write) goldens
+    outside the root: refused, as a symlink inside a golden is."""
+    if workload_dir.is_symlink():
+        raise GoldenStoreError(f"{workload_dir}: is a symlink (a goldens root holds its workload folders; name "
+                               "the golden directory itself to compare against one elsewhere)")
+
+
 def read_golden(root: str | Path, workload: str, platform: str) -> Golden:
     """Read a complete golden (after recovering from any interrupted write).
 
@@ -246,6 +255,7 @@ def read_golden(root: str | Path, workload: str, platform: str) -> Golden:
     target = layout.golden_dir(root, workload, platform)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"no golden for workload {workload!r}: {target.parent} does not exist")
+    _refuse_symlinked_workload(target.parent)
     limits = Limits.from_env()
     with workload_lock(target.parent):
         _recover_locked(target.parent, platform)

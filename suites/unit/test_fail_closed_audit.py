@@ -426,3 +426,24 @@ def test_a_bad_yaml_limit_in_the_environment_is_a_usage_error(variable, value, s
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert says in proc.stderr and "workload.yaml" in proc.stderr
+
+
+def test_a_workload_folder_symlinked_out_of_the_goldens_root_is_refused(world, tmp_path, capsys):
+    # before: golden diff RUN w --goldens-root R read R/w -> /elsewhere/w and gave PARITY; lint said nothing
+    import shutil
+
+    _, run, golden, _ = world
+    elsewhere = tmp_path / "elsewhere" / "w"
+    elsewhere.parent.mkdir()
+    shutil.move(str(golden.parent), elsewhere)
+    (tmp_path / "goldens" / "w").symlink_to(elsewhere, target_is_directory=True)
+    code, err = _gate(capsys, ["diff", run, "w", "--goldens-root", tmp_path / "goldens", "--platform", "cpu"])
+    assert code == 2
+    assert f"{tmp_path / 'goldens' / 'w'}: is a symlink" in err
+    code, out = _gate(capsys, ["lint", "--goldens-root", tmp_path / "goldens"])
+    assert code == 1
+    assert "damaged_golden" in out and "is a symlink" in out
+    with pytest.raises(GoldenStoreError, match="is a symlink"):
+        write_golden(tmp_path / "goldens", "w", "cuda", read_manifest(run), synthetic_surfaces("w", seed=5),
+                     _provenance())
+    assert not (elsewhere / "cuda").exists()
