@@ -447,3 +447,24 @@ def test_a_workload_folder_symlinked_out_of_the_goldens_root_is_refused(world, t
         write_golden(tmp_path / "goldens", "w", "cuda", read_manifest(run), synthetic_surfaces("w", seed=5),
                      _provenance())
     assert not (elsewhere / "cuda").exists()
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_a_file_name_that_is_not_utf8_is_named_not_a_traceback(world, encoding):
+    # before: print() of the '\udcff' file name raised UnicodeEncodeError: traceback, exit 3
+    import os
+    import subprocess
+    import sys
+
+    tmp_path, run, golden, _ = world
+    with open(os.path.join(os.fsencode(golden / "surfaces"), b"\xff.json"), "wb") as handle:
+        handle.write(b"{}")
+    env = {**os.environ, "PYTHONIOENCODING": encoding, "GOLDEN_PROGRESS": "off"}
+    repo = Path(__file__).resolve().parents[2]
+    for args, expect in ((["validate", golden], 1), (["diff", run, golden], 2),
+                         (["lint", "--goldens-root", tmp_path / "goldens"], 1)):
+        proc = subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], env=env, cwd=repo,
+                              capture_output=True, text=True, errors="replace", timeout=120)
+        assert proc.returncode == expect, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert "surfaces/\\udcff.json" in proc.stdout + proc.stderr
