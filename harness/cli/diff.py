@@ -95,6 +95,9 @@ def _golden(args: argparse.Namespace, documents):
     try:
         path = Path(args.golden)
         if path.is_dir():
+            if args.platform and args.platform != path.resolve().name:
+                raise UnusableInput(f"--platform {args.platform!r} contradicts GOLDEN {args.golden}, the golden of "
+                                    f"platform {path.resolve().name!r}; drop --platform or name the other golden")
             return read_golden_dir(path)
         platform = args.platform or run_platform(documents.run, documents.manifest)
         if not platform:

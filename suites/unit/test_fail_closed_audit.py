@@ -468,3 +468,12 @@ def test_a_file_name_that_is_not_utf8_is_named_not_a_traceback(world, encoding):
         assert proc.returncode == expect, proc.stderr
         assert "Traceback" not in proc.stderr
         assert "surfaces/\\udcff.json" in proc.stdout + proc.stderr
+
+
+def test_diff_refuses_a_platform_that_contradicts_the_golden_directory(world, capsys):
+    # before: --platform was ignored for a golden directory: `--platform cuda goldens/w/cpu` compared cpu
+    _, run, golden, _ = world
+    code, err = _gate(capsys, ["diff", run, golden, "--platform", "cuda"])
+    assert code == 2
+    assert "--platform 'cuda' contradicts GOLDEN" in err and "'cpu'" in err
+    assert _gate(capsys, ["diff", run, golden, "--platform", "cpu"])[0] == 0
