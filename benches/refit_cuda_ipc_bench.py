@@ -93,18 +93,19 @@ class _TimedSocket:
 
 def _instrument(clock: _Clock, *, loop_pack: bool = False):
     """Time the stream's phases in this process; returns a function that undoes it."""
-    from harness.refit import packing, staging, zmq_stream
+    from harness.refit import packing, staging, zmq_receiver, zmq_sender
 
-    saved = [(zmq_stream, "pack_into", zmq_stream.pack_into), (zmq_stream, "unpack_views", zmq_stream.unpack_views),
-             (zmq_stream, "open_staging", zmq_stream.open_staging),
-             (zmq_stream._OpenedBuffers, "settle", zmq_stream._OpenedBuffers.__dict__["settle"]),
+    saved = [(zmq_sender, "pack_into", zmq_sender.pack_into),
+             (zmq_receiver, "unpack_views", zmq_receiver.unpack_views),
+             (zmq_receiver, "open_staging", zmq_receiver.open_staging),
+             (zmq_receiver._OpenedBuffers, "settle", zmq_receiver._OpenedBuffers.__dict__["settle"]),
              (staging.CudaStagingBuffer, "ready", staging.CudaStagingBuffer.ready),
              (staging.StagingBuffer, "ready", staging.StagingBuffer.ready)]
     pack = functools.partial(packing.pack_into, batched=False) if loop_pack else packing.pack_into
-    zmq_stream.pack_into = clock.wrap("pack", pack)
-    zmq_stream.unpack_views = clock.wrap("unpack", packing.unpack_views)
-    zmq_stream.open_staging = clock.wrap("open", staging.open_staging)
-    zmq_stream._OpenedBuffers.settle = staticmethod(clock.wrap("settle", zmq_stream._OpenedBuffers.settle))
+    zmq_sender.pack_into = clock.wrap("pack", pack)
+    zmq_receiver.unpack_views = clock.wrap("unpack", packing.unpack_views)
+    zmq_receiver.open_staging = clock.wrap("open", staging.open_staging)
+    zmq_receiver._OpenedBuffers.settle = staticmethod(clock.wrap("settle", zmq_receiver._OpenedBuffers.settle))
     staging.CudaStagingBuffer.ready = clock.wrap("ready", staging.CudaStagingBuffer.ready)
     staging.StagingBuffer.ready = clock.wrap("ready", staging.StagingBuffer.ready)
 
@@ -117,7 +118,7 @@ def _instrument(clock: _Clock, *, loop_pack: bool = False):
 def _receiver(shapes: dict, device: str, jobs, results) -> None:
     import zmq
 
-    from harness.refit.zmq_stream import _make_socket, receive_weights_zmq
+    from harness.refit.zmq_stream import make_socket, receive_weights_zmq
 
     if device == "cuda":
         torch.cuda.set_device(0)
@@ -144,7 +145,7 @@ def _receiver(shapes: dict, device: str, jobs, results) -> None:
         undo = _instrument(clock)
         load = clock.wrap("load", load_foreach if foreach else load_each)
         t = time.perf_counter()
-        socket = _TimedSocket(_make_socket(zmq.REP, address, 300_000, bind=False), clock, "wait", "ack")
+        socket = _TimedSocket(make_socket(zmq.REP, address, 300_000, bind=False), clock, "wait", "ack")
         try:
             receive_weights_zmq(address=address, state_dict_info=info, load_fn=load, timeout_ms=300_000,
                                 socket=socket)
@@ -194,7 +195,7 @@ def main() -> None:
         raise SystemExit("refit_cuda_ipc_bench: needs a CUDA device")
     import zmq
 
-    from harness.refit.zmq_stream import _make_socket, ipc_address, send_weights_zmq
+    from harness.refit.zmq_stream import ipc_address, make_socket, send_weights_zmq
 
     shm = "/dev/shm"
     if not os.path.isdir(shm) or shutil.disk_usage(shm).free < (1200 << 20):
@@ -234,7 +235,7 @@ def main() -> None:
                 clock = _Clock()
                 undo = _instrument(clock, loop_pack="loop" in flags)
                 t = time.perf_counter()
-                socket = _TimedSocket(_make_socket(zmq.REQ, address, 300_000, bind=True), clock, "ack", "send")
+                socket = _TimedSocket(make_socket(zmq.REQ, address, 300_000, bind=True), clock, "ack", "send")
                 try:
                     stats = send_weights_zmq(items, address=address, buffer_size_bytes=BUDGETS[budget],
                                              timeout_ms=300_000, socket=socket,

@@ -106,14 +106,11 @@ def bind_endpoints(count: int, host: str, timeout_ms: int) -> list[str]:
     for ``take_bound`` and return their addresses (``tcp://host:port``)."""
     import zmq
 
+    from harness.refit.zmq_common import new_socket
+
     out = []
     for _ in range(int(count)):
-        socket = zmq.Context.instance().socket(zmq.REQ)
-        socket.setsockopt(zmq.SNDTIMEO, timeout_ms)
-        socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
-        socket.setsockopt(zmq.LINGER, 0)
-        if ":" in host:  # an IPv6 node address
-            socket.setsockopt(zmq.IPV6, 1)
+        socket = new_socket(zmq.REQ, timeout_ms, ipv6=":" in host)  # ":": an IPv6 node address
         try:
             port = socket.bind_to_random_port(f"{TCP_SCHEME}{_bind_host(host)}")
         except zmq.ZMQError as exc:

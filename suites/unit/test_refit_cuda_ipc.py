@@ -16,7 +16,7 @@ import threading
 import pytest
 import torch
 
-from harness.refit import staging, zmq_stream
+from harness.refit import staging, zmq_receiver, zmq_stream
 from harness.refit.packing import pack, pack_into, packed_size, unpack_views
 from harness.refit.zmq_stream import ACK, COMPLETE, ipc_address, receive_weights_zmq, send_weights_zmq
 
@@ -102,7 +102,7 @@ def test_receiver_opens_each_cuda_buffer_once_per_stream(monkeypatch):
         return buffers[handle["id"]]
 
     buffers = {"A": torch.zeros(65536, dtype=torch.uint8), "B": torch.zeros(65536, dtype=torch.uint8)}
-    monkeypatch.setattr(zmq_stream, "open_staging", fake_open)
+    monkeypatch.setattr(zmq_receiver, "open_staging", fake_open)
 
     class Feed(_Script):
         def recv_pyobj(self):
