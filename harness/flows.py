@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.parity.engine import compare
+from harness.parity.comparison import compare
 from harness.parity.findings import Verdict
 from harness.postflight.run import PostflightResult, postflight
 from harness.progress import phase

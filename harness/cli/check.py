@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         write_report,
     )
     from harness.cli.hints import golden_command
-    from harness.parity.engine import compare
+    from harness.parity.comparison import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
 

@@ -123,7 +123,7 @@ def _run_inputs(documents) -> tuple[Path, ...]:
 
 def run(args: argparse.Namespace) -> int:
     from harness.cli._workload_args import Refused, check_output_target, resolve_report, write_report
-    from harness.parity.engine import compare
+    from harness.parity.comparison import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
     from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
