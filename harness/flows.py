@@ -262,8 +262,10 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
                                 versions=package_versions())
     tolerances = None
     old_tol = target / "tolerances.yaml"
-    if old_tol.exists():
-        tolerances = old_tol.read_text()  # declared bands survive a refresh
+    if old_tol.exists():  # declared bands survive a refresh; read bounded (SpecError: too large, not UTF-8)
+        from harness.spec.yaml_io import read_yaml_text
+
+        tolerances = read_yaml_text(old_tol)
     expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec.name)
     return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,
