@@ -28,7 +28,7 @@ from harness.parity.findings import Verdict
 from harness.postflight.run import PostflightResult, postflight
 from harness.progress import phase
 from harness.spec.load import default_goldens_root, load_spec
-from harness.spec.typed import Workload, as_workload
+from harness.spec.typed import Workload
 from harness.surfaces.build import GATED
 
 Say = Callable[[str], None]
@@ -153,13 +153,11 @@ def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = N
     (else the run's ``platform.ray_address``): resume on that Ray cluster, checked against
     the plan first like a new run; without one a plan of several nodes is refused
     (``ClusterRefused``, exit 2), since a private local instance is one node."""
-    import json
-
     from harness.runner.run import resume_workload
     from harness.spec.topology import plan
 
     run_dir = Path(run_dir)
-    spec = as_workload(json.loads((run_dir / "run.json").read_text())["spec"])  # the canonical dict it stored
+    spec = resumed_spec(run_dir)
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
     _refuse_unplaceable(spec, topology, address)
@@ -167,6 +165,23 @@ def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = N
     resume_workload(run_dir, progress=say, ray_address=address)
     phase(say, "postflight")
     return Execution(spec, run_dir, postflight(run_dir), time.perf_counter() - t)
+
+
+def resumed_spec(run_dir: Path):
+    """The spec a run stored in its run.json (``#/spec``, the canonical dict), read bounded
+    and validated exactly as a workload file is. ``FileNotFoundError`` without run.json;
+    ``DocumentError`` (not strict JSON, too large) or ``SpecError`` (naming the field and
+    ``run.json#/spec``) for one that cannot be resumed from."""
+    from harness.docio import DocumentError, read_json
+    from harness.spec.load import spec_from_dict
+
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no run.json (not a run directory)")
+    doc = read_json(path, what="run.json")
+    if not isinstance(doc, dict) or "spec" not in doc:
+        raise DocumentError("holds no spec (#/spec): not a run directory this harness wrote", source=str(path))
+    return spec_from_dict(doc["spec"], source=f"{path}#/spec")
 
 
 def load_golden(goldens_root: Path, workload: str, platform: str):
