@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.parity.engine import compare
+from harness.parity.comparison import compare
 from harness.parity.findings import Verdict
 from harness.postflight.run import PostflightResult, postflight
 from harness.progress import phase
 from harness.spec.load import default_goldens_root, load_spec
-from harness.spec.typed import Workload, as_workload
+from harness.spec.typed import Workload
 from harness.surfaces.build import GATED
 
 Say = Callable[[str], None]
@@ -153,13 +153,11 @@ def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = N
     (else the run's ``platform.ray_address``): resume on that Ray cluster, checked against
     the plan first like a new run; without one a plan of several nodes is refused
     (``ClusterRefused``, exit 2), since a private local instance is one node."""
-    import json
-
     from harness.runner.run import resume_workload
     from harness.spec.topology import plan
 
     run_dir = Path(run_dir)
-    spec = as_workload(json.loads((run_dir / "run.json").read_text())["spec"])  # the canonical dict it stored
+    spec = resumed_spec(run_dir)
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
     _refuse_unplaceable(spec, topology, address)
@@ -167,6 +165,23 @@ def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = N
     resume_workload(run_dir, progress=say, ray_address=address)
     phase(say, "postflight")
     return Execution(spec, run_dir, postflight(run_dir), time.perf_counter() - t)
+
+
+def resumed_spec(run_dir: Path):
+    """The spec a run stored in its run.json (``#/spec``, the canonical dict), read bounded
+    and validated exactly as a workload file is. ``FileNotFoundError`` without run.json;
+    ``DocumentError`` (not strict JSON, too large) or ``SpecError`` (naming the field and
+    ``run.json#/spec``) for one that cannot be resumed from."""
+    from harness.docio import DocumentError, read_json
+    from harness.spec.load import spec_from_dict
+
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no run.json (not a run directory)")
+    doc = read_json(path, what="run.json")
+    if not isinstance(doc, dict) or "spec" not in doc:
+        raise DocumentError("holds no spec (#/spec): not a run directory this harness wrote", source=str(path))
+    return spec_from_dict(doc["spec"], source=f"{path}#/spec")
 
 
 def load_golden(goldens_root: Path, workload: str, platform: str):
@@ -262,8 +277,10 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
                                 versions=package_versions())
     tolerances = None
     old_tol = target / "tolerances.yaml"
-    if old_tol.exists():
-        tolerances = old_tol.read_text()  # declared bands survive a refresh
+    if old_tol.exists():  # declared bands survive a refresh; read bounded (SpecError: too large, not UTF-8)
+        from harness.spec.yaml_io import read_yaml_text
+
+        tolerances = read_yaml_text(old_tol)
     expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec.name)
     return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,

@@ -21,7 +21,8 @@ def make_run(run: Path, docs: dict, *, status: str = "complete", run_status: str
     (run / "surfaces").mkdir()
     for name, doc in docs.items():
         (run / "surfaces" / f"{name}.json").write_bytes(surface_file_bytes(doc))
-    manifest = synthetic_manifest("w")
+    workloads = {doc.get("workload") for doc in docs.values()} - {None}
+    manifest = synthetic_manifest(workloads.pop() if len(workloads) == 1 else "w")  # the surfaces' workload
     manifest["status"] = status
     manifest["checks"] = checks if checks is not None else manifest["checks"]
     manifest["artifacts"] = [artifact_entry(run, "artifacts/policy/rank00000.trace.jsonl", role="policy", rank=0)]

@@ -107,7 +107,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _printable_streams() -> None:
+    """stdout/stderr escape what their encoding cannot write (a file name holding non-UTF-8
+    bytes, any non-ASCII path under an ASCII locale) instead of raising UnicodeEncodeError
+    halfway through a report: the message still names the file, as ``\udcff`` / ``\xe9``."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a closed or detached stream: leave it as it is
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    _printable_streams()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse stops filling a positional list at the first option, so `run W --platform cuda a.b=1`

@@ -9,6 +9,7 @@ find), so a usage error costs milliseconds, not a run. Exit codes are
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -178,11 +179,42 @@ def resolve_report(args: argparse.Namespace) -> None:
         raise Refused(str(exc)) from None
 
 
+def check_output_target(path: str | Path | None, *, golden_dir: Path | None = None,
+                        inputs: tuple[Path, ...] = ()) -> None:
+    """A report must not land in what is compared: anywhere inside the golden directory
+    (a report there would damage the golden, or be refused as a file the store never
+    writes) or on one of the run's files (``inputs``: manifest, run.json, listed files).
+    Raises Refused (nothing written)."""
+    if not path:
+        return
+    out = Path(os.path.realpath(path))
+    if golden_dir is not None:
+        gold = Path(os.path.realpath(golden_dir))
+        if out == gold or gold in out.parents:
+            raise Refused(f"--output {path}: is inside the golden {golden_dir}; a report is never written into a "
+                          "golden (write it elsewhere)")
+    for item in inputs:
+        if out == Path(os.path.realpath(item)):
+            raise Refused(f"--output {path}: is {item}, a file this comparison reads; write the report elsewhere")
+
+
 def write_report(path: str | Path, text: str) -> None:
-    """Write a report file, creating its folder (checked by check_output_path before the run)."""
+    """Write a report file, creating its folder (checked by check_output_path before the run).
+    Written beside the target and renamed over it, so a failed write leaves no half report."""
+    import tempfile
+
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)  # as a plain write would leave it (mkstemp makes it 0600)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def run_error(run_dir: Path) -> str | None:

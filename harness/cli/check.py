@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.cli import EXIT_FINDINGS, EXIT_OK
     from harness.cli._workload_args import (
         Refused,
+        check_output_target,
         execute_or_explain,
         prepare,
         progress,
@@ -74,14 +75,15 @@ def run(args: argparse.Namespace) -> int:
         write_report,
     )
     from harness.cli.hints import golden_command
-    from harness.parity.engine import compare
+    from harness.parity.comparison import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
 
     try:
         resolve_report(args)
         prepared = prepare(args)
-        _golden(prepared, args)  # refuse a missing or corrupt golden before running for a minute
+        golden, _, _ = _golden(prepared, args)  # refuse a missing or corrupt golden before running for a minute
+        check_output_target(args.output, golden_dir=golden.path)
     except Refused as exc:
         print(f"golden check: {exc}", file=sys.stderr)
         return exc.code

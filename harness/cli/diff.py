@@ -1,7 +1,8 @@
 """``golden diff RUN GOLDEN``: compare a run's surfaces with a golden.
 
 RUN is a run directory holding the manifest.json postflight wrote, or that
-manifest file. The manifest is validated first (``harness.postflight.read``):
+manifest file, or a golden directory (read as the store reads it). The
+manifest is validated first (``harness.postflight.read``):
 nothing it lists outside the run directory is opened, an invalid manifest or
 surface is unusable input (exit 2), and a run whose manifest or run.json is
 not complete gets no verdict (exit 3). GOLDEN is a golden directory or a workload name
@@ -48,9 +49,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_run_surfaces(run_path: Path):
     """The run's validated documents (``harness.postflight.read.load_run``): the
     manifest first, every listed path confined to the run directory, complete runs
-    only. Raises ``RunRefused`` (exit 2 unusable, exit 3 no verdict)."""
-    from harness.postflight.read import load_run
+    only. A golden directory (PROVENANCE.json, no run.json) as RUN is read as the
+    store reads it (``read_golden_dir``: every check ``read_golden`` makes; its
+    manifest lists the artifacts of the run it was captured from, which a golden
+    does not store), so two goldens can be compared. Raises ``RunRefused`` (exit 2
+    unusable, exit 3 no verdict)."""
+    from harness.postflight.read import RunDocuments, RunUnusable, load_run
 
+    path = Path(run_path)
+    if path.is_dir() and (path / "PROVENANCE.json").exists() and not (path / "run.json").exists():
+        from harness.store.atomic import GoldenStoreError, read_golden_dir
+
+        try:
+            golden = read_golden_dir(path)
+        except (FileNotFoundError, GoldenStoreError) as exc:
+            raise RunUnusable(f"{path}: golden unusable as RUN; nothing was compared", [str(exc)]) from None
+        return RunDocuments(golden.path, golden.manifest, golden.surfaces, None)
     return load_run(run_path)
 
 
@@ -81,6 +95,9 @@ def _golden(args: argparse.Namespace, documents):
     try:
         path = Path(args.golden)
         if path.is_dir():
+            if args.platform and args.platform != path.resolve().name:
+                raise UnusableInput(f"--platform {args.platform!r} contradicts GOLDEN {args.golden}, the golden of "
+                                    f"platform {path.resolve().name!r}; drop --platform or name the other golden")
             return read_golden_dir(path)
         platform = args.platform or run_platform(documents.run, documents.manifest)
         if not platform:
@@ -97,9 +114,16 @@ def _golden(args: argparse.Namespace, documents):
         raise UnusableInput(str(exc)) from None
 
 
+def _run_inputs(documents) -> tuple[Path, ...]:
+    """The run's files this comparison read (manifest, run.json, listed surfaces and artifacts)."""
+    base = documents.base
+    listed = [e["path"] for kind in ("surfaces", "artifacts") for e in documents.manifest.get(kind, [])]
+    return tuple(base / rel for rel in ["manifest.json", "run.json", *listed])
+
+
 def run(args: argparse.Namespace) -> int:
-    from harness.cli._workload_args import Refused, resolve_report
-    from harness.parity.engine import compare
+    from harness.cli._workload_args import Refused, check_output_target, resolve_report, write_report
+    from harness.parity.comparison import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
     from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
@@ -133,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
     except (UnusableInput, ToleranceFileError, NonFiniteError, ValueError) as exc:
         print(f"golden diff: unusable input: {exc}", file=sys.stderr)
         return 2
+    try:
+        check_output_target(args.output, golden_dir=golden.path, inputs=_run_inputs(documents))
+    except Refused as exc:
+        print(f"golden diff: {exc}", file=sys.stderr)
+        return 2
     title = f"golden diff {golden.workload}/{golden.platform}"
     manifest = documents.manifest
     run_fields = {"run_id": manifest["run_id"]} if "run_id" in manifest else None
@@ -140,8 +169,7 @@ def run(args: argparse.Namespace) -> int:
                     surfaces_actual=actual, surfaces_golden=golden.surfaces, provenance=golden.provenance,
                     run=run_fields)
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(report)
+        write_report(args.output, report)
         print(f"{title}: {summary_line(verdict)} (report: {args.output})")
     else:
         sys.stdout.write(report)

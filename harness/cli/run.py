@@ -37,12 +37,13 @@ def run(args: argparse.Namespace) -> int:
             print("golden run --resume takes no workload or overrides (the run's own spec is used)", file=sys.stderr)
             return EXIT_USAGE
         from harness import flows
+        from harness.docio import DocumentError
         from harness.spec.errors import SpecError
 
         try:
             with progress(args) as say:
                 execution = flows.resume(args.resume, say=say, ray_address=getattr(args, "ray_address", None))
-        except (FileNotFoundError, SpecError) as exc:  # SpecError: ClusterRefused, checked before anything starts
+        except (FileNotFoundError, DocumentError, SpecError) as exc:  # also ClusterRefused, before anything starts
             print(f"golden run --resume: {exc}", file=sys.stderr)
             return EXIT_USAGE
         execution, code = report_execution(args, execution)

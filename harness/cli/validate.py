@@ -25,6 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="manifest.json, a run directory or goldens/<workload>/<platform>")
 
 
+def _listed(manifest: dict) -> list:
+    """The manifest's ``surfaces`` entries when it is a list (else the schema check reports it)."""
+    entries = manifest.get("surfaces")
+    return entries if isinstance(entries, list) else []
+
+
 def _surface_errors(base: Path, manifest: dict, refused: set[str]) -> list[str]:
     """Schema errors of the listed surfaces. A surface whose path the manifest check
     refused (``refused``: pointers of its errors) is not opened, and no path is
@@ -35,7 +41,7 @@ def _surface_errors(base: Path, manifest: dict, refused: set[str]) -> list[str]:
     from harness.surfaces.registry import SURFACES, validate_surface
 
     errors = []
-    for index, entry in enumerate(manifest.get("surfaces") or []):
+    for index, entry in enumerate(_listed(manifest)):
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             continue
         if f"/surfaces/{index}/path" in refused:
@@ -50,7 +56,7 @@ def _surface_errors(base: Path, manifest: dict, refused: set[str]) -> list[str]:
             errors.append(str(exc))
             continue
         name = entry.get("name")
-        if name not in SURFACES:
+        if not isinstance(name, str) or name not in SURFACES:
             continue  # the manifest schema names the surfaces it accepts
         for pointer, message in validate_surface(doc, name=name):
             errors.append(f"{target}#{pointer}: {short(message, 300)}")
@@ -107,20 +113,31 @@ def _in_goldens_tree(path: Path) -> bool:
 
 def _golden_extras(base: Path, manifest: dict) -> list[str]:
     from harness.docio import read_json
+    from harness.store.integrity import KNOWN_FILES, stored_golden_problems
     from harness.store.provenance import provenance_errors
     from harness.surfaces.canonical import StrictJSONError
 
     errors = []
-    listed = {e.get("path") for e in manifest.get("surfaces") or [] if isinstance(e, dict)}
-    for stored in sorted((base / "surfaces").glob("*.json")):
+    entries = [e for e in _listed(manifest) if isinstance(e, dict)]  # the schema check names the rest
+    listed = {e.get("path") for e in entries if isinstance(e.get("path"), str)}
+    for stored in sorted((base / "surfaces").glob("*")):
         rel = stored.relative_to(base).as_posix()
         if rel not in listed:
             errors.append(f"{stored}: not listed in manifest.json /surfaces")
         if stored.is_symlink():
             errors.append(f"{stored}: is a symlink (a golden stores regular files only)")
+    for entry in sorted(base.iterdir()):
+        if entry.name == "surfaces" and entry.is_dir() and not entry.is_symlink():
+            continue
+        if entry.name not in KNOWN_FILES:
+            errors.append(f"{entry}: not a file a golden holds (the store writes {', '.join(KNOWN_FILES)} "
+                          "and surfaces/<surface>.json only)")
+        elif entry.is_dir() or entry.is_symlink():
+            errors.append(f"{entry}: not a regular file")
+    errors += stored_golden_problems(base, manifest, _gated_documents(base, manifest))
     from harness.surfaces.registry import GATED_SURFACES
 
-    names = {e.get("name") for e in manifest.get("surfaces") or [] if isinstance(e, dict)}
+    names = {e.get("name") for e in entries if isinstance(e.get("name"), str)}
     for name in GATED_SURFACES:
         if name not in names:
             errors.append(f"{base / 'manifest.json'}#/surfaces: gated surface {name!r} is missing from the golden")
@@ -133,6 +150,23 @@ def _golden_extras(base: Path, manifest: dict) -> list[str]:
     except StrictJSONError as exc:
         errors.append(str(exc))
     return errors + _tolerance_errors(base)
+
+
+def _gated_documents(base: Path, manifest: dict) -> dict:
+    """The listed gated surfaces that read (confined, strict); the others are reported elsewhere."""
+    from harness.docio import read_json
+    from harness.manifest.confine import PathEscape, confined
+    from harness.surfaces.canonical import StrictJSONError
+    from harness.surfaces.registry import GATED_SURFACES
+
+    docs = {}
+    for entry in _listed(manifest):
+        if isinstance(entry, dict) and entry.get("name") in GATED_SURFACES and isinstance(entry.get("path"), str):
+            try:
+                docs[entry["name"]] = read_json(confined(base, entry["path"]), what="surface")
+            except (PathEscape, StrictJSONError):
+                continue
+    return docs
 
 
 def _tolerance_errors(base: Path) -> list[str]:

@@ -173,7 +173,8 @@ def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
         for kind in ("artifacts", "surfaces"):
             if kind == "artifacts" and not check_artifact_files:
                 continue
-            for index, entry in enumerate(doc.get(kind) or []):
+            entries = doc.get(kind)
+            for index, entry in enumerate(entries if isinstance(entries, list) else []):  # else: a schema error
                 pointer = f"/{kind}/{index}"
                 if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
                     continue

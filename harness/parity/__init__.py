@@ -6,7 +6,7 @@ lane and status (``fail`` / ``stale`` = probable stale golden / ``info``). Rende
 ``harness.parity.render``. No torch, no ray.
 """
 
-from harness.parity.engine import compare, compare_surface
+from harness.parity.comparison import compare, compare_surface
 from harness.parity.findings import Finding, SurfaceResult, Verdict
 from harness.parity.tolerances import (
     ToleranceFileError,

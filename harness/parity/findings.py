@@ -1,4 +1,4 @@
-"""Findings and verdicts: what the parity engine reports.
+"""Findings and verdicts: what the parity comparison reports.
 
 Statuses
 --------

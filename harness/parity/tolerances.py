@@ -27,7 +27,8 @@ from typing import Any
 
 from harness.surfaces.registry import SURFACES, ToleranceRule
 
-__all__ = ["ToleranceTable", "TolerancesFile", "ToleranceFileError", "load_tolerances", "parse_tolerances"]
+__all__ = ["ToleranceTable", "TolerancesFile", "ToleranceFileError", "load_tolerances", "parse_tolerances",
+           "parse_tolerances_bytes"]
 
 _RULE_FIELDS = {"surface", "key", "section", "abs", "rel", "when", "reason", "evidence"}
 
@@ -77,19 +78,22 @@ def _number(value: Any, where: str) -> float:
 
 def parse_tolerances(doc: Any, *, source: str = "tolerances.yaml") -> TolerancesFile:
     """Validate a parsed tolerances document; raise ToleranceFileError naming the field."""
-    if doc is None:
-        return TolerancesFile(())
+    if doc is None:  # an empty (or truncated) file: refused, so that a lost file is never read as "no rules"
+        raise ToleranceFileError(f"{source}: empty document (a tolerances.yaml holds at least 'version: 1'; "
+                                 "delete the file for no overrides)")
     if not isinstance(doc, dict):
         raise ToleranceFileError(f"{source}: top level must be a mapping")
     unknown = set(doc) - {"version", "deterministic", "rules"}
     if unknown:
         raise ToleranceFileError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}")
-    if doc.get("version", 1) != 1:
-        raise ToleranceFileError(f"{source}: version: {doc.get('version')!r} is not supported (supported: 1)")
+    version = doc.get("version", 1)
+    if type(version) is not int or version != 1:  # `true` == 1 and 1.0 == 1 in Python: refused too
+        raise ToleranceFileError(f"{source}: version: {version!r} is not supported (supported: 1)")
     deterministic = doc.get("deterministic")
     if deterministic is not None and not isinstance(deterministic, bool):
         raise ToleranceFileError(f"{source}: deterministic: must be true or false")
-    raw_rules = doc.get("rules") or []
+    raw_rules = doc.get("rules")
+    raw_rules = [] if raw_rules is None else raw_rules
     if not isinstance(raw_rules, list):
         raise ToleranceFileError(f"{source}: rules: must be a list")
     rules = []
@@ -122,6 +126,27 @@ def parse_tolerances(doc: Any, *, source: str = "tolerances.yaml") -> Tolerances
         rules.append(ToleranceRule(surface=raw["surface"], key=raw["key"], reason=raw["reason"],
                                    section=section, when=when, **bounds))
     return TolerancesFile(tuple(rules), deterministic)
+
+
+def parse_tolerances_bytes(data: bytes, *, source: str = "tolerances.yaml") -> TolerancesFile:
+    """``parse_tolerances`` of a file's bytes, read with the specs' strict, bounded YAML
+    parser (the size limit of ``load_tolerances``, UTF-8 only, alias-expansion limit,
+    duplicate keys refused)."""
+    from harness.spec import yaml_io
+    from harness.spec.errors import SpecError
+
+    if len(data) > yaml_io.MAX_YAML_BYTES:
+        raise ToleranceFileError(f"{source}: {len(data)} bytes is more than the {yaml_io.MAX_YAML_BYTES}-byte "
+                                 "limit for a YAML file (GOLDEN_YAML_MAX_BYTES)")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ToleranceFileError(f"{source}: not UTF-8 (byte {exc.start})") from None
+    try:
+        doc = yaml_io.load_yaml_text(text, source=source)
+    except SpecError as exc:
+        raise ToleranceFileError(f"not valid YAML: {exc}") from None
+    return parse_tolerances(doc, source=source)
 
 
 def load_tolerances(path: str | Path) -> TolerancesFile:

@@ -10,11 +10,12 @@
    sizes and sha256s). Any error is ``RunUnusable`` (exit 2) listing
    ``FILE#POINTER: message`` lines, and no listed file has been opened except
    through ``confine.confined`` (nothing outside the run directory);
-3. a manifest whose ``status`` is not ``complete``, or a ``run.json`` whose
-   ``status`` is not ``completed``, is ``NoVerdict`` (exit 3), with the reason the
+3. a manifest whose ``status`` is not ``complete`` or that records a failed
+   check, or a ``run.json`` whose ``status`` is not ``completed``, is ``NoVerdict`` (exit 3), with the reason the
    run recorded (its failed checks, the runner's error);
-4. each listed surface is read (the bytes must still have the listed sha256) and
-   validated against its schema; a surface error is ``RunUnusable``.
+4. each listed surface is read (the bytes must still have the listed sha256),
+   validated against its schema and must name the manifest's workload; a surface
+   error is ``RunUnusable``.
 
 Pure gate code: no torch, no ray.
 """
@@ -120,6 +121,10 @@ def load_run(path: str | Path, *, require_complete: bool = True) -> RunDocuments
         if problems:
             raise RunUnusable(f"{target}: surface {entry['name']!r} (manifest /surfaces/{index}) fails its schema",
                               [f"{target}#{p}: {short(m, 300)}" for p, m in problems[:20]])
+        if doc.get("workload") != manifest["workload"]["name"]:
+            raise RunUnusable(f"{target}#/workload: {short(repr(doc.get('workload')), 80)}, but the manifest's "
+                              f"/workload/name is {short(repr(manifest['workload']['name']), 80)}: the surface "
+                              "is not this run's; nothing was compared")
     return RunDocuments(base, manifest, surfaces, run)
 
 
@@ -133,10 +138,15 @@ def _surface_errors(doc: Any, name: str) -> list[tuple[str, str]]:
 
 def _require_complete(manifest_path: Path, manifest: dict, base: Path, run: dict | None) -> None:
     reasons = []
+    failed = [f"check {c['name']} failed: {short(c['detail'], 300)}"
+              for c in manifest["checks"] if c["outcome"] == "fail"]
     if manifest["status"] != "complete":
         reasons.append(f"{manifest_path}#/status: {manifest['status']!r}")
-        reasons += [f"check {c['name']} failed: {short(c['detail'], 300)}"
-                    for c in manifest["checks"] if c["outcome"] == "fail"]
+        reasons += failed
+    elif failed:  # postflight marks a run complete only when every check passed
+        index = next(i for i, c in enumerate(manifest["checks"]) if c["outcome"] == "fail")
+        reasons.append(f"{manifest_path}#/checks/{index}/outcome: 'fail' in a manifest whose status is 'complete'")
+        reasons += failed
     if run is not None and run.get("status") != "completed":
         reasons.append(f"{base / RUN_JSON}#/status: {short(repr(run.get('status')), 60)}")
         if run.get("error"):

@@ -123,16 +123,31 @@ def load_spec(
     field and the file.
     """
     path, name = resolve_workload_path(path_or_name, goldens_root)
-    source = str(path)
     raw = load_yaml_file(path)
+    return spec_from_dict(raw, source=str(path), overrides=overrides, folder_name=name,
+                          check_topology=check_topology)
+
+
+def spec_from_dict(
+    raw: Any,
+    *,
+    source: str,
+    overrides: Iterable[str] = (),
+    folder_name: str | None = None,
+    check_topology: bool = True,
+) -> Workload:
+    """Validate and default-fill a spec already parsed (a workload file's YAML, or the
+    canonical dict a run stored in run.json): exactly :func:`load_spec`'s checks.
+    ``SpecError`` names the field and ``source``; ``folder_name``: the name the spec
+    must carry (the folder its file lives in)."""
     try:
         if not isinstance(raw, dict):
             raise SpecError("(root)", f"a workload spec must be a mapping, got {type(raw).__name__}")
         raw = apply_overrides(raw, overrides)
         schema.validate(raw)
         spec = schema.fill_defaults(raw)
-        if name is not None and spec["name"] != name:
-            raise SpecError("name", f"is {spec['name']!r} but the file lives in the folder {name!r}")
+        if folder_name is not None and spec["name"] != folder_name:
+            raise SpecError("name", f"is {spec['name']!r} but the file lives in the folder {folder_name!r}")
         if check_topology:
             from harness.spec.constraints import check_spec
 

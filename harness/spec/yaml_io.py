@@ -24,8 +24,28 @@ import yaml
 
 from harness.spec.errors import SpecError
 
-MAX_YAML_BYTES = int(os.environ.get("GOLDEN_YAML_MAX_BYTES", 4 * 1024 * 1024))
-MAX_YAML_NODES = int(os.environ.get("GOLDEN_YAML_MAX_NODES", 1_000_000))
+
+def _env_limit(name: str, default: int) -> tuple[int, str | None]:
+    """(limit, problem) from ``$name``: a value that is not an integer >= 1 is a problem
+    every read then reports (SpecError naming the variable), never an import-time crash."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default, None
+    try:
+        value = int(raw)
+    except ValueError:
+        return default, f"${name}={raw[:40]!r} is not an integer"
+    return (value, None) if value >= 1 else (default, f"${name} must be >= 1, got {value}")
+
+
+MAX_YAML_BYTES, _BYTES_PROBLEM = _env_limit("GOLDEN_YAML_MAX_BYTES", 4 * 1024 * 1024)
+MAX_YAML_NODES, _NODES_PROBLEM = _env_limit("GOLDEN_YAML_MAX_NODES", 1_000_000)
+
+
+def _check_environment(source: str) -> None:
+    problem = _BYTES_PROBLEM or _NODES_PROBLEM
+    if problem:
+        raise SpecError("(environment)", problem, source=source)
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -85,6 +105,7 @@ def load_yaml_text(text: str, *, source: str, max_nodes: int | None = None) -> A
     """Parse YAML text; syntax errors, nesting too deep for the parser and
     alias expansion over ``max_nodes`` (default ``MAX_YAML_NODES``) become
     ``SpecError`` naming ``source`` and the line."""
+    _check_environment(source)
     limit = MAX_YAML_NODES if max_nodes is None else max_nodes
     loader: StrictLoader | None = None
     try:
@@ -113,6 +134,7 @@ def read_yaml_text(path: Path, *, max_bytes: int | None = None) -> str:
     """The text of one YAML file, refused from its size when it is larger
     than ``max_bytes`` (default ``MAX_YAML_BYTES``); never reads more than
     the limit. ``SpecError`` when unreadable, too large or not UTF-8."""
+    _check_environment(str(path))
     limit = MAX_YAML_BYTES if max_bytes is None else max_bytes
     try:
         with open(path, "rb") as handle:

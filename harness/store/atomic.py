@@ -42,6 +42,7 @@ from harness.docio import Limits, read_bytes
 from harness.store import layout
 from harness.store.golden import ANY, Golden, GoldenChanged, GoldenStoreError, files_digest
 from harness.store.integrity import golden_files, golden_problems, load_strict_bytes
+from harness.store.provenance import provenance_errors
 from harness.surfaces.canonical import StrictJSONError
 from harness.surfaces.digest import sha256_hex
 
@@ -151,6 +152,7 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
     target = layout.golden_dir(root, workload, platform)
     files = golden_files(workload, manifest, surfaces, provenance, tolerances)
     workload_dir = target.parent
+    _refuse_symlinked_workload(workload_dir)
     with workload_lock(workload_dir):
         _recover_locked(workload_dir, platform)
         if expect is not ANY:
@@ -197,6 +199,9 @@ def _read_tree(target: Path, limits: Limits) -> dict[str, bytes]:
             if os.path.islink(os.path.join(folder, name)):
                 raise GoldenStoreError(f"{os.path.join(folder, name)}: is a symlink (a golden stores regular "
                                        "files only)")
+            if not (Path(folder) == target and name == layout.SURFACES_DIR):
+                raise GoldenStoreError(f"{os.path.join(folder, name)}: is a directory (a golden holds regular files "
+                                       f"and its {layout.SURFACES_DIR}/ folder only)")
         for name in sorted(names):
             path = Path(folder) / name
             if path.is_symlink():
@@ -227,19 +232,30 @@ def golden_digest(root: str | Path, workload: str, platform: str) -> str | None:
         return _digest_locked(target)
 
 
+def _refuse_symlinked_workload(workload_dir: Path) -> None:
+    """A workload folder of the goldens root that is a symlink would read (or write) goldens
+    outside the root: refused, as a symlink inside a golden is."""
+    if workload_dir.is_symlink():
+        raise GoldenStoreError(f"{workload_dir}: is a symlink (a goldens root holds its workload folders; name "
+                               "the golden directory itself to compare against one elsewhere)")
+
+
 def read_golden(root: str | Path, workload: str, platform: str) -> Golden:
     """Read a complete golden (after recovering from any interrupted write).
 
     Raises FileNotFoundError if there is no golden, GoldenStoreError for anything
     ``golden_problems`` finds (the first few, each naming its file and pointer): a
-    symlink or over-limit file, a document that is not strict JSON, a manifest that
-    is not schema v2, surface files missing, unlisted or differing from the sha256
-    the manifest records, a gated surface missing, a surface failing its schema.
-    Provenance and tolerances are ``golden validate``'s and lint's job.
+    symlink, a folder other than ``surfaces/`` or an over-limit file, a file the store
+    never writes, a document that is not strict JSON, a manifest that is not a valid
+    schema v2 manifest of a complete run of this workload, surface files missing,
+    unlisted or differing from the sha256 the manifest records, a gated surface
+    missing or without sections, a surface failing its schema, an invalid
+    tolerances.yaml; and a PROVENANCE.json with invalid fields (``provenance_errors``).
     """
     target = layout.golden_dir(root, workload, platform)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"no golden for workload {workload!r}: {target.parent} does not exist")
+    _refuse_symlinked_workload(target.parent)
     limits = Limits.from_env()
     with workload_lock(target.parent):
         _recover_locked(target.parent, platform)
@@ -258,6 +274,8 @@ def read_golden(root: str | Path, workload: str, platform: str) -> Golden:
     except ValueError as exc:
         raise GoldenStoreError(str(exc)) from None
     problems = golden_problems(target, manifest, files, surfaces)
+    problems += [f"{target / layout.PROVENANCE}#/{p.split(':')[0] if ':' in p else ''}: {p}"
+                 for p in provenance_errors(provenance)]
     if problems:
         more = f" (and {len(problems) - 3} more problem(s): golden lint lists them)" if len(problems) > 3 else ""
         raise GoldenStoreError("; ".join(problems[:3]) + more)

@@ -24,7 +24,9 @@ from harness.surfaces.digest import sha256_hex
 from harness.surfaces.portability import absolute_paths, describe
 from harness.surfaces.registry import GATED_SURFACES, SURFACES, validate_surface
 
-__all__ = ["golden_files", "golden_problems", "load_strict_bytes"]
+__all__ = ["golden_files", "golden_problems", "load_strict_bytes", "stored_golden_problems", "unknown_files"]
+
+KNOWN_FILES = (layout.MANIFEST, layout.PROVENANCE, layout.TOLERANCES)
 
 
 def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[str, Mapping[str, Any]],
@@ -40,6 +42,9 @@ def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[s
             raise GoldenStoreError(f"surface {name}: {pointer or '/'}: {message} ({len(errors)} error(s))")
         if doc.get("workload") != workload:
             raise GoldenStoreError(f"surface {name}: /workload is {doc.get('workload')!r}, expected {workload!r}")
+        if name in GATED_SURFACES and not doc.get("sections"):
+            raise GoldenStoreError(f"surface {name}: /sections is empty (a golden of nothing would pass any run "
+                                   "that also records nothing)")
         paths = absolute_paths(doc)
         if paths:
             raise GoldenStoreError(describe(name, paths))
@@ -51,6 +56,10 @@ def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[s
     errors = validate_manifest(stored)
     if errors:
         raise GoldenStoreError("manifest: " + "; ".join(str(e) for e in errors))
+    if stored["status"] != "complete" or any(c["outcome"] != "pass" for c in stored["checks"]):
+        raise GoldenStoreError(f"manifest: /status is {stored['status']!r} with checks "
+                               f"{[c['name'] for c in stored['checks'] if c['outcome'] != 'pass']} failing: only a "
+                               "complete run whose every check passed becomes a golden")
     if stored["workload"]["name"] != workload:
         raise GoldenStoreError(f"manifest: /workload/name is {stored['workload']['name']!r}, expected {workload!r}")
     problems = provenance_errors(dict(provenance))
@@ -60,6 +69,9 @@ def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[s
     files[layout.PROVENANCE] = surface_file_bytes(dict(provenance))
     if tolerances is not None:
         files[layout.TOLERANCES] = tolerances.encode("utf-8")
+        problems = _tolerance_problems(Path(layout.TOLERANCES), files[layout.TOLERANCES])
+        if problems:  # a golden the next read would refuse is never written; the bands are edited by hand
+            raise GoldenStoreError(f"{problems[0]} (fix tolerances.yaml by hand; nothing was stored)")
     return files
 
 
@@ -73,9 +85,9 @@ def golden_problems(target: Path, manifest: Any, files: Mapping[str, bytes],
         _check_integrity(target, manifest, files)
     except GoldenStoreError as exc:
         return [str(exc)]
-    problems = []
+    problems = unknown_files(target, files)
     where = target / layout.MANIFEST
-    listed = {e.get("name") for e in manifest["surfaces"] if isinstance(e, dict)}
+    listed = {e.get("name") for e in manifest["surfaces"] if isinstance(e, dict) and isinstance(e.get("name"), str)}
     for name in GATED_SURFACES:
         if name not in listed or name not in surfaces:
             problems.append(f"{where}#/surfaces: gated surface {name!r} is missing (every golden stores all of "
@@ -92,7 +104,58 @@ def golden_problems(target: Path, manifest: Any, files: Mapping[str, bytes],
         elif surfaces[name].get("workload") != target.parent.name:
             problems.append(f"{path}#/workload: {short(repr(surfaces[name].get('workload')), 80)}, expected "
                             f"{target.parent.name!r}")
+    problems += [f"{where}#{e.pointer}: {short(e.message, 300)}"
+                 for e in validate_manifest(manifest, check_artifact_files=False)]
+    problems += stored_golden_problems(target, manifest, surfaces)
+    if layout.TOLERANCES in files:
+        problems += _tolerance_problems(target / layout.TOLERANCES, files[layout.TOLERANCES])
     return problems
+
+
+def stored_golden_problems(target: Path, manifest: Any, surfaces: Mapping[str, Any]) -> list[str]:
+    """What a stored golden's documents must say besides their integrity and schemas: the
+    manifest records a complete run (every check passed) of this workload (the folder it
+    is stored in), and
+    every gated surface holds at least one section (a golden of nothing passes every run
+    that also records nothing). ``golden validate`` shares these checks."""
+    where = target / layout.MANIFEST
+    problems = []
+    if isinstance(manifest, dict):
+        if manifest.get("status") != "complete":
+            problems.append(f"{where}#/status: {short(repr(manifest.get('status')), 40)}, a golden records a "
+                            "complete run")
+        for index, check in enumerate(manifest.get("checks") or []):
+            if isinstance(check, dict) and check.get("outcome") != "pass":
+                problems.append(f"{where}#/checks/{index}/outcome: {short(repr(check.get('outcome')), 40)}, a golden "
+                                "records a run whose every check passed")
+        name = manifest.get("workload", {}).get("name") if isinstance(manifest.get("workload"), dict) else None
+        if name != target.parent.name:
+            problems.append(f"{where}#/workload/name: {short(repr(name), 80)}, expected {target.parent.name!r} "
+                            "(the workload folder it is stored in)")
+    for name in GATED_SURFACES:
+        doc = surfaces.get(name)
+        if isinstance(doc, dict) and isinstance(doc.get("sections"), dict) and not doc["sections"]:
+            problems.append(f"{target / layout.SURFACES_DIR / (name + '.json')}#/sections: empty (a golden of "
+                            "nothing would pass any run that also records nothing)")
+    return problems
+
+
+def unknown_files(target: Path, files: Mapping[str, bytes]) -> list[str]:
+    """Files the store never writes: anything but the manifest, provenance, tolerances and
+    ``surfaces/*.json`` (the latter checked against the manifest by ``_check_integrity``)."""
+    return [f"{target / short(rel, 200)}: not a file a golden holds (the store writes {', '.join(KNOWN_FILES)} "
+            f"and {layout.SURFACES_DIR}/<surface>.json only)"
+            for rel in sorted(files) if rel not in KNOWN_FILES and not rel.startswith(layout.SURFACES_DIR + "/")]
+
+
+def _tolerance_problems(path: Path, data: bytes) -> list[str]:
+    from harness.parity.tolerances import ToleranceFileError, parse_tolerances_bytes
+
+    try:
+        parse_tolerances_bytes(data, source=str(path))
+    except ToleranceFileError as exc:
+        return [str(exc)]
+    return []
 
 
 def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) -> None:

@@ -126,6 +126,10 @@ def lint(goldens_root: str | Path) -> list[LintFinding]:
     findings: list[LintFinding] = []
     for workload_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         name = workload_dir.name
+        if workload_dir.is_symlink():  # read_golden refuses it: its goldens would be read from outside the root
+            findings.append(LintFinding("damaged_golden", name, "is a symlink (a goldens root holds its workload "
+                                        "folders, not links to folders elsewhere)"))
+            continue
         for entry in sorted(workload_dir.iterdir()):
             if layout.is_leftover(entry.name):
                 findings.append(LintFinding("leftover_temp", f"{name}/{entry.name}",

@@ -1,6 +1,6 @@
 """The surface registry: names, schemas, normalisation and default tolerances.
 
-Every surface is declared once here as a ``SurfaceSpec``. The parity engine, the
+Every surface is declared once here as a ``SurfaceSpec``. The parity comparison, the
 golden store and ``golden validate`` read nothing about a surface from anywhere else.
 
 Lanes

@@ -36,7 +36,7 @@ import contextlib
 import pytest
 
 from harness import flows
-from harness.parity.engine import compare
+from harness.parity.comparison import compare
 
 WORKLOAD = "qwen3_moe_tiny_multiturn"
 BASE = ("grpo.iterations=2",)

@@ -33,5 +33,5 @@ def test_gate_modules_import_neither_torch_nor_ray():
     proc = subprocess.run([sys.executable, "-c", PROBE, *GATE_PACKAGES], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "harness.parity.engine" in report["imported"] and "harness.store.atomic" in report["imported"]
+    assert "harness.parity.comparison" in report["imported"] and "harness.store.atomic" in report["imported"]
     assert report["offenders"] == [], f"gate modules that pull in torch/ray: {report['offenders']}"

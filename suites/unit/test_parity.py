@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-import harness.parity.engine as engine
+import harness.parity.comparison as engine
 from harness.parity import ToleranceFileError, ToleranceTable, compare, parse_tolerances
 from harness.parity.render import render, render_terminal
 from harness.parity.synthetic import synthetic_surfaces

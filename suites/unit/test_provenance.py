@@ -19,7 +19,7 @@ import pytest
 
 from harness import __version__, flows
 from harness.cli import main
-from harness.parity.engine import compare
+from harness.parity.comparison import compare
 from harness.parity.render import FORMATS, render
 from harness.parity.synthetic import synthetic_manifest, synthetic_surfaces
 from harness.postflight.run import PostflightResult

@@ -106,3 +106,19 @@ def test_a_refresh_without_comparison_stores_over_the_golden_it_remembered(store
     flows.remember_golden(b, golden_digest(root, "w", "cpu"))
     flows.store_golden(b, "cpu", reason="b", goldens_root=root, command="pytest --golden-refresh", allow_replace=True)
     assert read_golden(root, "w", "cpu").provenance["reason"] == "b"
+
+
+def test_a_refresh_reads_the_old_tolerances_bounded(store):
+    """The declared bands are carried over, but an oversized tolerances.yaml is refused
+    from its size (never read whole) and nothing is stored."""
+    from harness.spec.errors import SpecError
+    from harness.spec.yaml_io import MAX_YAML_BYTES
+
+    tmp_path, root = store
+    (root / "w" / "cpu" / "tolerances.yaml").write_bytes(b"#" * (MAX_YAML_BYTES + 1))
+    docs = synthetic_surfaces("w", seed=6)
+    b = execution(make_run(tmp_path / "b", docs), docs)
+    with pytest.raises(SpecError, match="byte limit"):
+        flows.store_golden(b, "cpu", reason="b", goldens_root=root, command="pytest --golden-refresh",
+                           allow_replace=True)
+    assert json.loads((root / "w" / "cpu" / "PROVENANCE.json").read_text())["reason"] == "first"

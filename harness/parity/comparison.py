@@ -1,4 +1,4 @@
-"""The parity engine: golden vs actual surface documents -> Verdict.
+"""The parity comparison: golden vs actual surface documents -> Verdict.
 
 Algorithm
 ---------
