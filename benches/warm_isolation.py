@@ -29,20 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: suites/ holds the recorder
+from suites.worker_pids import PidRecorder
+
 GATED = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
-
-
-class Pids:
-    """A progress sink that keeps the workers' pids (``Session._detail``)."""
-
-    def __init__(self) -> None:
-        self.pids: dict[str, list[int]] = {}
-
-    def __call__(self, text: str) -> None:
-        pass
-
-    def detail(self, what: str, records: list[dict]) -> None:
-        self.pids[what] = [r.get("pid", r.get("actor_pid")) for r in records]
 
 
 def cpu_workloads() -> list[str]:
@@ -63,7 +53,7 @@ def moved_surfaces(run_dir: Path, workload: str) -> list[str]:
 def run(workload: str, run_root: Path, warm, seen: set[int]) -> dict:
     from harness import flows
 
-    rec = Pids()
+    rec = PidRecorder()
     t = time.time()
     run_dir = run_root / f"{workload}-{len(os.listdir(run_root))}"
     execution = flows.execute(workload, run_dir=run_dir, say=rec, platform="cpu", warm=warm)

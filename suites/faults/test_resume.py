@@ -10,16 +10,12 @@ then finishes the run, and postflight merges the trace segments.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from harness import flows
 from harness.surfaces.canonical import canonical_bytes
+from suites.kill_run import run_until_checkpoint_then_kill
 
 pytestmark = pytest.mark.slow
 
@@ -33,19 +29,7 @@ def test_killed_and_resumed_run_matches_uninterrupted(tmp_path):
     assert reference.ok, reference.problems()
 
     run_dir = tmp_path / "killed"
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", WORKLOAD, *OVERRIDES, "--run-dir", str(run_dir)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    marker = run_dir / "checkpoints" / "step0002" / "state.json"
-    deadline = time.monotonic() + 240
-    while not marker.exists():
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint of step 2 appeared"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    # killed mid-run, not finished before the signal landed (or the resume below proves nothing)
-    assert proc.wait(timeout=60) == -signal.SIGKILL
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+    run_until_checkpoint_then_kill([WORKLOAD, *OVERRIDES], run_dir)  # killed mid-run, or the resume proves nothing
 
     resumed = flows.resume(run_dir)
     assert resumed.ok, resumed.problems()

@@ -37,23 +37,11 @@ from harness import flows
 from harness.pytest_plugin import GATED_SURFACES
 from harness.runner.warm import ZYGOTE_ENV
 from harness.spec.load import default_goldens_root
+from suites.worker_pids import PidRecorder
 
 pytestmark = [pytest.mark.slow, pytest.mark.golden]
 
 CHEAP = ("qwen3_moe_tiny_smoke", "qwen3_moe_tiny_streaming")  # 1 and 2 policy ranks, TP1 engines
-
-
-class PidRecorder:
-    """A progress sink that keeps the workers' start-up records (``Session._detail``)."""
-
-    def __init__(self) -> None:
-        self.pids: dict[str, list[int]] = {}
-
-    def __call__(self, text: str) -> None:
-        pass
-
-    def detail(self, what: str, records: list[dict]) -> None:
-        self.pids[what] = [r.get("pid", r.get("actor_pid")) for r in records]
 
 
 def _ppid(pid: int) -> int:

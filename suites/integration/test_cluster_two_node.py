@@ -328,29 +328,13 @@ def test_a_killed_two_node_run_resumes_on_the_cluster(cluster, across_run, tmp_p
     """Driver SIGKILLed after the checkpoint of step 2 (its actors die with its job; the cluster
     stays); without an address the resume is refused (a private instance is one node); with
     ``ray_address`` it finishes on the cluster with the uninterrupted run's surfaces."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
     from harness.runner.capacity import ClusterRefused
     from harness.surfaces.canonical import canonical_bytes
+    from suites.kill_run import run_until_checkpoint_then_kill
 
     reference, _ = across_run
     run_dir = tmp_path / "killed"
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", SMOKE, *ACROSS, *TWO_NODES, "--run-dir",
-                             str(run_dir), "--ray-address", cluster.address],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    marker = run_dir / "checkpoints" / "step0002" / "state.json"
-    deadline = time.monotonic() + 240
-    while not marker.exists():
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint of step 2 appeared"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.wait(timeout=60) == -signal.SIGKILL
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+    run_until_checkpoint_then_kill([SMOKE, *ACROSS, *TWO_NODES, "--ray-address", cluster.address], run_dir)
     with pytest.raises(ClusterRefused, match=r"the plan needs 2 nodes, but without --ray-address"):
         flows.resume(run_dir)
     resumed = flows.resume(run_dir, ray_address=cluster.address)
