@@ -230,6 +230,9 @@ class WarmRuntime:
             self.ray_starts += 1
             _current = self
             self._start_zygote()
+            from harness.workerenv.select import set_warm_runtime_env  # standard library only
+
+            set_warm_runtime_env(zygote_runtime_env)
             return True
 
     def _start_zygote(self) -> None:
@@ -362,6 +365,9 @@ class WarmRuntime:
             self._stop_reaper()
             if _current is self:
                 _current = None
+                from harness.workerenv.select import set_warm_runtime_env
+
+                set_warm_runtime_env(None)
 
 
 def _actor_id(handle) -> str:

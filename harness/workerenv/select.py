@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,19 +75,30 @@ def worker_pythons(spec: Workload, chosen: str | None = None, *, verify: bool = 
 RECORD = "worker_envs.json"  # in the run directory: which interpreter each worker ran (not a gated surface)
 
 
+# Installed by the warm runtime while its Ray is up (``harness.runner.warm``, which passes
+# ``zygote_runtime_env``): the actor's runtime_env -> the one that forks it from the runtime's
+# fork server. Registered from above so that this module never imports the runner.
+_warm_runtime_env: Callable[[dict], dict] | None = None
+
+
+def set_warm_runtime_env(hook: Callable[[dict], dict] | None) -> None:
+    """Install (or, with None, remove) the warm runtime's runtime_env rewrite."""
+    global _warm_runtime_env
+    _warm_runtime_env = hook
+
+
 def actor_runtime_env(role: str, spec: Workload, env_vars: dict[str, str]) -> dict:
     """A Ray actor's ``runtime_env`` for a ``role`` worker of ``spec``: its env vars, and
     ``py_executable`` when the selection puts that role in a built environment, else the warm
-    runtime's fork server when this process has one (``harness.runner.warm.zygote_runtime_env``)."""
+    runtime's fork server when this process has one (:func:`set_warm_runtime_env`)."""
     runtime_env: dict = {"env_vars": dict(env_vars)}
     if selection() != CURRENT:
         python = worker_pythons(spec, verify=False)[role]
         if python != sys.executable:
             runtime_env["py_executable"] = python
         return runtime_env
-    from harness.runner.warm import zygote_runtime_env  # standard library only
-
-    return zygote_runtime_env(runtime_env)
+    hook = _warm_runtime_env
+    return hook(runtime_env) if hook is not None else runtime_env
 
 
 def in_worker_env(role: str, environ: dict | None = None) -> bool:
