@@ -55,12 +55,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from harness.pytest_session import GoldenSession
 
 GATED_SURFACES = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
 
@@ -291,206 +292,11 @@ def unused_goldens() -> list[str]:
                   if (root, p) in platforms)
 
 
-class GoldenSession:
-    """Runs each workload once and answers per-surface checks from the cache."""
-
-    def __init__(self, config: pytest.Config, tmp_root: Path) -> None:
-        self.config = config
-        self.tmp_root = tmp_root
-        self.root_opt = config.getoption("--goldens-root")
-        self.platform_opt = config.getoption("--golden-platform")
-        self.ray_address = config.getoption("--golden-ray-address", None)
-        self.refresh = bool(config.getoption("--golden-refresh"))
-        self.capture_missing = bool(config.getoption("--golden-capture-missing"))
-        self.reason = config.getoption("--golden-reason")
-        self._cache: dict[tuple[str, str], tuple] = {}
-        self.stored_by_current_test: str | None = None
-        self._progress_stream = None
-        self._warm = None  # harness.runner.warm.WarmRuntime, created on the first workload
-
-    def warm_runtime(self):
-        """This process's warm runtime (one Ray instance + warm worker processes shared by its
-        workloads, docs/runner.md); None with ``GOLDEN_WARM=0`` (every workload cold)."""
-        if os.environ.get("GOLDEN_WARM", "1").strip() == "0":
-            return None
-        if self._warm is None:
-            from harness.runner.warm import WarmRuntime  # ray is imported only when it starts
-
-            self._warm = WarmRuntime()
-        return self._warm
-
-    def close_warm(self) -> None:
-        if self._warm is not None:
-            self._warm.close()
-
-    def root_of(self, workload: str) -> Path:
-        """The goldens root ``golden_params`` found ``workload`` under, else this session's root."""
-        root = getattr(workload, "root", None)
-        if root is None:
-            root = _session_config(None).root.resolve()
-        return root
-
-    def _evaluate(self, workload: str) -> tuple:
-        """``(outcome, message, execution, verdict)``, computed once per workload:
-        every outcome is cached, so a workload never runs twice in one process."""
-        root = self.root_of(workload)
-        key = (str(root), str(workload))
-        if key not in self._cache:
-            t = time.perf_counter()
-            platform, entry = self._outcome(str(workload), root)
-            self._cache[key] = entry
-            verdict = entry[3]
-            markdown = None
-            if verdict is not None and not verdict.ok:
-                from harness.parity.render.markdown import render_markdown
-
-                markdown = render_markdown(verdict)
-            self.config._golden_results.append(  # type: ignore[attr-defined]
-                {"workload": str(workload), "platform": platform, "outcome": entry[0],
-                 "status": verdict.status if verdict is not None else entry[0],
-                 "wall_s": round(time.perf_counter() - t, 1), "markdown": markdown})
-        return self._cache[key]
-
-    def _outcome(self, workload: str, root: Path) -> tuple[str | None, tuple]:
-        from harness import flows
-        from harness.parity.tolerances import ToleranceFileError
-        from harness.store.atomic import GoldenStoreError, golden_digest
-
-        platform = self.platform_opt
-        create = False
-        replaces: str | None = None  # the golden a refresh overwrites, read before the run
-        try:
-            spec = flows.spec_for_platform(workload, (), self.platform_opt, root)
-            platform = flows.platform_of(spec, self.platform_opt)
-            if (self.refresh or self.capture_missing) and platform not in spec.platform.platforms:
-                why = (f"cannot {'refresh' if self.refresh else 'capture'} {workload}: platform {platform!r} "
-                       f"is not scheduled (platform.platforms = {list(spec.platform.platforms)})")
-                return platform, ("error", why, None, None)
-            if self.refresh:
-                replaces = golden_digest(root, spec.name, platform)
-            else:
-                try:
-                    flows.load_golden(root, spec.name, platform)  # refuse before running, not after
-                except flows.GoldenMissing:
-                    if not self.capture_missing:
-                        raise
-                    create = True
-        except flows.GoldenMissing as exc:
-            return platform, ("missing", f"{exc}\n  (or: {capture_missing_hint(workload, platform, root)})",
-                              None, None)
-        except (GoldenStoreError, ToleranceFileError) as exc:
-            return platform, ("error", f"golden {workload}/{platform} is unusable: {exc}", None, None)
-        except Exception as exc:  # noqa: BLE001 - a bad spec becomes each surface's failure
-            return platform, ("error", f"workload {workload}: {type(exc).__name__}: {exc}", None, None)
-        progress = self._progress(workload)
-        try:
-            execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
-                                      platform=self.platform_opt, say=progress, ray_address=self.ray_address,
-                                      warm=self.warm_runtime())  # with an address: cold, the reason said
-        except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
-            return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
-        finally:
-            progress.close()
-        if not execution.ok:
-            return platform, ("incomplete", f"run incomplete (run dir {execution.run_dir}):\n  "
-                              + "\n  ".join(execution.problems()), execution, None)
-        try:
-            if self.refresh:
-                flows.remember_golden(execution, replaces)
-                flows.store_golden(execution, platform, reason=self.reason, goldens_root=root,
-                                   command="pytest --golden-refresh", allow_replace=True)
-                return platform, ("refreshed", f"golden {workload}/{platform} rewritten", execution, None)
-            if create:
-                path = flows.store_golden(execution, platform, goldens_root=root, allow_replace=False,
-                                          reason="first capture (pytest --golden-capture-missing)",
-                                          command="pytest --golden-capture-missing")
-                return platform, ("created", f"golden {workload}/{platform} created at {path}", execution, None)
-            verdict = flows.compare_with_golden(execution, platform, root)
-            return platform, ("compared", "", execution, verdict)
-        except flows.GoldenMissing as exc:  # removed while the workload ran
-            return platform, ("missing", str(exc), execution, None)
-        except (GoldenStoreError, ToleranceFileError, ValueError, OSError) as exc:
-            return platform, ("error", f"{workload}/{platform}: {type(exc).__name__}: {exc}", execution, None)
-
-    def _progress(self, workload: str):
-        """Progress lines with a heartbeat (``harness.progress``) for one workload's run, on the
-        real stderr: pytest captures fd 2 while a test runs, so they go to a duplicate of it
-        taken with capture suspended. ``GOLDEN_PROGRESS=off`` silences them."""
-        from harness.progress import MODE_ENV, make_progress
-
-        if os.environ.get(MODE_ENV, "").strip().lower() == "off":
-            return make_progress(mode="off")
-        if self._progress_stream is None:
-            capman = self.config.pluginmanager.getplugin("capturemanager")
-            if capman is not None:
-                with capman.global_and_fixture_disabled():
-                    fd = os.dup(2)
-            else:
-                fd = os.dup(2)
-            self._progress_stream = os.fdopen(fd, "w", buffering=1)
-        self._progress_stream.write("\n")  # after pytest's "path::test" text
-        return make_progress(stream=self._progress_stream, mode="plain", label=f"golden {workload}")
-
-    def check(self, workload: str, surface: str) -> None:
-        """Fail the calling test with readable findings if ``surface`` differs."""
-        problem = getattr(workload, "problem", None)
-        if problem:
-            pytest.fail(problem, pytrace=False)
-        outcome, message, execution, verdict = self._evaluate(workload)
-        if outcome in ("error", "incomplete", "missing"):
-            pytest.fail(message, pytrace=False)
-        if outcome in ("refreshed", "created"):
-            self.stored_by_current_test = outcome  # read by pytest_runtest_makereport: "CREATED" / "REFRESHED"
-            return
-        result = verdict.surfaces.get(surface)
-        if result is None or result.status == "parity":
-            return
-        from harness.parity.findings import Verdict
-        from harness.parity.render.terminal import render_terminal
-
-        one = Verdict(deterministic=verdict.deterministic, surfaces={surface: result})
-        from harness import flows
-
-        platform = flows.platform_of(execution.spec, self.platform_opt)
-        pytest.fail(
-            f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"
-            + render_terminal(one, title=f"{workload}/{surface}", color=False)
-            + "\n" + refresh_hint_text(workload, platform, self.root_of(workload)),
-            pytrace=False,
-        )
-
-
-def refresh_hint_text(workload: str, platform: str | None, root: Path | None) -> str:
-    """How to accept a change, as commands acting on the same goldens root and platform
-    (``harness.cli.hints``; the root is repeated unless it is the default one)."""
-    from harness.cli.hints import golden_command, pytest_refresh_hint, root_if_chosen
-
-    chosen = root_if_chosen(root)
-    cli = golden_command("refresh", workload, platform=platform, goldens_root=chosen, reason=True)
-    return (f"if the change is intended, refresh the golden: {cli}\n"
-            f"  (or: {pytest_refresh_hint(workload, platform=platform, goldens_root=chosen)})")
-
-
-def capture_missing_hint(workload: str, platform: str | None, root: Path | None) -> str:
-    """The pytest spelling of a first capture of one workload's golden (same root and platform,
-    ``harness.cli.hints``)."""
-    import shlex
-
-    from harness.cli.hints import root_if_chosen
-
-    parts = ["pytest", "-m", "golden", "-k", workload, "--golden-capture-missing"]
-    if platform:
-        parts += ["--golden-platform", platform]
-    chosen = root_if_chosen(root)
-    if chosen is not None:
-        parts += ["--goldens-root", str(chosen)]
-    return " ".join(shlex.quote(p) for p in parts)
-
-
 @pytest.fixture(scope="session")
 def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GoldenSession]:
     """The session-wide golden runner (see module docstring)."""
-    session = GoldenSession(request.config, tmp_path_factory.mktemp("golden-runs"))
+    session = GoldenSession(request.config, tmp_path_factory.mktemp("golden-runs"),
+                            session_root=lambda: _session_config(None).root.resolve())
     request.config._golden_session = session  # type: ignore[attr-defined]
     yield session
     session.close_warm()

@@ -206,7 +206,7 @@ def test_hint_builders_quote_and_omit_what_was_not_chosen(monkeypatch):
 
 
 def test_pytest_hint_text_keeps_a_consumer_root(monkeypatch):
-    from harness.pytest_plugin import refresh_hint_text
+    from harness.pytest_session import refresh_hint_text
     from harness.spec.load import default_goldens_root
 
     monkeypatch.delenv("GOLDEN_ROOT", raising=False)
