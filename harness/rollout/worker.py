@@ -41,8 +41,9 @@ from harness.plugins.rollout_hooks import (
     validate_engine_worker_cls,
     validate_rollout_profiler_topology,
 )
-from harness.refit.zmq_stream import DEFAULT_TIMEOUT_MS, ipc_address
+from harness.refit.zmq_stream import ipc_address
 from harness.registry.rollout import start_function
+from harness.rollout.refit_calls import per_rank_refit_calls
 from harness.rollout.sharding import ShardPlan
 from harness.runner.process_state import WarmHost
 from harness.spec.typed import as_workload
@@ -283,39 +284,14 @@ class RolloutWorker:
     async def receive_weights(self, transport: str, **kw: Any) -> int:
         """Receive one refit; returns the new weight version (all TP ranks agree).
 
-        ``zmq``: ``timeout_ms`` (optional), ``addresses`` (optional, default
-        ``refit_addresses()``; one per TP rank). ``broadcast``: ``host``,
-        ``port`` (a store the caller serves; every rank joins it as a client),
-        ``world_size``, ``rank_offset`` (side-group rank of internal rank 0;
-        ranks follow densely), ``buffer_size_bytes``, optional ``src``,
-        ``prefix`` (the session's store prefix) and ``timeout_s``. Each rank
-        builds its side group on the first broadcast and reuses it while the
+        ``transport`` ``zmq`` or ``broadcast`` and its keywords are checked and fanned
+        out per TP rank by ``harness.rollout.refit_calls``. For ``broadcast`` each
+        rank builds its side group on the first refit and reuses it while the
         signature is unchanged (one group per rank per session).
         """
         if self._closed:
             raise RuntimeError(f"{self.label} is shut down")
-        if transport == "zmq":
-            addresses = list(kw.get("addresses") or self.refit_addresses())
-            if len(addresses) != self.tp:
-                raise ValueError(f"zmq refit of {self.label}: {len(addresses)} addresses for tp={self.tp}")
-            per_rank = [{"address": a, "timeout_ms": int(kw.get("timeout_ms", DEFAULT_TIMEOUT_MS))} for a in addresses]
-            method = "receive_weights_zmq"
-        elif transport == "broadcast":
-            missing = [k for k in ("host", "port", "world_size", "rank_offset", "buffer_size_bytes") if k not in kw]
-            if missing:
-                raise ValueError(f"broadcast refit of {self.label} needs {missing}")
-            optional = {k: kw[k] for k in ("prefix", "timeout_s") if k in kw}
-            per_rank = [
-                {
-                    "host": kw["host"], "port": int(kw["port"]), "world_size": int(kw["world_size"]),
-                    "rank": int(kw["rank_offset"]) + r, "buffer_size_bytes": int(kw["buffer_size_bytes"]),
-                    "src": int(kw.get("src", 0)), **optional,
-                }
-                for r in range(self.tp)
-            ]
-            method = "receive_weights_broadcast"
-        else:
-            raise ValueError(f"refit transport must be 'zmq' or 'broadcast', got {transport!r}")
+        method, per_rank = per_rank_refit_calls(self.label, self.tp, transport, kw, self.refit_addresses)
         if self._local is not None:
             return getattr(self._local, method)(**per_rank[0])
         loop = asyncio.get_running_loop()
