@@ -7,14 +7,13 @@ here. suites/integration/test_cluster_two_node.py runs it between two Ray nodes.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from harness.refit import tcp_stream
 from harness.refit.staging import default_staging_dir
-from harness.refit.zmq_stream import WeightManifestError, ipc_address, receive_weights_zmq, send_weights_zmq
+from harness.refit.zmq_stream import WeightManifestError, ipc_address
+from suites.refit_stream import state_info, stream_in_thread
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -26,34 +25,16 @@ def _state(seed: int = 0) -> dict[str, torch.Tensor]:
     return sd
 
 
-def _info(sd):
-    return {n: (tuple(t.shape), t.dtype) for n, t in sd.items()}
-
-
 def _stream(address: str, sent: dict, buffer_size: int = 4096, timeout_ms: int = 10_000):
     """Stream ``sent`` from a thread to a receiver here; (received, receiver stats or error, sender outcome)."""
     outcome: dict = {}
-
-    def sender():
-        try:
-            outcome["stats"] = send_weights_zmq(sent.items(), address=address, buffer_size_bytes=buffer_size,
-                                                timeout_ms=timeout_ms)
-        except BaseException as exc:  # noqa: BLE001 - surfaced by the test
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=sender)
-    thread.start()
     received: dict[str, torch.Tensor] = {}
     try:
-        try:
-            result = receive_weights_zmq(address=address, state_dict_info=_info(sent), timeout_ms=timeout_ms,
-                                         load_fn=lambda views: received.update({n: v.clone() for n, v in views}))
-        except WeightManifestError as exc:
-            result = exc
-        return received, result, outcome
-    finally:
-        thread.join(30)
-        assert not thread.is_alive(), "sender thread hung"
+        result, received, _ = stream_in_thread(address, sent, state_info(sent), buffer_size=buffer_size,
+                                               timeout_ms=timeout_ms, outcome=outcome)
+    except WeightManifestError as exc:
+        result = exc
+    return received, result, outcome
 
 
 def _shm_files() -> set[str]:

@@ -10,6 +10,7 @@ import torch
 
 from harness.refit.staging import default_staging_dir
 from harness.refit.zmq_stream import WeightManifestError, ipc_address, receive_weights_zmq, send_weights_zmq
+from suites.refit_stream import state_info, stream_in_thread
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -20,38 +21,10 @@ def _state(seed: int = 0) -> dict[str, torch.Tensor]:
     return sd
 
 
-def _info(sd):
-    return {n: (tuple(t.shape), t.dtype) for n, t in sd.items()}
-
-
 def _stream(tmp_path, sent, expected_info, buffer_size=4096, timeout_ms=10_000, outcome=None):
-    """Send ``sent`` from a thread and receive it here. ``outcome`` (filled in even
-    when the receiver raises) gets the sender's ``stats`` or its ``error``."""
-    address = ipc_address(str(tmp_path), "t")
-    outcome = {} if outcome is None else outcome
-
-    def sender():
-        try:
-            outcome["stats"] = send_weights_zmq(
-                sent.items(), address=address, buffer_size_bytes=buffer_size, timeout_ms=timeout_ms
-            )
-        except BaseException as exc:  # noqa: BLE001 - surfaced by the test
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=sender)
-    thread.start()
-    received: dict[str, torch.Tensor] = {}
-    try:
-        stats = receive_weights_zmq(
-            address=address,
-            state_dict_info=expected_info,
-            load_fn=lambda views: received.update({n: v.clone() for n, v in views}),
-            timeout_ms=timeout_ms,
-        )
-        return stats, received, outcome
-    finally:
-        thread.join(30)
-        assert not thread.is_alive(), "sender thread hung"
+    """Send ``sent`` from a thread and receive it here over ipc:// (``suites.refit_stream``)."""
+    return stream_in_thread(ipc_address(str(tmp_path), "t"), sent, expected_info, buffer_size=buffer_size,
+                            timeout_ms=timeout_ms, outcome=outcome)
 
 
 def _staging_files():
@@ -61,7 +34,7 @@ def _staging_files():
 def test_zmq_stream_is_bit_exact_and_cleans_up(tmp_path):
     sd = _state()
     before = _staging_files()
-    stats, received, outcome = _stream(tmp_path, sd, _info(sd))
+    stats, received, outcome = _stream(tmp_path, sd, state_info(sd))
     assert "error" not in outcome
     assert list(received) == list(sd) == stats.loaded
     for name, t in sd.items():
@@ -72,7 +45,7 @@ def test_zmq_stream_is_bit_exact_and_cleans_up(tmp_path):
 
 def test_zmq_receiver_rejects_unexpected_and_missing_but_acks(tmp_path):
     sd = _state()
-    expected = _info(sd)
+    expected = state_info(sd)
     expected["never.sent"] = ((3,), torch.float32)
     sent = dict(sd)
     sent["surprise"] = torch.zeros(2)
@@ -101,7 +74,7 @@ def test_zmq_receiver_rejects_duplicates(tmp_path):
     )
     thread.start()
     with pytest.raises(WeightManifestError, match="duplicate tensor 'layer1.w'"):
-        receive_weights_zmq(address=address, state_dict_info=_info(sd), load_fn=lambda v: None, timeout_ms=10_000)
+        receive_weights_zmq(address=address, state_dict_info=state_info(sd), load_fn=lambda v: None, timeout_ms=10_000)
     thread.join(30)
     assert "s" in errors  # the sender completed: the receiver acknowledged everything
 
