@@ -71,6 +71,8 @@ class Session:
         self.warm = warm
         self._warm_rollout = False
         self._dataplane_check = None
+        self._dataplane_pool = None  # the WarmRuntime whose pooled data-plane process this run uses
+        self._dataplane_name: str | None = None
         self._reaper = None
         self.ray_address = ray_address
         self.placement = None  # harness.runner.placement.Placement of a cold run
@@ -113,6 +115,7 @@ class Session:
                 self.say(f"ray up in {time.perf_counter() - t:.1f}s (shared by the workloads of this process)")
             else:
                 self.say(f"reusing Ray and {sum(self.warm.idle().values())} warm worker process(es)")
+            self._dataplane_pool = self.warm  # the data plane holds no workload code: pooled in a shared Ray
         else:
             warm_pool.step_aside()  # a warm runtime's Ray carries no job runtime_env of this run
         if not shared and not ray.is_initialized():
@@ -253,13 +256,18 @@ class Session:
         from harness.dataplane.actor import DataPlaneActor, DataPlaneClient
 
         phase(self.say, "starting the data plane")
-        name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
         path = str(self.run_dir / layout.DATAPLANE)
         # Not waited for here: the actor's process starts while the workers do; _await_dataplane
         # checks it (as start_dataplane_actor would) once they are up, before the first refit.
-        pin = {} if self.placement is None else self.placement.driver_node_options()  # beside the driver's reads
-        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True, **pin).remote(path)
-        self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
+        if self._dataplane_pool is not None:  # the warm runtime's pooled process opens this run's new file
+            self.dataplane_handle, name = self._dataplane_pool.acquire_dataplane()
+            self._dataplane_name = name
+            self._dataplane_check = (self.dataplane_handle.open.remote(path), path, name)
+        else:
+            name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
+            pin = {} if self.placement is None else self.placement.driver_node_options()  # beside the driver's reads
+            self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True, **pin).remote(path)
+            self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
         self.dataplane = DataPlaneClient(self.dataplane_handle)
         if not self.spec.capture.enabled:
             return None
@@ -336,9 +344,16 @@ class Session:
         if self.dataplane_handle is not None:
             try:
                 ray.get(self.dataplane_handle.close.remote(), timeout=SHUTDOWN_TIMEOUT_S)
-                ray.kill(self.dataplane_handle)
+                if self._dataplane_pool is not None and not failed and self._dataplane_check is None:
+                    self._dataplane_pool.release_dataplane(self.dataplane_handle, self._dataplane_name)
+                else:  # a cold run's, or one whose run failed or never checked it: never reused
+                    ray.kill(self.dataplane_handle)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"data plane shutdown: {e!r}")
+                try:
+                    ray.kill(self.dataplane_handle)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
         if self.placement is not None:
             self.placement.remove()
         if self._started_ray:

@@ -24,7 +24,10 @@ start-up environment holds only the runner's own variables. A forked worker
 is what a fresh interpreter is to a workload (``suites/integration/test_zygote.py``);
 it costs a fork instead of a torch import. ``GOLDEN_ZYGOTE=0`` turns it off.
 
-What is not pooled: the data-plane actor, internal rollout engine processes
+The data-plane actor's process is pooled too (:meth:`WarmRuntime.acquire_dataplane`): it
+opens each workload's new staging file and closes it at the end; it runs no workload code.
+
+What is not pooled: internal rollout engine processes
 (``rollout.tp > 1`` or async) and rendezvous stores (all per workload), and
 whole workloads that :func:`cold_reason` names. The megatron policy backend
 (megatron-core keeps its parallel state in module globals) gets fresh worker
@@ -191,6 +194,8 @@ class WarmRuntime:
 
     def __init__(self) -> None:
         self._idle: dict[str, list] = {k: [] for k in KINDS}
+        self._idle_dataplanes: list[tuple[Any, str]] = []  # (handle, its name), the last released first
+        self._dataplane_seq = 0
         self._owns_ray = False
         self._reaper = None
         self._zygote = None  # harness.runner.zygote.Zygote while Ray is up (GOLDEN_ZYGOTE=0: none)
@@ -200,6 +205,8 @@ class WarmRuntime:
         self.ray_starts = 0
         self.hooks_undone = 0    # processes pooled again after their hook was undone
         self.tainted_killed = 0  # processes killed because an undo failed
+        self.dataplanes_started = 0  # data-plane processes started
+        self.dataplanes_reused = 0   # data-plane acquisitions answered by an idle one
 
     # -- Ray -------------------------------------------------------------------------------
     def ray_up(self) -> bool:
@@ -219,6 +226,7 @@ class WarmRuntime:
             if ray.is_initialized():
                 raise RuntimeError("a warm golden runtime needs this process's Ray, but another Ray instance is up")
             self._idle = {k: [] for k in KINDS}
+            self._idle_dataplanes = []
             self._tainted = {}
             self._start_reaper()  # before ray.init: every process of this Ray inherits the token
             try:
@@ -326,6 +334,34 @@ class WarmRuntime:
                 back.append(h)
         self._idle[kind][:0] = back  # the last released are acquired first
 
+    def acquire_dataplane(self) -> tuple[Any, str]:
+        """A data-plane actor (``harness.dataplane.actor.DataPlaneActor``) that serves no file:
+        ``(handle, its name)``, an idle one first, else a new one (named once, for its life;
+        the capture sinks find it by that name). The caller has it ``open`` the run's new file,
+        and after ``close`` hands it back (:meth:`release_dataplane`) or kills it
+        (:meth:`discard`). No setup hook runs in it: it holds no code a planted regression
+        patches."""
+        if not self._owns_ray:
+            raise RuntimeError("WarmRuntime.acquire_dataplane before ensure_ray")
+        if self._idle_dataplanes:
+            self.dataplanes_reused += 1
+            return self._idle_dataplanes.pop(0)
+        from harness.dataplane.actor import DataPlaneActor
+
+        self._dataplane_seq += 1
+        name = f"golden-dataplane-{os.getpid()}-{self._dataplane_seq}"
+        handle = DataPlaneActor.options(name=name, num_cpus=0,
+                                        runtime_env=zygote_runtime_env({"env_vars": dict(BASE_ENV)})).remote()
+        self.dataplanes_started += 1
+        return handle, name
+
+    def release_dataplane(self, handle: Any, name: str) -> None:
+        """Hand back a data-plane actor whose file its workload closed without an error."""
+        if not self._owns_ray:
+            self.discard([handle])
+            return
+        self._idle_dataplanes.insert(0, (handle, name))
+
     @staticmethod
     def discard(handles: list) -> None:
         import ray
@@ -342,6 +378,7 @@ class WarmRuntime:
     def stats(self) -> dict[str, Any]:
         return {"ray_starts": self.ray_starts, "started": self.started, "reused": self.reused,
                 "hooks_undone": self.hooks_undone, "tainted_killed": self.tainted_killed, "idle": self.idle(),
+                "dataplanes_started": self.dataplanes_started, "dataplanes_reused": self.dataplanes_reused,
                 "zygote": self._zygote is not None and self._zygote.alive()}
 
     # -- teardown ----------------------------------------------------------------------------
@@ -355,6 +392,8 @@ class WarmRuntime:
             for kind in KINDS:
                 handles, self._idle[kind] = self._idle[kind], []
                 self.discard(handles)
+            dataplanes, self._idle_dataplanes = self._idle_dataplanes, []
+            self.discard([h for h, _ in dataplanes])
             self._tainted = {}
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()
