@@ -81,13 +81,21 @@ WARM_ENV = "GOLDEN_WARM"  # "0": the pytest plugin runs every workload cold
 # forked from the zygote costs a fork and Ray's own start-up, so the flagship's eight ranks and
 # its rollout actor start together instead of two by two.
 STARTUP_CONCURRENCY = 16
+# The Ray settings of an instance whose workers fork from a zygote: start them all at once, and
+# prestart no idle default workers (Ray starts one per logical CPU for the first driver; an actor
+# forked from the zygote has a runtime_env of its own, so none of them would ever be used).
+FORKED_WORKERS_RAY_CONFIG = {"worker_maximum_startup_concurrency": STARTUP_CONCURRENCY,
+                             "enable_worker_prestart": False, "prestart_worker_first_driver": False}
 ZYGOTE_ENV = "GOLDEN_ZYGOTE"  # "0": the runtime's workers start as fresh interpreters (no fork server)
 # The variables a worker may start with and still be forked by the zygote: the runner's own
 # (harness.runner.run.worker_env, BASE_ENV), which nothing the zygote preloads reads at import.
 # A workload's plugins.env may name anything (a TORCH_* variable read at import): such workers
 # start as fresh interpreters.
+# HARNESS_TRACE_ROLE (a distillation teacher's ranks) and the resume segment variables are read
+# when a profiler is built, never at import.
 ZYGOTE_START_VARS = frozenset({*BASE_ENV, "HARNESS_TRACE_DIR", "HARNESS_RUN_ID", "NRL_POLICY_PROFILER_CLASS",
-                               "NRL_ROLLOUT_PROFILER_CLASS"})
+                               "NRL_ROLLOUT_PROFILER_CLASS", "HARNESS_TRACE_ROLE", "HARNESS_TRACE_SEGMENT",
+                               "HARNESS_STEP_OFFSET"})
 
 _current: WarmRuntime | None = None  # the runtime whose Ray is up in this process
 _lock = threading.Lock()
@@ -150,11 +158,16 @@ def cold_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | 
 def zygote_runtime_env(runtime_env: dict) -> dict:
     """``runtime_env`` for an actor of this process's warm runtime, with the runtime's zygote
     (``harness.runner.zygote``) as its ``py_executable`` when one is up and the actor may be
-    forked from it: no ``py_executable`` of its own (a built worker environment) and only
-    :data:`ZYGOTE_START_VARS` in its ``env_vars``. Unchanged otherwise (no warm runtime: a
-    cold CLI run never forks from a zygote)."""
+    forked from it (:func:`forked_runtime_env`). Unchanged otherwise (no warm runtime)."""
     runtime = _current
-    zygote = runtime._zygote if runtime is not None else None
+    return forked_runtime_env(runtime_env, runtime._zygote if runtime is not None else None)
+
+
+def forked_runtime_env(runtime_env: dict, zygote) -> dict:
+    """``runtime_env`` with ``zygote`` (a ``harness.runner.zygote.Zygote``, or None) as its
+    ``py_executable`` when it is alive and the actor may be forked from it: no
+    ``py_executable`` of its own (a built worker environment) and only
+    :data:`ZYGOTE_START_VARS` in its ``env_vars``. Unchanged otherwise."""
     env_vars = runtime_env.get("env_vars") or {}
     if (zygote is None or not zygote.alive() or "py_executable" in runtime_env
             or set(runtime_env) - {"env_vars"} or set(env_vars) - ZYGOTE_START_VARS):
@@ -162,6 +175,28 @@ def zygote_runtime_env(runtime_env: dict) -> dict:
     from harness.runner.zygote import ADDRESS_VAR, worker_command
 
     return {"env_vars": {**env_vars, ADDRESS_VAR: zygote.address}, "py_executable": worker_command()}
+
+
+def cold_zygote_reason(spec: Workload, ray_address: str | None = None,
+                       environ: dict[str, str] | None = None) -> str | None:
+    """Why a cold run of ``spec`` starts its workers as fresh interpreters instead of forking them
+    from a zygote of its own, or None: ``GOLDEN_ZYGOTE=0``, a Ray cluster (workers on other nodes
+    cannot reach this machine's fork server), a device other than the CPU, a rollout backend
+    the warm runtime does not take (vLLM), or a worker environment selected."""
+    env = os.environ if environ is None else environ
+    if env.get(ZYGOTE_ENV, "1").strip() == "0":
+        return f"{ZYGOTE_ENV}=0"
+    if ray_address is not None:
+        return f"the run joins the Ray cluster at {ray_address}"
+    if spec.platform.device != "cpu":
+        return f"platform.device is {spec.platform.device!r}"
+    if not rollout_backend(spec.rollout.backend).warm:
+        return f"rollout.backend is {spec.rollout.backend!r}"
+    from harness.workerenv import select  # standard library only
+
+    if select.selection(environ=environ) != select.CURRENT:
+        return f"{select.SELECT_ENV}={select.selection(environ=environ)}"
+    return None
 
 
 def step_aside() -> None:
@@ -184,7 +219,8 @@ def start_local_ray(runtime_env: dict, say: Callable[[str], None] | None = None)
             "local Ray instance (no shared cluster, no other jobs' actors)")
     ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
              log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")), runtime_env=runtime_env,
-             _system_config={"worker_maximum_startup_concurrency": STARTUP_CONCURRENCY})
+             _system_config=dict(FORKED_WORKERS_RAY_CONFIG) if os.environ.get(ZYGOTE_ENV, "1").strip() != "0"
+             else {"worker_maximum_startup_concurrency": STARTUP_CONCURRENCY})
     if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins
         signal.signal(signal.SIGTERM, sigterm)
 
