@@ -25,59 +25,79 @@ from harness.dataplane.staging_db import StagingDB
 
 @ray.remote(num_cpus=0)
 class DataPlaneActor:
-    """Ray actor wrapper around `StagingDB(path)`; methods mirror the store."""
+    """Ray actor wrapper around `StagingDB(path)`; methods mirror the store.
 
-    def __init__(self, path: str):
+    Without a path it serves nothing until :meth:`open`; after :meth:`close` it may
+    :meth:`open` another file (the warm runtime's pooled data-plane process,
+    ``harness.runner.warm``: one process serves the workloads of a gate run one after the
+    other, each its own new file). A call while no file is open raises, naming the method."""
+
+    def __init__(self, path: str | None = None):
         import torch
 
         torch.set_num_threads(1)
+        self._store: StagingDB | None = StagingDB(path) if path is not None else None
+
+    def _db(self, method: str) -> StagingDB:
+        if self._store is None:
+            raise RuntimeError(f"data plane actor: {method} while no staging file is open (closed, or never opened)")
+        return self._store
+
+    def open(self, path: str) -> str:
+        """Serve a new `StagingDB(path)`; refused while another file is open. Returns its path."""
+        if self._store is not None:
+            raise RuntimeError(f"data plane actor still serves {self._store.path}; close it before opening {path}")
         self._store = StagingDB(path)
+        return str(self._store.path)
 
     def path(self) -> str:
-        return str(self._store.path)
+        return str(self._db("path").path)
 
     def location(self) -> tuple[str, str]:
         """(the SQLite file, the Ray node id this actor runs on)."""
-        return str(self._store.path), ray.get_runtime_context().get_node_id()
+        return str(self._db("location").path), ray.get_runtime_context().get_node_id()
 
     def stage(self, key: str, row: Mapping[str, Any]) -> str:
-        return self._store.stage(key, row)
+        return self._db("stage").stage(key, row)
 
     def stage_many(self, items: list[tuple[str, Mapping[str, Any]]]) -> list[str | Exception]:
-        return self._store.stage_many(items)
+        return self._db("stage_many").stage_many(items)
 
     def fetch(self, key: str) -> dict[str, Any]:
-        return self._store.fetch(key)
+        return self._db("fetch").fetch(key)
 
     def fetch_many(self, keys: list[str]) -> list[dict[str, Any]]:
-        return self._store.fetch_many(keys)
+        return self._db("fetch_many").fetch_many(keys)
 
     def digest(self, key: str) -> str | None:
-        return self._store.digest(key)
+        return self._db("digest").digest(key)
 
     def has(self, key: str) -> bool:
-        return self._store.has(key)
+        return self._db("has").has(key)
 
     def keys(self, prefix: str = "") -> list[str]:
-        return self._store.keys(prefix)
+        return self._db("keys").keys(prefix)
 
     def put_tensors(self, key: str, tensors: Mapping[str, Any]) -> str:
-        return self._store.put_tensors(key, tensors)
+        return self._db("put_tensors").put_tensors(key, tensors)
 
     def get_tensors(self, key: str) -> dict[str, Any]:
-        return self._store.get_tensors(key)
+        return self._db("get_tensors").get_tensors(key)
 
     def tensor_keys(self, prefix: str = "") -> list[str]:
-        return self._store.tensor_keys(prefix)
+        return self._db("tensor_keys").tensor_keys(prefix)
 
     def delete_prefix(self, prefix: str) -> int:
-        return self._store.delete_prefix(prefix)
+        return self._db("delete_prefix").delete_prefix(prefix)
 
     def snapshot(self, dest: str) -> None:
-        self._store.snapshot(dest)
+        self._db("snapshot").snapshot(dest)
 
     def close(self) -> None:
-        self._store.close()
+        """Close the open file, if any (idempotent); :meth:`open` may then serve another."""
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
 
 def start_dataplane_actor(name: str, path: str, *, namespace: str | None = None) -> Any:

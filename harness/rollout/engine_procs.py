@@ -1,11 +1,12 @@
 """Internal engine processes and the actor-side RPC client (vLLM ``collective_rpc``).
 
 ``EngineProcesses.start`` starts one process per TP rank, forked by this
-process's multiprocessing fork server (``forkserver`` context) with torch and
-``torch.distributed`` preloaded: the fork server (a fresh interpreter, no threads,
-started on the first engine of this process and kept for its life) imports torch
-once, so an engine of TP n pays one torch import instead of n, and a warm rollout
-actor's later workloads none. Each process starts as a ``spawn`` one would:
+process's multiprocessing fork server (``forkserver`` context) with torch,
+``torch.distributed`` and ``torch._inductor.config`` preloaded (:data:`PRELOAD`):
+the fork server (a fresh interpreter, no threads, started on the first engine
+of this process and kept for its life) imports them once, so an engine of TP n
+pays one torch import instead of n, and a warm rollout actor's later workloads
+none. Each process starts as a ``spawn`` one would:
 ``multiprocessing`` hands it this process's ``sys.path``, working directory and
 main module, and ``engine_process_main`` replaces its environment with this
 process's current one plus the engine's ``env`` (the fork server's own is the
@@ -34,7 +35,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 READY_TIMEOUT_S = 300.0
-PRELOAD = ("torch", "torch.distributed")  # imported once, in the fork server
+# Imported once, in the fork server. ``torch._inductor.config`` is what
+# ``torch.use_deterministic_algorithms`` imports (it pulls in dynamo: about 0.8 s of CPU), and
+# every engine process calls it (``configure_determinism``) before it builds its engine.
+PRELOAD = ("torch", "torch.distributed", "torch._inductor.config")
 EXIT_TIMEOUT_S = 20.0
 
 

@@ -1,7 +1,8 @@
 """The live part of a run: Ray, workers, data plane, trainer; torn down on exit.
 
 ``Session`` is a context manager. ``__enter__`` starts, in order: Ray (a private
-local instance, or the cluster at ``ray_address`` joined: ``harness.runner.cluster``),
+local instance with a zygote of its own that the run's workers fork from, or the cluster
+at ``ray_address`` joined: ``harness.runner.cluster``; docs/runner.md, "Cold"),
 the placement group of a cold run (``harness.runner.placement``: every rank pinned to
 its planned slot, actors at ``num_cpus=0``), the data plane
 and capture ledger (when capture is on), the policy worker group, the rollout
@@ -72,7 +73,10 @@ class Session:
         self.warm = warm
         self._warm_rollout = False
         self._dataplane_check = None
+        self._dataplane_pool = None  # the WarmRuntime whose pooled data-plane process this run uses
+        self._dataplane_name: str | None = None
         self._reaper = None
+        self._zygote = None  # a cold local run's fork server (harness.runner.zygote), while Ray is up
         self.ray_address = ray_address
         self.placement = None  # harness.runner.placement.Placement of a cold run
         if ray_address is not None:
@@ -114,6 +118,7 @@ class Session:
                 self.say(f"ray up in {time.perf_counter() - t:.1f}s (shared by the workloads of this process)")
             else:
                 self.say(f"reusing Ray and {sum(self.warm.idle().values())} warm worker process(es)")
+            self._dataplane_pool = self.warm  # the data plane holds no workload code: pooled in a shared Ray
         else:
             warm_pool.step_aside()  # a warm runtime's Ray carries no job runtime_env of this run
         if not shared and not ray.is_initialized():
@@ -132,11 +137,14 @@ class Session:
                          "local Ray instance (no shared cluster, no other jobs' actors)")
             from harness.runner.cluster import init_ray
 
+            extra = self._start_zygote()  # after the reaper (it carries the token); imports while Ray starts
             init_ray(self.spec, self.ray_address, log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")),
-                     runtime_env=runtime_env)
+                     runtime_env=runtime_env, **extra)
             if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins
                 signal.signal(signal.SIGTERM, sigterm)
             self._started_ray = True
+            if self._zygote is not None:
+                worker_env.set_warm_runtime_env(self._forked)
             self.say(f"ray up in {time.perf_counter() - t:.1f}s")
         if not shared:
             from harness.runner.placement import Placement
@@ -257,6 +265,37 @@ class Session:
             stop_reaper(self._reaper)
             self._reaper = None
 
+    def _start_zygote(self) -> dict:
+        """A cold local run's fork server (``harness.runner.zygote``, as a warm runtime has one):
+        every policy, rollout and data-plane worker of this run whose start-up environment is the
+        runner's own forks from it (``warm.forked_runtime_env``) instead of importing torch
+        itself; a forked worker is what a fresh interpreter is to a workload (docs/runner.md).
+        None (fresh interpreters) for the reasons ``warm.cold_zygote_reason`` names. Returns the
+        extra ``ray.init`` arguments (``warm.FORKED_WORKERS_RAY_CONFIG``)."""
+        from harness.runner import warm as warm_pool
+
+        reason = warm_pool.cold_zygote_reason(self.spec, self.ray_address)
+        if reason is not None:
+            return {}
+        from harness.runner.zygote import Zygote
+
+        self._zygote = Zygote({**os.environ, **warm_pool.BASE_ENV})
+        return {"_system_config": dict(warm_pool.FORKED_WORKERS_RAY_CONFIG)}
+
+    def _forked(self, runtime_env: dict) -> dict:
+        """``runtime_env`` of a worker of this cold run: forked from its zygote where it may be."""
+        from harness.runner.warm import forked_runtime_env
+
+        return forked_runtime_env(runtime_env, self._zygote)
+
+    def _stop_zygote(self) -> None:
+        zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            from harness.workerenv.select import set_warm_runtime_env
+
+            set_warm_runtime_env(None)
+            zygote.close()
+
     def _start_capture(self):
         self._dataplane_check = None
         self._capture_config = None
@@ -269,13 +308,20 @@ class Session:
         from harness.dataplane.actor import DataPlaneActor, DataPlaneClient
 
         phase(self.say, "starting the data plane")
-        name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
         path = str(self.run_dir / layout.DATAPLANE)
         # Not waited for here: the actor's process starts while the workers do; _await_dataplane
         # checks it (as start_dataplane_actor would) once they are up, before the first refit.
-        pin = {} if self.placement is None else self.placement.driver_node_options()  # beside the driver's reads
-        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True, **pin).remote(path)
-        self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
+        if self._dataplane_pool is not None:  # the warm runtime's pooled process opens this run's new file
+            self.dataplane_handle, name = self._dataplane_pool.acquire_dataplane()
+            self._dataplane_name = name
+            self._dataplane_check = (self.dataplane_handle.open.remote(path), path, name)
+        else:
+            name = f"dataplane-{self.run_dir.name}-{os.getpid()}"
+            pin = {} if self.placement is None else self.placement.driver_node_options()  # beside the driver's reads
+            if self._zygote is not None:  # a cold run's fork server: no torch import in the actor's process
+                pin["runtime_env"] = self._forked({"env_vars": dict(self.env_vars)})
+            self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True, **pin).remote(path)
+            self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
         self.dataplane = DataPlaneClient(self.dataplane_handle)
         if not self.spec.capture.enabled:
             return None
@@ -352,13 +398,21 @@ class Session:
         if self.dataplane_handle is not None:
             try:
                 ray.get(self.dataplane_handle.close.remote(), timeout=SHUTDOWN_TIMEOUT_S)
-                ray.kill(self.dataplane_handle)
+                if self._dataplane_pool is not None and not failed and self._dataplane_check is None:
+                    self._dataplane_pool.release_dataplane(self.dataplane_handle, self._dataplane_name)
+                else:  # a cold run's, or one whose run failed or never checked it: never reused
+                    ray.kill(self.dataplane_handle)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"data plane shutdown: {e!r}")
+                try:
+                    ray.kill(self.dataplane_handle)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
         if self.placement is not None:
             self.placement.remove()
         if self._started_ray:
             ray.shutdown()  # a joined cluster: this driver disconnects, the cluster keeps running
+        self._stop_zygote()
         self._stop_reaper()
         if errors:
             self.say("teardown problems: " + "; ".join(errors))

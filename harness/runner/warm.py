@@ -24,7 +24,10 @@ start-up environment holds only the runner's own variables. A forked worker
 is what a fresh interpreter is to a workload (``suites/integration/test_zygote.py``);
 it costs a fork instead of a torch import. ``GOLDEN_ZYGOTE=0`` turns it off.
 
-What is not pooled: the data-plane actor, internal rollout engine processes
+The data-plane actor's process is pooled too (:meth:`WarmRuntime.acquire_dataplane`): it
+opens each workload's new staging file and closes it at the end; it runs no workload code.
+
+What is not pooled: internal rollout engine processes
 (``rollout.tp > 1`` or async) and rendezvous stores (all per workload), and
 whole workloads that :func:`cold_reason` names. The megatron policy backend
 (megatron-core keeps its parallel state in module globals) gets fresh worker
@@ -78,13 +81,21 @@ WARM_ENV = "GOLDEN_WARM"  # "0": the pytest plugin runs every workload cold
 # forked from the zygote costs a fork and Ray's own start-up, so the flagship's eight ranks and
 # its rollout actor start together instead of two by two.
 STARTUP_CONCURRENCY = 16
+# The Ray settings of an instance whose workers fork from a zygote: start them all at once, and
+# prestart no idle default workers (Ray starts one per logical CPU for the first driver; an actor
+# forked from the zygote has a runtime_env of its own, so none of them would ever be used).
+FORKED_WORKERS_RAY_CONFIG = {"worker_maximum_startup_concurrency": STARTUP_CONCURRENCY,
+                             "enable_worker_prestart": False, "prestart_worker_first_driver": False}
 ZYGOTE_ENV = "GOLDEN_ZYGOTE"  # "0": the runtime's workers start as fresh interpreters (no fork server)
 # The variables a worker may start with and still be forked by the zygote: the runner's own
 # (harness.runner.run.worker_env, BASE_ENV), which nothing the zygote preloads reads at import.
 # A workload's plugins.env may name anything (a TORCH_* variable read at import): such workers
 # start as fresh interpreters.
+# HARNESS_TRACE_ROLE (a distillation teacher's ranks) and the resume segment variables are read
+# when a profiler is built, never at import.
 ZYGOTE_START_VARS = frozenset({*BASE_ENV, "HARNESS_TRACE_DIR", "HARNESS_RUN_ID", "NRL_POLICY_PROFILER_CLASS",
-                               "NRL_ROLLOUT_PROFILER_CLASS"})
+                               "NRL_ROLLOUT_PROFILER_CLASS", "HARNESS_TRACE_ROLE", "HARNESS_TRACE_SEGMENT",
+                               "HARNESS_STEP_OFFSET"})
 
 _current: WarmRuntime | None = None  # the runtime whose Ray is up in this process
 _lock = threading.Lock()
@@ -147,11 +158,16 @@ def cold_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | 
 def zygote_runtime_env(runtime_env: dict) -> dict:
     """``runtime_env`` for an actor of this process's warm runtime, with the runtime's zygote
     (``harness.runner.zygote``) as its ``py_executable`` when one is up and the actor may be
-    forked from it: no ``py_executable`` of its own (a built worker environment) and only
-    :data:`ZYGOTE_START_VARS` in its ``env_vars``. Unchanged otherwise (no warm runtime: a
-    cold CLI run never forks from a zygote)."""
+    forked from it (:func:`forked_runtime_env`). Unchanged otherwise (no warm runtime)."""
     runtime = _current
-    zygote = runtime._zygote if runtime is not None else None
+    return forked_runtime_env(runtime_env, runtime._zygote if runtime is not None else None)
+
+
+def forked_runtime_env(runtime_env: dict, zygote) -> dict:
+    """``runtime_env`` with ``zygote`` (a ``harness.runner.zygote.Zygote``, or None) as its
+    ``py_executable`` when it is alive and the actor may be forked from it: no
+    ``py_executable`` of its own (a built worker environment) and only
+    :data:`ZYGOTE_START_VARS` in its ``env_vars``. Unchanged otherwise."""
     env_vars = runtime_env.get("env_vars") or {}
     if (zygote is None or not zygote.alive() or "py_executable" in runtime_env
             or set(runtime_env) - {"env_vars"} or set(env_vars) - ZYGOTE_START_VARS):
@@ -159,6 +175,28 @@ def zygote_runtime_env(runtime_env: dict) -> dict:
     from harness.runner.zygote import ADDRESS_VAR, worker_command
 
     return {"env_vars": {**env_vars, ADDRESS_VAR: zygote.address}, "py_executable": worker_command()}
+
+
+def cold_zygote_reason(spec: Workload, ray_address: str | None = None,
+                       environ: dict[str, str] | None = None) -> str | None:
+    """Why a cold run of ``spec`` starts its workers as fresh interpreters instead of forking them
+    from a zygote of its own, or None: ``GOLDEN_ZYGOTE=0``, a Ray cluster (workers on other nodes
+    cannot reach this machine's fork server), a device other than the CPU, a rollout backend
+    the warm runtime does not take (vLLM), or a worker environment selected."""
+    env = os.environ if environ is None else environ
+    if env.get(ZYGOTE_ENV, "1").strip() == "0":
+        return f"{ZYGOTE_ENV}=0"
+    if ray_address is not None:
+        return f"the run joins the Ray cluster at {ray_address}"
+    if spec.platform.device != "cpu":
+        return f"platform.device is {spec.platform.device!r}"
+    if not rollout_backend(spec.rollout.backend).warm:
+        return f"rollout.backend is {spec.rollout.backend!r}"
+    from harness.workerenv import select  # standard library only
+
+    if select.selection(environ=environ) != select.CURRENT:
+        return f"{select.SELECT_ENV}={select.selection(environ=environ)}"
+    return None
 
 
 def step_aside() -> None:
@@ -181,7 +219,8 @@ def start_local_ray(runtime_env: dict, say: Callable[[str], None] | None = None)
             "local Ray instance (no shared cluster, no other jobs' actors)")
     ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
              log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")), runtime_env=runtime_env,
-             _system_config={"worker_maximum_startup_concurrency": STARTUP_CONCURRENCY})
+             _system_config=dict(FORKED_WORKERS_RAY_CONFIG) if os.environ.get(ZYGOTE_ENV, "1").strip() != "0"
+             else {"worker_maximum_startup_concurrency": STARTUP_CONCURRENCY})
     if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins
         signal.signal(signal.SIGTERM, sigterm)
 
@@ -191,6 +230,8 @@ class WarmRuntime:
 
     def __init__(self) -> None:
         self._idle: dict[str, list] = {k: [] for k in KINDS}
+        self._idle_dataplanes: list[tuple[Any, str]] = []  # (handle, its name), the last released first
+        self._dataplane_seq = 0
         self._owns_ray = False
         self._reaper = None
         self._zygote = None  # harness.runner.zygote.Zygote while Ray is up (GOLDEN_ZYGOTE=0: none)
@@ -200,6 +241,8 @@ class WarmRuntime:
         self.ray_starts = 0
         self.hooks_undone = 0    # processes pooled again after their hook was undone
         self.tainted_killed = 0  # processes killed because an undo failed
+        self.dataplanes_started = 0  # data-plane processes started
+        self.dataplanes_reused = 0   # data-plane acquisitions answered by an idle one
 
     # -- Ray -------------------------------------------------------------------------------
     def ray_up(self) -> bool:
@@ -219,6 +262,7 @@ class WarmRuntime:
             if ray.is_initialized():
                 raise RuntimeError("a warm golden runtime needs this process's Ray, but another Ray instance is up")
             self._idle = {k: [] for k in KINDS}
+            self._idle_dataplanes = []
             self._tainted = {}
             self._start_reaper()  # before ray.init: every process of this Ray inherits the token
             try:
@@ -326,6 +370,34 @@ class WarmRuntime:
                 back.append(h)
         self._idle[kind][:0] = back  # the last released are acquired first
 
+    def acquire_dataplane(self) -> tuple[Any, str]:
+        """A data-plane actor (``harness.dataplane.actor.DataPlaneActor``) that serves no file:
+        ``(handle, its name)``, an idle one first, else a new one (named once, for its life;
+        the capture sinks find it by that name). The caller has it ``open`` the run's new file,
+        and after ``close`` hands it back (:meth:`release_dataplane`) or kills it
+        (:meth:`discard`). No setup hook runs in it: it holds no code a planted regression
+        patches."""
+        if not self._owns_ray:
+            raise RuntimeError("WarmRuntime.acquire_dataplane before ensure_ray")
+        if self._idle_dataplanes:
+            self.dataplanes_reused += 1
+            return self._idle_dataplanes.pop(0)
+        from harness.dataplane.actor import DataPlaneActor
+
+        self._dataplane_seq += 1
+        name = f"golden-dataplane-{os.getpid()}-{self._dataplane_seq}"
+        handle = DataPlaneActor.options(name=name, num_cpus=0,
+                                        runtime_env=zygote_runtime_env({"env_vars": dict(BASE_ENV)})).remote()
+        self.dataplanes_started += 1
+        return handle, name
+
+    def release_dataplane(self, handle: Any, name: str) -> None:
+        """Hand back a data-plane actor whose file its workload closed without an error."""
+        if not self._owns_ray:
+            self.discard([handle])
+            return
+        self._idle_dataplanes.insert(0, (handle, name))
+
     @staticmethod
     def discard(handles: list) -> None:
         import ray
@@ -342,6 +414,7 @@ class WarmRuntime:
     def stats(self) -> dict[str, Any]:
         return {"ray_starts": self.ray_starts, "started": self.started, "reused": self.reused,
                 "hooks_undone": self.hooks_undone, "tainted_killed": self.tainted_killed, "idle": self.idle(),
+                "dataplanes_started": self.dataplanes_started, "dataplanes_reused": self.dataplanes_reused,
                 "zygote": self._zygote is not None and self._zygote.alive()}
 
     # -- teardown ----------------------------------------------------------------------------
@@ -355,6 +428,8 @@ class WarmRuntime:
             for kind in KINDS:
                 handles, self._idle[kind] = self._idle[kind], []
                 self.discard(handles)
+            dataplanes, self._idle_dataplanes = self._idle_dataplanes, []
+            self.discard([h for h, _ in dataplanes])
             self._tainted = {}
             if self._owns_ray and ray.is_initialized():
                 ray.shutdown()

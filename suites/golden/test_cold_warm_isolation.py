@@ -9,7 +9,7 @@ first run starts the processes), and checks for each run:
 * every gated surface file is byte-identical to the stored golden (a cold
   capture), and so to the other run of the same workload;
 * the second workload of each order really reused processes of the first
-  (the pool's counters and the workers' pids), and the first one's policy and
+  (the pool's counters and the workers' pids; its data-plane process too), and the first one's policy and
   rollout processes were forked by the runtime's zygote (``harness.runner.zygote``).
 
 A planted regression (``harness.mutations.WARM_SAFE``, run warm) must leave
@@ -80,6 +80,7 @@ def test_warm_run_equals_cold_golden(golden, order, tmp_path_factory):
     after = runtime.stats()
     assert after["ray_starts"] == before["ray_starts"], "the second workload started another Ray instance"
     assert after["reused"] > before["reused"], f"{order[1]} reused no warm process: {before} -> {after}"
+    assert after["dataplanes_reused"] > before["dataplanes_reused"], f"{order[1]} got a new data-plane process"
     reused_pids = set(first_rec.pids["policy workers"]) & set(second_rec.pids["policy workers"])
     assert reused_pids, f"{order[1]}'s policy ranks ran in none of {order[0]}'s processes"
     assert set(first_rec.pids["rollout workers"]) == set(second_rec.pids["rollout workers"])

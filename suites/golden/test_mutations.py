@@ -145,6 +145,11 @@ def test_changed_loss_coefficient(golden, baseline, tmp_path_factory):
 
 
 
+# The two tests of the barrier run stay on one pytest-xdist worker (``-n 2``), so it runs once.
+BARRIER_GROUP = pytest.mark.xdist_group("mutations-barrier-run")
+
+
+@BARRIER_GROUP
 def test_debug_barrier_in_dp_path_is_one_inserted_collective(baseline, barrier_run):
     cause = _one_cause(_verdict(baseline, barrier_run))
     f = cause.cause
@@ -196,6 +201,7 @@ def test_changed_ep_layout_is_one_topology_cause(golden, baseline, tmp_path_fact
     assert rank1 and all(c.coords["ep"] == 0 and c.golden_coords["ep"] == 1 for c in rank1)
 
 
+@BARRIER_GROUP
 def test_barrier_is_the_first_finding_in_the_html_report(baseline, barrier_run, tmp_path):
     from harness.parity.render import render_html
     from suites.browser import render_in_chromium
