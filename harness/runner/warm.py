@@ -144,12 +144,13 @@ def cold_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | 
     return _fresh_reason(spec)
 
 
-def zygote_runtime_env(runtime_env: dict) -> dict:
+def zygote_runtime_env(runtime_env: dict, flavour: str | None = None) -> dict:
     """``runtime_env`` for an actor of this process's warm runtime, with the runtime's zygote
     (``harness.runner.zygote``) as its ``py_executable`` when one is up and the actor may be
     forked from it: no ``py_executable`` of its own (a built worker environment) and only
-    :data:`ZYGOTE_START_VARS` in its ``env_vars``. Unchanged otherwise (no warm runtime: a
-    cold CLI run never forks from a zygote)."""
+    :data:`ZYGOTE_START_VARS` in its ``env_vars``. ``flavour`` (a policy backend's name): fork
+    it from that flavour of the zygote (``zygote.FLAVOURS``) when there is one. Unchanged
+    otherwise (no warm runtime: a cold CLI run never forks from a zygote)."""
     runtime = _current
     zygote = runtime._zygote if runtime is not None else None
     env_vars = runtime_env.get("env_vars") or {}
@@ -158,7 +159,8 @@ def zygote_runtime_env(runtime_env: dict) -> dict:
         return runtime_env
     from harness.runner.zygote import ADDRESS_VAR, worker_command
 
-    return {"env_vars": {**env_vars, ADDRESS_VAR: zygote.address}, "py_executable": worker_command()}
+    address = (zygote.flavour(flavour) if flavour else None) or zygote.address
+    return {"env_vars": {**env_vars, ADDRESS_VAR: address}, "py_executable": worker_command()}
 
 
 def step_aside() -> None:
