@@ -66,11 +66,14 @@ ADDRESS_VAR = "GOLDEN_ZYGOTE_SOCKET"  # the client reads the server's socket pat
 # ``torch._inductor.config``: what ``torch.use_deterministic_algorithms`` imports (it pulls in
 # dynamo, ~1.2 s of CPU), called by every worker's start-up before workload code (the policy
 # ranks' init_distributed, the rollout engine's configure_determinism, a warm host's baseline
-# restore). ``numpy.random``: imported by the child's reseed anyway.
+# restore). ``numpy.random``: imported by the child's reseed anyway. The third-party modules at
+# the end are what ``import ray`` imports in every worker (not ray's own: requests, jsonschema,
+# protobuf, ...; about a third of the child's ray import).
 PRELOAD = ("torch", "torch.distributed", "torch._inductor.config", "numpy", "numpy.random",
            "harness.policy.distributed", "harness.policy.native.engine", "harness.rollout.worker",
            "harness.rollout.engine_worker", "harness.runner.process_state", "harness.spec.typed",
-           "harness.parallel.settle", "harness.refit.zmq_stream", "harness.profiler.trace")
+           "harness.parallel.settle", "harness.refit.zmq_stream", "harness.profiler.trace",
+           "requests", "jsonschema", "google.protobuf", "filelock", "packaging.version", "msgpack", "yaml")
 # Flavours: a server forked from this one (it inherits PRELOAD) that also imports what every
 # rank of one policy backend imports at start-up, whatever the workload, in the order a fresh
 # rank does: ``init_distributed`` imports the above (``use_deterministic_algorithms``), then
