@@ -41,6 +41,12 @@ cold run's ranks each draw their own) and the preloads' module-level
 timestamps are the server's start. ``suites/integration/test_zygote.py``
 compares a forked worker with a fresh one.
 
+Flavours (:data:`FLAVOURS`): on a driver's request (:meth:`Zygote.flavour`)
+the server forks a child that listens on a socket of its own, answers, then
+also imports what every rank of one policy backend imports at start-up (in a
+fresh rank's order) and serves as the server does; it dies with the server.
+Workers of other kinds never fork from it.
+
 If the client cannot reach a server it runs the worker itself
 (``os.execv`` of the interpreter): slower, never different.
 """
@@ -55,6 +61,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -108,6 +115,7 @@ class Zygote:
                                      env=env, stdin=subprocess.DEVNULL, start_new_session=False)
         self._ready = ready
         self._flavours: dict[str, tuple[str, int] | None] = {}  # name -> (address, pid); None: it failed
+        self._flavour_lock = threading.Lock()
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
         """Whether the server imported its preloads and listens (False: it died or timed out)."""
@@ -130,19 +138,23 @@ class Zygote:
         :attr:`address`); a flavour that dies later makes its clients start fresh interpreters."""
         if name not in FLAVOURS or not self.alive():
             return None
-        if name not in self._flavours:
-            address = os.path.join(self._dir, f"s-{name}")
-            try:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                    conn.settimeout(timeout)  # the server answers once its own preloads are in
-                    conn.connect(self.address)
-                    conn.sendall(json.dumps({"flavour": name, "address": address}).encode() + b"\n")
-                    reply = _read_line(conn)
-                self._flavours[name] = (address, int(reply["pid"]))
-            except (OSError, ValueError, KeyError, EOFError):
-                self._flavours[name] = None
-        started = self._flavours[name]
+        with self._flavour_lock:
+            if name not in self._flavours:
+                self._flavours[name] = self._start_flavour(name, timeout)
+            started = self._flavours[name]
         return started[0] if started is not None and _running(started[1]) else None
+
+    def _start_flavour(self, name: str, timeout: float) -> tuple[str, int] | None:
+        address = os.path.join(self._dir, f"s-{name}")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(timeout)  # the server answers once its own preloads are in
+                conn.connect(self.address)
+                conn.sendall(json.dumps({"flavour": name, "address": address}).encode() + b"\n")
+                reply = _read_line(conn)
+            return address, int(reply["pid"])
+        except (OSError, ValueError, KeyError, EOFError):
+            return None
 
     def flavour_pids(self) -> dict[str, int]:
         """The pid of every flavour server started so far (tests, diagnostics)."""
