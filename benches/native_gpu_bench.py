@@ -12,9 +12,10 @@ expert FFN 384, vocabulary 4096 (the medium golden's model with a 4096 vocabular
    are equal, and transformers ``generate`` (unless ``--no-hf``); tokens/s, the ratio of
    the first arm, and identical sequences (native vs transformers).
 2. Forward+backward of the reference model vs transformers' ``Qwen3MoeForCausalLM``,
-   ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16), and with
-   ``--grouped-fp32`` an fp32 arm whose MoE runs as grouped GEMMs (``HARNESS_GROUPED_FP32=1``,
-   off by default: the fp32 path keeps the per-expert loop): median seconds, ratio.
+   ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16; both MoEs as grouped
+   GEMMs on cuda, the default), and with ``--loop-fp32`` an fp32 arm on the per-expert loop
+   (``HARNESS_GROUPED_FP32=0``, the opt-out): median seconds, ratio. Each step starts from
+   no gradients (``zero_grad(set_to_none=True)``, as a training step does), in both arms.
 
 Prints a summary, writes ``--out`` (JSON). Never a test verdict.
 
@@ -26,6 +27,7 @@ Prints a summary, writes ``--out`` (JSON). Never a test verdict.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import statistics
@@ -181,12 +183,21 @@ def _generate_one(cfg: ModelConfig, state: dict, hf, prompts: torch.Tensor, args
 
 
 def generation(cfg: ModelConfig, state: dict, args, report: dict) -> None:
-    hf = None if args.no_hf else _hf_model(cfg, state, torch.float32).eval()
-    gen = torch.Generator().manual_seed(0)
-    for i, batch in enumerate(args.batches):
-        prompts = torch.randint(1, cfg.vocab, (batch, args.prompt), generator=gen)
-        report[f"generate_b{batch}"] = _generate_one(cfg, state, hf, prompts, args, args.per_request and i == 0)
-        torch.cuda.empty_cache()
+    """Per ``--gen-dtypes`` (float32: ``generate_b{N}``; others ``generate_b{N}_{dtype}``, the
+    engine and transformers on the same weights rounded to that dtype)."""
+    for name in args.gen_dtypes:
+        dtype = getattr(torch, name)
+        dcfg = dataclasses.replace(cfg, dtype=name)
+        dstate = {k: v.to(dtype) for k, v in state.items()}
+        hf = None if args.no_hf else _hf_model(dcfg, dstate, dtype).eval()
+        gen = torch.Generator().manual_seed(0)
+        suffix = "" if name == "float32" else f"_{name}"
+        for i, batch in enumerate(args.batches):
+            prompts = torch.randint(1, cfg.vocab, (batch, args.prompt), generator=gen)
+            report[f"generate_b{batch}{suffix}"] = _generate_one(dcfg, dstate, hf, prompts, args,
+                                                                 args.per_request and i == 0)
+            torch.cuda.empty_cache()
+        del hf
 
 
 def _top_ops(fn, n: int = 12) -> list[tuple[str, int, float, float]]:
@@ -207,6 +218,7 @@ def _fwd_bwd_one(cfg: ModelConfig, state: dict, ids: torch.Tensor, dtype: torch.
     ours = build_reference_model(cfg, seed=0).to(device="cuda", dtype=dtype)
 
     def step_ours():
+        ours.zero_grad(set_to_none=True)
         logits, _ = ours(ids)
         torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, cfg.vocab),
                                           ids[:, 1:].reshape(-1)).backward()
@@ -214,6 +226,7 @@ def _fwd_bwd_one(cfg: ModelConfig, state: dict, ids: torch.Tensor, dtype: torch.
     hf = _hf_model(cfg, state, dtype)
 
     def step_hf():
+        hf.zero_grad(set_to_none=True)
         hf(input_ids=ids, labels=ids).loss.backward()
 
     for arm, fn in (("native", step_ours), ("hf", step_hf)):
@@ -237,13 +250,13 @@ def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
         report[f"fwd_bwd_{name}"] = row
         print(f"fwd+bwd {name} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
         torch.cuda.empty_cache()
-    if args.grouped_fp32:  # the opt-in: the reference model's MoE as grouped GEMMs in fp32 too
+    if args.loop_fp32:  # the opt-out: the reference model's fp32 MoE as the per-expert loop
         import os
 
         from harness.model.grouped import GROUPED_FP32_ENV
 
         saved = os.environ.get(GROUPED_FP32_ENV)
-        os.environ[GROUPED_FP32_ENV] = "1"
+        os.environ[GROUPED_FP32_ENV] = "0"
         try:
             row = _fwd_bwd_one(cfg, state, ids, torch.float32, args.repeat, args.profile)
         finally:
@@ -251,8 +264,8 @@ def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
                 os.environ.pop(GROUPED_FP32_ENV)
             else:
                 os.environ[GROUPED_FP32_ENV] = saved
-        report["fwd_bwd_float32_grouped"] = row
-        print(f"fwd+bwd float32 grouped {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
+        report["fwd_bwd_float32_loop"] = row
+        print(f"fwd+bwd float32 loop {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
 
 
 def main() -> None:
@@ -266,8 +279,10 @@ def main() -> None:
     ap.add_argument("--kernels", nargs="+", default=["invariant", "standard"], choices=["invariant", "standard"],
                     help="native decode_kernels arms; the first one's figure is the ratio's")
     ap.add_argument("--standard-max-batch", type=int, default=16, help="skip the standard arm above this batch")
-    ap.add_argument("--grouped-fp32", action="store_true", help="fwd+bwd: an fp32 arm with grouped GEMMs")
+    ap.add_argument("--loop-fp32", action="store_true", help="fwd+bwd: an fp32 arm on the per-expert loop")
     ap.add_argument("--no-hf", action="store_true", help="generation: no transformers arm")
+    ap.add_argument("--gen-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                    help="generation: model dtypes (bfloat16: invariant kernels with fp32 accumulation)")
     ap.add_argument("--profile-decode", action="store_true", help="generation: top ops of a 4-token invariant run")
     ap.add_argument("--fb-batch", type=int, default=8)
     ap.add_argument("--fb-seq", type=int, default=512)

@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.parity.comparison import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
+    from harness.parity.step_times import step_times
 
     try:
         resolve_report(args)
@@ -114,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
                   "run": _run_fields(execution.run_dir)}
     title = f"{execution.spec.name} [{platform}]"
     report = render(verdict, args.format, title=title, color=False if args.output else None,
-                    show_info=args.show_info, provenance=golden.provenance, **curves)
+                    show_info=args.show_info, provenance=golden.provenance,
+                    step_times=step_times(golden.surfaces.get("timings"), actual.get("timings")), **curves)
     if args.output:  # as golden diff: the report to the file, one line to the log
         write_report(args.output, report + "\n")
         print(f"{title}: {summary_line(verdict)} (report: {args.output})")

@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.parity.comparison import compare
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
+    from harness.parity.step_times import step_times
     from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
     from harness.postflight.read import RunRefused
     from harness.surfaces.canonical import NonFiniteError
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     run_fields = {"run_id": manifest["run_id"]} if "run_id" in manifest else None
     report = render(verdict, args.format, title=title, color=False if args.output else None, show_info=args.show_info,
                     surfaces_actual=actual, surfaces_golden=golden.surfaces, provenance=golden.provenance,
-                    run=run_fields)
+                    run=run_fields, step_times=step_times(golden.surfaces.get("timings"), actual.get("timings")))
     if args.output:
         write_report(args.output, report)
         print(f"{title}: {summary_line(verdict)} (report: {args.output})")

@@ -70,7 +70,7 @@ def local_vocab_logits(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def logits_job(engine: Any, input_ids: torch.Tensor) -> torch.Tensor:
-    """``suites.local_world.spawn_world`` job: this rank's :func:`local_vocab_logits`."""
+    """This rank's :func:`local_vocab_logits` for ``input_ids``, on the CPU (tests run it in each rank)."""
     engine.model.eval()
     return local_vocab_logits(engine.model, input_ids.to(engine.device)).cpu()
 

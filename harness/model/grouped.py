@@ -4,15 +4,13 @@
 sorted by expert; ``offs`` the cumulative block ends) by a per-expert ``[K, N]``
 matrix in one kernel, instead of one ``F.linear`` per expert from a Python loop.
 
-Used on cuda for bfloat16 (``use_grouped``): that is where the grouped kernel
-(CUTLASS on sm90) exists, and where no golden pins the per-expert loop's bits. The
-CPU path and fp32 on cuda keep the per-expert loop, so they dispatch exactly the
-operators they did (the CPU and fp32 cuda goldens do not move). Opt-in:
-``HARNESS_GROUPED_FP32=1`` in the process's environment adds float32 on cuda
-(torch runs it group by group in C++, without the Python loop's host sync per
-layer: fwd+bwd 0.40 s against the loop's 1.00 s on an H200, docs/gpu.md); it
-rounds differently from the loop, so it moves the fp32 cuda goldens' training
-surfaces (off by default).
+Used on cuda for bfloat16 and float32 (``use_grouped``). bfloat16 runs torch's grouped
+kernel (CUTLASS on sm90); float32 runs group by group in C++, without the Python loop's
+host sync per layer (fwd+bwd 0.40 s against the loop's 1.00 s on an H200, docs/gpu.md).
+The cuda goldens were refreshed on this path (issue 20). The CPU keeps the per-expert
+loop, so a CPU run dispatches exactly the operators it did (no CPU golden moved).
+``HARNESS_GROUPED_FP32=0`` in the process's environment turns float32 back to the loop
+on cuda (it rounds differently, so an fp32 cuda run then differs from its golden).
 """
 
 from __future__ import annotations
@@ -23,14 +21,14 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-GROUPED_DTYPES = (torch.bfloat16,)
+GROUPED_DTYPES = (torch.bfloat16, torch.float32)
 GROUPED_FP32_ENV = "HARNESS_GROUPED_FP32"
 
 
 def grouped_dtypes() -> tuple[torch.dtype, ...]:
-    """``GROUPED_DTYPES``, plus float32 where ``$HARNESS_GROUPED_FP32`` is ``1``."""
-    if os.environ.get(GROUPED_FP32_ENV) == "1":
-        return (*GROUPED_DTYPES, torch.float32)
+    """``GROUPED_DTYPES``, less float32 where ``$HARNESS_GROUPED_FP32`` is ``0`` (the opt-out)."""
+    if os.environ.get(GROUPED_FP32_ENV) == "0":
+        return tuple(d for d in GROUPED_DTYPES if d != torch.float32)
     return GROUPED_DTYPES
 
 
@@ -43,8 +41,12 @@ def use_grouped(x: torch.Tensor) -> bool:
 def stack_experts(experts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-expert ``(gate [I, H], up [I, H], down [H, I])`` -> ``(gate_up [E, H, 2I], down [E, I, H])``,
-    the grouped matmul's right operands (differentiable: gradients flow to each expert's weights)."""
-    gate_up = torch.stack([torch.cat((g, u), dim=0) for g, u, _ in experts]).transpose(1, 2)
+    the grouped matmul's right operands (differentiable: gradients flow to each expert's weights).
+    Three copies (two stacks and one cat), not one cat per expert: the same values and layout
+    (``gate_up`` is a transposed view of a contiguous ``[E, 2I, H]``), fewer launches."""
+    gates = torch.stack([g for g, _, _ in experts])
+    ups = torch.stack([u for _, u, _ in experts])
+    gate_up = torch.cat((gates, ups), dim=1).transpose(1, 2)
     down = torch.stack([d for _, _, d in experts]).transpose(1, 2)
     return gate_up, down
 

@@ -95,7 +95,7 @@ class SparseMoE(nn.Module):
         order, counts = ops.moe_dispatch_order(indices, self.cfg.experts)
         token_of_slot = order // self.cfg.top_k
         slot_weight = weights.reshape(-1)[order]
-        if use_grouped(tokens):  # cuda bf16: two grouped GEMMs instead of the per-expert loop
+        if use_grouped(tokens):  # cuda (bf16, fp32): two grouped GEMMs instead of the per-expert loop
             gate_up, down = stack_experts(
                 [(e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight) for e in self.experts])
             y = grouped_swiglu(tokens.index_select(0, token_of_slot), gate_up, down, counts)

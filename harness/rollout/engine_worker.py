@@ -15,7 +15,6 @@ and the profiler before re-raising.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -26,8 +25,6 @@ from harness.plugins.loader import load_rollout_profiler
 from harness.plugins.rollout_hooks import RolloutLifecycleRPC, RolloutProfilerHooks
 from harness.rollout.native.engine import Engine, as_model_config
 from harness.spec.typed import as_workload
-
-log = logging.getLogger(__name__)
 
 WARMUP_REQUEST = {
     "request_id": "__warmup__",
@@ -48,20 +45,18 @@ def initial_weights(spec: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return {name: t.detach() for name, t in model.state_dict().items()}
 
 
-def resolve_eos_token_id(spec: Mapping[str, Any]) -> int | None:
-    """``rollout.eos_token_id`` if the spec has one, else the fixture tokenizer's EOS, else None."""
-    explicit = spec.get("rollout", {}).get("eos_token_id")
-    if explicit is not None:
-        return int(explicit)
-    try:
-        from harness.envs.tokenizer import load_tokenizer  # engineer D's module
-    except ImportError:
-        return None
-    try:
-        return int(load_tokenizer().eos_token_id)
-    except Exception:  # noqa: BLE001 - no fixture tokenizer in this checkout
-        log.warning("no tokenizer available; the rollout engine stops on max tokens only")
-        return None
+def resolve_eos_token_id(spec: Mapping[str, Any]) -> int:
+    """The stop token of every rollout engine: the package tokenizer's EOS (``<|im_end|>``).
+
+    The workload schema declares no stop token of its own (``rollout`` has no
+    ``eos_token_id``), so ``spec`` only names whose engine asks. The tokenizer is
+    package data: failing to load it is an error, never an engine that silently
+    stops on ``max_new_tokens`` only (that would change every rollout).
+    """
+    from harness.envs.tokenizer import load_tokenizer
+
+    del spec
+    return int(load_tokenizer().eos_token_id)
 
 
 def configure_determinism() -> None:

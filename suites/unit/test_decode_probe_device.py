@@ -130,5 +130,13 @@ def test_on_cuda_the_engine_is_batch_invariant_or_says_why_not(caplog):
         fast = Engine(CFG, w, max_batch_size=9, device="cuda")
     if not fast.batched_decode:
         assert any("batched decode off" in r.getMessage() for r in caplog.records)
-    alone = Engine(CFG, w, max_batch_size=1, device="cuda", batched_decode=False)
+    if fast.decode_kernels == "invariant":  # the cuda default: each row's reference is its own batch of one
+        alone = Engine(CFG, w, max_batch_size=1, device="cuda")
+    else:
+        alone = Engine(CFG, w, max_batch_size=1, device="cuda", batched_decode=False)
     assert fast.generate(reqs) == [alone.generate([r])[0] for r in reqs]
+    standard = Engine(CFG, w, max_batch_size=9, device="cuda", decode_kernels="standard")
+    if not standard.batched_decode:
+        assert any("batched decode off" in r.getMessage() for r in caplog.records)
+    per_request = Engine(CFG, w, max_batch_size=1, device="cuda", batched_decode=False)
+    assert standard.generate(reqs) == [per_request.generate([r])[0] for r in reqs]

@@ -1,6 +1,6 @@
 """Grouped expert GEMMs (`harness.model.grouped`): the per-expert SwiGLU loop's math in two matmuls.
 
-The grouped path runs only for cuda bf16 (`use_grouped`); here torch's CPU
+The grouped path runs only on cuda, bf16 and fp32 (`use_grouped`); here torch's CPU
 implementation of `torch._grouped_mm` checks the math (values and gradients)
 against `ops.swiglu` per expert, and that no CPU tensor takes the grouped path.
 """
@@ -43,15 +43,29 @@ def test_grouped_swiglu_equals_the_per_expert_loop_values_and_gradients():
                                    rtol=1e-5, atol=1e-4)
 
 
-def test_only_cuda_bf16_takes_the_grouped_path(monkeypatch):
-    assert not use_grouped(torch.zeros(2, 2))
+def test_only_cuda_takes_the_grouped_path_and_fp32_can_opt_out(monkeypatch):
+    monkeypatch.delenv("HARNESS_GROUPED_FP32", raising=False)
+    assert not use_grouped(torch.zeros(2, 2))  # fp32 on the CPU: the loop
     assert not use_grouped(torch.zeros(2, 2, dtype=torch.bfloat16))  # bf16 on the CPU: the loop
+    assert grouped_dtypes() == (torch.bfloat16, torch.float32)  # cuda: both by default
+    monkeypatch.setenv("HARNESS_GROUPED_FP32", "0")  # the opt-out: fp32 back to the loop on cuda
     assert grouped_dtypes() == (torch.bfloat16,)
-    monkeypatch.setenv("HARNESS_GROUPED_FP32", "1")  # the cuda fp32 opt-in: still never on the CPU
+    monkeypatch.setenv("HARNESS_GROUPED_FP32", "1")
     assert grouped_dtypes() == (torch.bfloat16, torch.float32)
     assert not use_grouped(torch.zeros(2, 2))
-    monkeypatch.setenv("HARNESS_GROUPED_FP32", "0")
-    assert grouped_dtypes() == (torch.bfloat16,)
+
+
+def test_stack_experts_gives_the_per_expert_concatenation_in_its_layout():
+    """Two stacks and a cat, not a cat per expert: the same values, shape and strides (so the
+    grouped kernel, chosen by layout, and its bits do not change)."""
+    experts = _experts(torch.Generator().manual_seed(2))
+    gate_up, down = stack_experts(experts)
+    want = torch.stack([torch.cat((g, u), dim=0) for g, u, _ in experts]).transpose(1, 2)
+    assert torch.equal(gate_up, want) and gate_up.stride() == want.stride()
+    assert torch.equal(down, torch.stack([d for _, _, d in experts]).transpose(1, 2))
+    (gate_up.sum() * 2 + down.sum()).backward()
+    assert all(torch.equal(g.grad, torch.full_like(g, 2.0)) and torch.equal(d.grad, torch.ones_like(d))
+               for g, _, d in experts)
 
 
 @pytest.mark.gpu

@@ -125,6 +125,62 @@ def test_invalid_invariant_requests_are_refused(weights):
         Engine(CFG, weights, decode_kernels="invariant", batched_decode=False)
     with pytest.raises(ValueError, match=r"decode_kernels \(or \$HARNESS_NATIVE_DECODE_KERNELS\) must be one of"):
         Engine(CFG, weights, decode_kernels="fast")
+    fp16 = dataclasses.replace(CFG, dtype="float16")
+    with pytest.raises(ValueError, match="dtype torch.float16 is not one of"):
+        Engine(fp16, None, decode_kernels="invariant")
+
+
+def test_bf16_invariant_engine_accumulates_in_fp32_and_keeps_the_guarantee(weights):
+    """bf16 weights, fp32 products and folds: each request's bits equal its run alone, and the
+    logprobs stay near the fp32 engine's (a bf16 accumulation would drift far more)."""
     bf16 = dataclasses.replace(CFG, dtype="bfloat16")
-    with pytest.raises(ValueError, match="dtype torch.bfloat16 is not one of"):
-        Engine(bf16, None, decode_kernels="invariant")
+    w16 = {n: t.to(torch.bfloat16) for n, t in weights.items()}
+    engine = Engine(bf16, w16, max_batch_size=9, decode_kernels="invariant")
+    assert engine.batched_decode and engine.decode_kernels == "invariant"
+    reqs = _reqs(max_new=8)
+    alone = Engine(bf16, w16, max_batch_size=1, decode_kernels="invariant")
+    got = engine.generate(reqs)
+    assert got == [alone.generate([r])[0] for r in reqs]
+    x = torch.randn(3, CFG.hidden, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    w = w16["lm_head.weight"]
+    y = invariant.linear(x, w)
+    assert y.dtype == torch.bfloat16
+    ref = x.float() @ w.float().t()  # the fp32 product of the same bf16 operands
+    assert bool(((y.float() - ref).abs() <= ref.abs() * 2**-8 + 1e-6).all())  # one rounding: half a bf16 ulp
+
+
+def test_the_device_default_yields_to_per_request_decode_and_falls_back_with_a_warning(
+        weights, monkeypatch, caplog):
+    """Where ``invariant`` is only the device default (cuda), ``batched_decode=False`` selects the
+    standard per-request decode and a failing probe falls back with its reason (never silently);
+    asked for explicitly, the same failure is a ValueError. Run here with the CPU made to default
+    to ``invariant``."""
+    import harness.rollout.native.engine as engine_mod
+
+    assert engine_mod.default_decode_kernels(torch.device("cuda")) == "invariant"
+    assert engine_mod.default_decode_kernels(torch.device("cpu")) == "standard"
+    monkeypatch.delenv("HARNESS_NATIVE_DECODE_KERNELS", raising=False)
+    monkeypatch.setattr(engine_mod, "default_decode_kernels", lambda device: "invariant")
+    assert Engine(CFG, weights, max_batch_size=2).decode_kernels == "invariant"
+    per_request = Engine(CFG, weights, max_batch_size=2, batched_decode=False)
+    assert per_request.decode_kernels == "standard" and not per_request.batched_decode
+    monkeypatch.setattr(probe, "probe_invariant", lambda fwd, n: "a planted failure")
+    with caplog.at_level("WARNING", logger="harness.rollout.native.probe"):
+        fallback = Engine(CFG, weights, max_batch_size=2)
+    assert fallback.decode_kernels == "standard"
+    assert any("invariant decode kernels off (a planted failure)" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="requested but unavailable on cpu: a planted failure"):
+        Engine(CFG, weights, max_batch_size=2, decode_kernels="invariant")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (L2: ci/l2.sh on a GPU machine)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_cuda_the_default_is_invariant_and_each_request_gets_its_bits_alone(weights, dtype):
+    cfg = dataclasses.replace(CFG, dtype=dtype)
+    w = {n: t.to(cfg.torch_dtype()) for n, t in weights.items()}
+    engine = Engine(cfg, w, max_batch_size=9, device="cuda")
+    assert engine.decode_kernels == "invariant" and engine.batched_decode
+    reqs = _reqs()
+    alone = Engine(cfg, w, max_batch_size=1, device="cuda")
+    assert engine.generate(reqs) == [alone.generate([r])[0] for r in reqs]

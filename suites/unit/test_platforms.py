@@ -45,4 +45,5 @@ def test_plain_golden_run_schedules_cpu_workloads_only(monkeypatch):
 def test_cuda_golden_run_schedules_cuda_workloads(monkeypatch):
     monkeypatch.setenv("GOLDEN_PLATFORM", "cuda")
     names = _workloads(golden_params(ROOT))
-    assert names == {"qwen3_moe_tiny_smoke", "qwen3_moe_medium_megatron", "qwen3_moe_medium_vllm"}
+    assert names == {"qwen3_moe_tiny_smoke", "qwen3_moe_medium_megatron", "qwen3_moe_medium_vllm",
+                     "qwen3_moe_tiny_smoke_bf16"}

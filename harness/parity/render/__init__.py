@@ -18,6 +18,7 @@ from harness.parity.render.json_verdict import render_json
 from harness.parity.render.junit import render_junit
 from harness.parity.render.markdown import render_markdown
 from harness.parity.render.terminal import render_terminal
+from harness.parity.step_times import StepTimes
 
 FORMATS = ("terminal", "markdown", "json", "junit", "html")
 
@@ -26,18 +27,21 @@ __all__ = ["FORMATS", "render", "render_html", "render_json", "render_junit", "r
 
 def render(verdict: Verdict, fmt: str, *, title: str = "golden parity", color: bool | None = None,
            surfaces_actual: dict | None = None, surfaces_golden: dict | None = None, show_info: bool = False,
-           provenance: dict | None = None, run: dict | None = None) -> str:
+           provenance: dict | None = None, run: dict | None = None, step_times: StepTimes | None = None) -> str:
     """``provenance``: the golden's PROVENANCE.json; every format then shows what produced it.
-    ``run``: the run's fields for the HTML provenance block (``run_id``)."""
+    ``run``: the run's fields for the HTML provenance block (``run_id``). ``step_times``
+    (``harness.parity.step_times``): terminal, Markdown, JSON and HTML show them beside
+    the verdict; they never change it."""
     if fmt == "terminal":
-        return render_terminal(verdict, title=title, color=color, show_info=show_info, provenance=provenance)
+        return render_terminal(verdict, title=title, color=color, show_info=show_info, provenance=provenance,
+                               step_times=step_times)
     if fmt == "markdown":
-        return render_markdown(verdict, title=title, provenance=provenance)
+        return render_markdown(verdict, title=title, provenance=provenance, step_times=step_times)
     if fmt == "json":
-        return render_json(verdict, title=title, provenance=provenance)
+        return render_json(verdict, title=title, provenance=provenance, step_times=step_times)
     if fmt == "junit":
         return render_junit(verdict, title=title, provenance=provenance)
     if fmt == "html":
         return render_html(verdict, title=title, surfaces_actual=surfaces_actual, surfaces_golden=surfaces_golden,
-                           provenance=provenance, run=run)
+                           provenance=provenance, run=run, step_times=step_times)
     raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")

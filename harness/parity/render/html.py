@@ -42,6 +42,7 @@ from harness.parity.render.common import escape_html as _e
 from harness.parity.render.html_curves import CURVE_METRICS, curves
 from harness.parity.render.html_map import MAP_CSS, rank_step_maps
 from harness.parity.render.html_provenance import provenance_block
+from harness.parity.step_times import StepTimes, table_rows
 
 __all__ = ["render_html", "CURVE_METRICS"]
 
@@ -250,13 +251,26 @@ def _anchor(name: str) -> str:
 
 # ---------------------------------------------------------------- the page
 
+def _step_times_section(times: StepTimes | None) -> list[str]:
+    """The per-step phase times, golden beside run (nothing when not given)."""
+    if times is None:
+        return []
+    header, *rows = table_rows(times)
+    out = ['<section id="step-times"><h2>Step times, seconds (golden &rarr; this run; informational, not gated)</h2>',
+           '<table class="summary-table"><thead><tr>' + "".join(f"<th>{_e(c)}</th>" for c in header)
+           + "</tr></thead><tbody>"]
+    out += ["<tr>" + "".join(f'<td class="num">{_e(c)}</td>' for c in row) + "</tr>" for row in rows]
+    return out + ["</tbody></table></section>"]
+
+
 def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actual: Mapping | None = None,
                 surfaces_golden: Mapping | None = None, limit: int = 500,
                 metrics: Sequence[str] = CURVE_METRICS, provenance: Mapping | None = None,
-                run: Mapping | None = None) -> str:
+                run: Mapping | None = None, step_times: StepTimes | None = None) -> str:
     """The report as one HTML document (a string). Surfaces are {name: document} mappings;
     ``provenance`` is the golden's PROVENANCE.json and ``run`` the run's fields (``run_id``),
-    shown near the top (``html_provenance.provenance_block``)."""
+    shown near the top (``html_provenance.provenance_block``); ``step_times`` (informational)
+    is a table below the surface table."""
     status = verdict.status
     counts = verdict.counts()
     names = sorted(verdict.surfaces)
@@ -294,6 +308,7 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
                    f'<td class="st">{_e(shown)}</td><td class="num">{s.sections_compared}</td>'
                    f'<td class="num">{s.sections_differing}</td><td class="num">{len(s.findings)}</td></tr>')
     out.append("</tbody></table></section>")
+    out.extend(_step_times_section(step_times))
     anchors = {id(f): f"f-{_anchor(name)[len('surface-'):]}-{i}"
                for name in names for i, f in enumerate(verdict.surfaces[name].findings[:limit])}
     out.extend(_causes(verdict, anchors, limit))

@@ -6,9 +6,13 @@ import json
 
 from harness.parity.findings import Verdict
 from harness.parity.render.provenance import provenance_json
+from harness.parity.step_times import StepTimes
 
 
-def render_json(verdict: Verdict, *, title: str = "golden parity", provenance: dict | None = None) -> str:
-    """``golden_provenance`` (``harness.store.provenance.describe``) is added when given."""
-    return json.dumps({"title": title, **verdict.to_dict(), **provenance_json(provenance)}, indent=2,
+def render_json(verdict: Verdict, *, title: str = "golden parity", provenance: dict | None = None,
+                step_times: StepTimes | None = None) -> str:
+    """``golden_provenance`` (``harness.store.provenance.describe``) and ``step_times``
+    (informational: golden beside run per step and phase) are added when given."""
+    extra = {"step_times": step_times.to_dict()} if step_times is not None else {}
+    return json.dumps({"title": title, **verdict.to_dict(), **provenance_json(provenance), **extra}, indent=2,
                       sort_keys=True, default=str, allow_nan=False) + "\n"

@@ -19,6 +19,7 @@ from harness.parity.render.common import (
     value_text,
 )
 from harness.parity.render.provenance import provenance_markdown
+from harness.parity.step_times import StepTimes, table_rows
 
 _MARK = ("**", "**")
 
@@ -36,7 +37,9 @@ def _code(text: str) -> str:
 
 
 def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: int = 50,
-                    provenance: dict | None = None) -> str:
+                    provenance: dict | None = None, step_times: StepTimes | None = None) -> str:
+    """The verdict as Markdown; ``step_times`` (golden beside run, informational) adds a
+    collapsed table below the surface table."""
     lines = [f"### {title}", "", f"**{summary_line(verdict)}**", "",
              _row(["surface", "gated", "status", "sections", "differing", "findings"]),
              _row(["---"] * 6)]
@@ -44,6 +47,11 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
         s = verdict.surfaces[name]
         lines.append(_row([name, "yes" if s.gated else "info", f"**{s.status}**" if s.status != "parity" else s.status,
                            str(s.sections_compared), str(s.sections_differing), str(len(s.findings))]))
+    if step_times is not None:
+        rows = table_rows(step_times)
+        summary = "step times, seconds (golden -> this run; informational, not gated)"
+        lines += ["", f"<details><summary>{summary}</summary>", "", _row(rows[0]), _row(["---"] * len(rows[0]))]
+        lines += [_row(row) for row in rows[1:]] + ["", "</details>"]
     if verdict.divergences:
         lines += ["", "#### First divergence (execution order: step, phase, rank)", ""]
         for n, d in enumerate(verdict.divergences[:limit], 1):

@@ -23,6 +23,7 @@ from harness.parity.render.common import (
     value_text,
 )
 from harness.parity.render.provenance import provenance_lines
+from harness.parity.step_times import StepTimes, table_rows
 
 _COLORS = {"fail": "\x1b[31m", "stale": "\x1b[33m", "info": "\x1b[36m", "parity": "\x1b[32m"}
 _RESET = "\x1b[0m"
@@ -65,9 +66,11 @@ def finding_block(f: Finding, indent: str = "    ") -> list[str]:
 
 
 def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bool | None = None,
-                    limit: int = 25, show_info: bool = False, provenance: dict | None = None) -> str:
-    """The verdict as a terminal report. Causes first (up to ``limit``), then findings per
-    surface; a surface whose findings are all informational (not gated: memory, timings)
+                    limit: int = 25, show_info: bool = False, provenance: dict | None = None,
+                    step_times: StepTimes | None = None) -> str:
+    """The verdict as a terminal report. The surface table, then ``step_times`` (golden
+    beside run, informational) when given, then the causes (up to ``limit``), then findings
+    per surface; a surface whose findings are all informational (not gated: memory, timings)
     is summarised in one line unless ``show_info``."""
     color = use_color() if color is None else color
 
@@ -85,6 +88,9 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
     table = _table(surface_rows)
     lines.append(table[0])
     lines.extend(paint(row, status) for row, status in zip(table[1:], statuses))
+    if step_times is not None:
+        lines += ["", "step times, seconds (golden -> this run; informational, not gated):"]
+        lines += ["  " + row for row in _table(table_rows(step_times))]
     causes = verdict.divergences
     if causes:
         gated = sum(1 + len(d.consequences) for d in causes)

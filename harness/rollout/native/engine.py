@@ -47,6 +47,14 @@ def as_model_config(model_cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
     return ModelConfig.from_spec(model_cfg)
 
 
+def default_decode_kernels(device: torch.device) -> str:
+    """The decode kernels an engine on ``device`` uses unless told otherwise: ``"invariant"`` on
+    cuda (batched decode on the fixed-order kernels, fp32 and bf16, probe-checked at start; a
+    failing probe stops the engine with the reason), ``"standard"`` elsewhere (the CPU's
+    batched decode is bit-identical to the per-request one by construction)."""
+    return "invariant" if device.type == "cuda" else "standard"
+
+
 class Engine:
     """Generation over HF-named weights with optional tensor parallelism.
 
@@ -62,13 +70,17 @@ class Engine:
     supported or the probe fails). Either way the tokens and logprobs are the same.
     On a GPU the probe also decodes real rows both ways (``probe.probe_decode``).
 
-    ``decode_kernels``: ``None`` reads ``$HARNESS_NATIVE_DECODE_KERNELS`` (unset or empty:
-    ``"standard"``, so no golden moves unless it is set). ``"standard"`` decodes with the per-request
+    ``decode_kernels``: ``None`` reads ``$HARNESS_NATIVE_DECODE_KERNELS``; unset or empty, the
+    device's default (``default_decode_kernels``: ``"invariant"`` on cuda, ``"standard"`` on the
+    CPU, so no CPU golden moved). ``"standard"`` decodes with the per-request
     computation's kernels, as above; ``"invariant"`` decodes every decoding row, a
     lone one too, through the batched path on the fixed-order kernels of
     ``invariant`` (a row's bits are the same in a batch of one and in any batch,
-    checked at start by ``probe.probe_invariant``; ValueError naming the reason
-    where it fails, or with ``batched_decode=False``), and samples the decode rows
+    checked at start by ``probe.probe_invariant``; where it fails: a ValueError naming the
+    reason when the kernels were asked for (argument or environment), a warning with the
+    reason and the standard kernels when they were only the device default; and
+    ``batched_decode=False`` contradicts an explicit ``"invariant"`` but turns the default
+    back to ``"standard"``), and samples the decode rows
     on the host (``sample_rows`` on CPU kernels, built batch-invariant there). These
     kernels round differently from the per-request ones: a run's tokens and
     logprobs are a function of its requests for each setting, not across settings.
@@ -116,15 +128,19 @@ class Engine:
             if missing:
                 raise ValueError(f"engine weights are missing {len(missing)} tensor(s), first: {missing[:3]}")
             self.load_weights(weights.items())
+        explicit = decode_kernels is not None or bool(os.environ.get(DECODE_KERNELS_ENV))
         if decode_kernels is None:
-            decode_kernels = os.environ.get(DECODE_KERNELS_ENV) or "standard"
+            decode_kernels = os.environ.get(DECODE_KERNELS_ENV) or default_decode_kernels(self.device)
         if decode_kernels not in DECODE_KERNELS:
             raise ValueError(f"decode_kernels (or ${DECODE_KERNELS_ENV}) must be one of {DECODE_KERNELS}, "
                              f"got {decode_kernels!r}")
-        if decode_kernels == "invariant":
-            if batched_decode is False:
+        if decode_kernels == "invariant" and batched_decode is False:
+            if explicit:
                 raise ValueError("decode_kernels='invariant' decodes batched; batched_decode=False contradicts it")
-            choose_invariant(self.forward, max_batch_size, requested=True)
+            decode_kernels = "standard"  # the device default yields to an explicit per-request decode
+        # a requested kernel set that fails its probe is a ValueError; the device default falls
+        # back to the standard kernels with a warning naming the reason (choose_invariant)
+        if decode_kernels == "invariant" and choose_invariant(self.forward, max_batch_size, requested=explicit):
             batched, sampling = True, True
         else:
             batched = choose_batched_decode(self.forward, max_batch_size, batched_decode)

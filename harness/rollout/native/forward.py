@@ -144,7 +144,9 @@ class Forward(RowLocalDecode, InvariantDecode):
         order, counts = ops.moe_dispatch_order(indices, cfg.experts)
         token_of_slot = order // cfg.top_k
         slot_weight = weights.reshape(-1)[order]
-        if use_grouped(h) or self.grouped_prefill:  # cuda: grouped GEMMs over the packed expert weights
+        # cuda: grouped GEMMs over the packed expert weights (fp32 only with the invariant kernels,
+        # whose probe set grouped_prefill: the standard kernels' probe compares against the loop)
+        if self.grouped_prefill or (use_grouped(h) and h.dtype != torch.float32):
             experts = self.layers[layer].experts
             gate_up, down = experts.views(experts.pack)
             y = grouped_swiglu(h.index_select(0, token_of_slot), gate_up.transpose(1, 2), down.transpose(1, 2), counts)

@@ -26,15 +26,26 @@ tensor is ``rows x N x K``), which at decode's few rows is far below a launch-bo
 per-row loop.
 
 These are different kernels from ``harness.ops`` (the reference model and the
-per-request path): the results agree to rounding, not bit for bit. Only float32
-and float64 (a folded bf16 sum would lose too much).
+per-request path): the results agree to rounding, not bit for bit. float32, float64
+and bfloat16; bfloat16 operands are accumulated in float32 (``accumulate``: every
+product and fold runs in float32 on the exactly widened operands, the weights stay
+bfloat16 in memory) and each kernel's result is rounded back to bfloat16 once, an
+element-wise cast, so the guarantee holds as in float32. float16 is refused.
 """
 
 from __future__ import annotations
 
 import torch
 
-INVARIANT_DTYPES = (torch.float32, torch.float64)
+INVARIANT_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+# Storage dtype -> the dtype its products and folds are computed in.
+ACCUMULATE = {torch.bfloat16: torch.float32}
+
+
+def accumulate(x: torch.Tensor) -> torch.Tensor:
+    """``x`` widened to its accumulation dtype (``ACCUMULATE``; exact), or ``x`` itself."""
+    acc = ACCUMULATE.get(x.dtype)
+    return x if acc is None else x.to(acc)
 
 
 def next_pow2(n: int) -> int:
@@ -72,27 +83,36 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x [B, K] @ w [N, K]^T -> [B, N]``, each dot product an element-wise product and a
     ``fold_sum`` over ``K``: a row's bits depend only on the row (no GEMM kernel choice)."""
     n, k = w.shape
-    outs = [fold_sum(x[lo:hi].unsqueeze(1) * w.unsqueeze(0)).squeeze(-1) for lo, hi in _row_chunks(x.shape[0], n * k)]
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+    xa = accumulate(x)  # bf16: fp32 products (w widened element by element), one rounding at the end
+    outs = [fold_sum(xa[lo:hi].unsqueeze(1) * w.unsqueeze(0)).squeeze(-1) for lo, hi in _row_chunks(x.shape[0], n * k)]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs)).to(x.dtype)
 
 
 def expert_swiglu(hs: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """Per slot ``s``: ``ops.swiglu(hs[s], gate, up, down)`` of expert ``experts[s]`` over the
     ``[E, 2I, H]`` / ``[E, H, I]`` expert weights, every product folded (``linear``'s rule)."""
     inter = down.shape[2]
+    ha = accumulate(hs)
     outs = []
     for lo, hi in _row_chunks(hs.shape[0], gate_up.shape[1] * gate_up.shape[2]):
         ex = experts[lo:hi]
-        gu = fold_sum(gate_up.index_select(0, ex).mul_(hs[lo:hi].unsqueeze(1))).squeeze(-1)  # [S, 2I]
+        gu = fold_sum(_times(gate_up.index_select(0, ex), ha[lo:hi].unsqueeze(1))).squeeze(-1)  # [S, 2I]
         act = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
-        outs.append(fold_sum(down.index_select(0, ex).mul_(act.unsqueeze(1))).squeeze(-1))  # [S, H]
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+        outs.append(fold_sum(_times(down.index_select(0, ex), act.unsqueeze(1))).squeeze(-1))  # [S, H]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs)).to(hs.dtype)
+
+
+def _times(gathered: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``gathered * x`` in ``x``'s dtype: in place when the dtypes agree (no second copy of the
+    gathered weights), else a widened product (bf16 weights times fp32 activations)."""
+    return gathered.mul_(x) if gathered.dtype == x.dtype else gathered * x
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * (x / sqrt(mean(x^2) + eps))`` over the last dim, the mean folded."""
-    var = fold_sum(x * x) / x.shape[-1]
-    return weight * (x * torch.rsqrt(var + eps))
+    """``weight * (x / sqrt(mean(x^2) + eps))`` over the last dim, the mean folded (bf16: in fp32)."""
+    xa = accumulate(x)
+    var = fold_sum(xa * xa) / x.shape[-1]
+    return (weight * (xa * torch.rsqrt(var + eps))).to(x.dtype)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -109,12 +129,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     """
     b, _, _, d = q.shape
     length = k.shape[2]
-    scores = fold_sum(q.unsqueeze(3) * k.unsqueeze(2)).squeeze(-1) * (d**-0.5)  # [B, Hkv, G, L]
+    qa = accumulate(q)  # bf16: scores, softmax and the weighted sum in fp32
+    scores = fold_sum(qa.unsqueeze(3) * k.unsqueeze(2)).squeeze(-1) * (d**-0.5)  # [B, Hkv, G, L]
     hidden = torch.arange(length, device=q.device).view(1, -1) >= lengths.view(-1, 1)  # [B, L]
     scores = scores.masked_fill(hidden.view(b, 1, 1, length), float("-inf"))
     probs = softmax(scores)
     out = fold_sum(probs.unsqueeze(-1) * v.unsqueeze(2), dim=3)  # [B, Hkv, G, 1, D]
-    return out.reshape(b, -1)
+    return out.reshape(b, -1).to(q.dtype)
 
 
 def route(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
