@@ -258,7 +258,11 @@ class Session:
         # Not waited for here: the actor's process starts while the workers do; _await_dataplane
         # checks it (as start_dataplane_actor would) once they are up, before the first refit.
         pin = {} if self.placement is None else self.placement.driver_node_options()  # beside the driver's reads
-        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True, **pin).remote(path)
+        from harness.runner.warm import BASE_ENV, zygote_runtime_env
+
+        forked = zygote_runtime_env({"env_vars": dict(BASE_ENV)})  # the warm job's env, forked from its zygote
+        fork = {"runtime_env": forked} if "py_executable" in forked else {}  # cold: a fresh worker, the job's env
+        self.dataplane_handle = DataPlaneActor.options(name=name, get_if_exists=True, **fork, **pin).remote(path)
         self._dataplane_check = (self.dataplane_handle.path.remote(), path, name)
         self.dataplane = DataPlaneClient(self.dataplane_handle)
         if not self.spec.capture.enabled:
