@@ -16,8 +16,10 @@ so one per xdist worker) keeps, between consecutive workloads of that process:
   ``release`` them after every one retired cleanly. A process whose workload
   failed in any way is killed, never pooled.
 
-Every worker the runtime's Ray starts for a pool, and every fresh policy or
-rollout worker of a workload that is not pooled, forks from the runtime's
+Every worker the runtime's Ray starts for a pool, every fresh policy or
+rollout worker of a workload that is not pooled (its policy ranks from the
+zygote's flavour of their backend where it has one) and each workload's
+data-plane actor fork from the runtime's
 *zygote* (``harness.runner.zygote``, started with Ray, torch and the worker
 modules imported, never ray) when :func:`zygote_runtime_env` allows it: its
 start-up environment holds only the runner's own variables. A forked worker
