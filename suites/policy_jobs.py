@@ -79,3 +79,31 @@ def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: in
     split_sums = checksums(engine.hf_state_dict())
     return {"mono": mono, "split": split, "mono_sums": mono_sums, "split_sums": split_sums,
             "logprobs": logprobs, "coords": dict(engine.coords), "is_last": engine.is_last}
+
+
+def reference_shortcut_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The megatron engine's untrained reference shortcut against its weight-swap path, with
+    a count of the forward schedules each call ran: logprobs, reference (shortcut), reference
+    (cache dropped: swap), one train step, logprobs and reference again (swap)."""
+    runs: list[int] = []
+    schedule = engine._schedule
+
+    def counted(*args, **kwargs):
+        runs.append(1)
+        return schedule(*args, **kwargs)
+
+    engine._schedule = counted
+    out: dict[str, Any] = {"logprobs": engine.get_logprobs(batch)}
+    n0 = len(runs)
+    out["fast"] = engine.get_reference_logprobs(batch)
+    out["fast_runs"] = len(runs) - n0
+    engine._untrained_logprobs = None
+    n1 = len(runs)
+    out["swapped"] = engine.get_reference_logprobs(batch)
+    out["swapped_runs"] = len(runs) - n1
+    engine.train(batch)
+    out["trained"] = engine.get_logprobs(batch)
+    n2 = len(runs)
+    out["trained_reference"] = engine.get_reference_logprobs(batch)
+    out["trained_reference_runs"] = len(runs) - n2
+    return out

@@ -5,7 +5,8 @@ local instance, or the cluster at ``ray_address`` joined: ``harness.runner.clust
 the placement group of a cold run (``harness.runner.placement``: every rank pinned to
 its planned slot, actors at ``num_cpus=0``), the data plane
 and capture ledger (when capture is on), the policy worker group, the rollout
-workers (engine-init windows close inside them), ``placement.json`` (where each
+workers (engine-init windows close inside them; a cold cuda run with native engines
+creates them before the policy group, so both start at once), ``placement.json`` (where each
 rank actually runs), and an initial refit so the
 engines hold exactly the policy's weights (weight version 1). ``__exit__``
 shuts everything down in reverse order whatever happened, then Ray itself (a
@@ -153,6 +154,13 @@ class Session:
         self.loader = PromptLoader(task, spec.grpo.prompts_per_step, spec.seed)
         self.episode_env = make_episode_env(spec.env, task, self.tokenizer)
         capture = self._start_capture()
+        if pool is None and spec.platform.device == "cuda" and spec.rollout.backend == "native":
+            # the native engines start (imports, weights, probe) while the policy ranks do: on a
+            # GPU host both are mostly per-process CPU work. The CPU keeps one after the other
+            # (its few cores are shared by every rank), and so does vLLM (its start-up sizes
+            # its cache from the GPU memory left free, which a starting policy still takes)
+            phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s) beside the policy")
+            self._spawn_rollout_actors()
         phase(self.say, f"spawning {self.topology.policy.world} policy workers")
         from harness.policy.group import PolicyGroup
 
@@ -168,17 +176,8 @@ class Session:
             self._detail("teacher workers", self.teacher.ready_info)
         phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec.rollout.tp}")
         if pool is None:
-            from harness.rollout.worker import rollout_worker_actor
-
-            actor_cls = rollout_worker_actor()
-            for engine in self.topology.engines:
-                placed = {} if self.placement is None else self.placement.options("rollout", engine.rank_prefix)
-                w = actor_cls.options(runtime_env=worker_env.actor_runtime_env("rollout", spec, self.env_vars),
-                                      **placed).remote(
-                    spec, engine.engine, engine.rank_prefix, str(self.run_dir), env_vars=self.env_vars,
-                    capture_config=self._capture_config,
-                )
-                self.workers.append(w)
+            if not self.workers:
+                self._spawn_rollout_actors()
             ready = ray.get([w.ready.remote() for w in self.workers])
         else:
             self.workers = pool.acquire("rollout", len(self.topology.engines))
@@ -210,6 +209,23 @@ class Session:
         extra = {"teacher": self.teacher} if self.teacher is not None else {}
         self.trainer = cls(spec, self.policy, self.workers, self.driver, self.loader, self.tokenizer,
                            self.episode_env, self.refitter.refit, dataplane=self.dataplane, **extra)
+
+    def _spawn_rollout_actors(self) -> None:
+        """Create a cold run's rollout worker actors (``self.workers``); their start-up runs
+        in their own processes until ``ready()`` is awaited."""
+        from harness.rollout.worker import rollout_worker_actor
+        from harness.workerenv import select as worker_env
+
+        spec = self.spec
+        actor_cls = rollout_worker_actor()
+        for engine in self.topology.engines:
+            placed = {} if self.placement is None else self.placement.options("rollout", engine.rank_prefix)
+            w = actor_cls.options(runtime_env=worker_env.actor_runtime_env("rollout", spec, self.env_vars),
+                                  **placed).remote(
+                spec, engine.engine, engine.rank_prefix, str(self.run_dir), env_vars=self.env_vars,
+                capture_config=self._capture_config,
+            )
+            self.workers.append(w)
 
     def _detail(self, what: str, ready: list[dict]) -> None:
         """The workers' ``ready()`` records (pids, start-up stamps in ``timings``) to a reporter

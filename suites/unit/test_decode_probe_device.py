@@ -11,15 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.model.config import ModelConfig
-from harness.model.qwen3_moe import build_reference_model
 from harness.rollout.native import probe
 from harness.rollout.native.engine import Engine
 from harness.rollout.native.forward import Forward
+from suites.tiny_engine import DECODE_CFG, reference_weights
 from suites.torch_state import torch_settings
 
-CFG = ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, head_dim=16, experts=8, top_k=2,
-                  moe_intermediate=32, vocab=256, max_position=128)
+CFG = DECODE_CFG
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,7 +28,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def engine():
-    w = {n: t.detach() for n, t in build_reference_model(CFG, seed=3).state_dict().items()}
+    w = reference_weights(CFG, 3)
     return Engine(CFG, w, max_batch_size=9)
 
 
@@ -124,7 +122,7 @@ def test_device_probe_order_batched_then_row_local_then_refusal(engine, monkeypa
 def test_on_cuda_the_engine_is_batch_invariant_or_says_why_not(caplog):
     """On the GPU: the probe's verdict holds (batched == request by request, bit for bit), and a
     declined batched decode is announced with its reason at start, never silently."""
-    w = {n: t.detach() for n, t in build_reference_model(CFG, seed=3).state_dict().items()}
+    w = reference_weights(CFG, 3)
     reqs = _reqs(max_new=12)
     with caplog.at_level("WARNING", logger="harness.rollout.native.probe"):
         fast = Engine(CFG, w, max_batch_size=9, device="cuda")

@@ -14,15 +14,13 @@ import dataclasses
 import pytest
 import torch
 
-from harness.model.config import ModelConfig
-from harness.model.qwen3_moe import build_reference_model
 from harness.rollout.native import invariant, probe
 from harness.rollout.native.engine import Engine
 from harness.rollout.native.forward import Forward
+from suites.tiny_engine import DECODE_CFG, reference_weights
 from suites.torch_state import torch_settings
 
-CFG = ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, head_dim=16, experts=8, top_k=2,
-                  moe_intermediate=32, vocab=256, max_position=128)
+CFG = DECODE_CFG
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,7 +31,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def weights():
-    return {n: t.detach() for n, t in build_reference_model(CFG, seed=5).state_dict().items()}
+    return reference_weights(CFG, 5)
 
 
 @pytest.fixture(scope="module")

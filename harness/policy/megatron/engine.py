@@ -23,6 +23,7 @@ shard once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch.distributed as dist
 
 from harness import ops
 from harness.model.config import ModelConfig
-from harness.model.qwen3_moe import build_reference_model
+from harness.model.qwen3_moe import Qwen3MoeForCausalLM
 from harness.parallel import data as dp_data
 from harness.parallel.groups import stage_layers
 from harness.policy.checkpoint import ShardedCheckpoint
@@ -72,6 +73,29 @@ def check_layout(spec: Mapping[str, Any]) -> None:
         raise MegatronLayoutError(
             "policy.sp must be true with policy.tp > 1 (megatron MoE + TP needs sequence parallel)"
         )
+
+
+def reference_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """``build_reference_model(cfg, seed).state_dict()`` bit for bit, on the CPU, without
+    building the modules: the names, shapes and dtypes come from a model on the meta
+    device, the values from the same draws in the same order as
+    ``Qwen3MoeForCausalLM.init_weights`` (norm weights 1, every other weight
+    ``randn(shape, generator) * init_std`` rounded to the model dtype). It skips the
+    modules' default init, which ``init_weights`` overwrites anyway (seconds of serial
+    ``uniform_`` draws for the medium model); unlike the full build it leaves the global
+    CPU generator where it was (the engine draws nothing from it afterwards)."""
+    with torch.device("meta"):
+        meta = Qwen3MoeForCausalLM(cfg)
+    if [n for n, _ in meta.named_parameters()] != list(meta.state_dict()):
+        raise RuntimeError("reference_state_dict: the reference model holds buffers besides its parameters")
+    gen = torch.Generator().manual_seed(int(seed))
+    out: dict[str, torch.Tensor] = {}
+    for name, p in meta.named_parameters():
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(p.shape, dtype=p.dtype)
+        else:
+            out[name] = torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(cfg.init_std).to(p.dtype)
+    return out
 
 
 class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
@@ -132,7 +156,7 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         self.names = NameMap(
             self.cfg, self.tp, self.coords["tp"], policy.ep, self.coords["ep"], self.layer_offset
         )
-        full = build_reference_model(self.cfg, spec.seed).state_dict()
+        full = reference_state_dict(self.cfg, spec.seed)
         self.full_names = list(full)  # every HF name; each stage loads only its own
         self.full_shapes = {k: tuple(v.shape) for k, v in full.items()}
         self.named = [(n, p) for n, p in self.model.named_parameters()]
@@ -153,6 +177,8 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         )
         self._tp_group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
         self._edp_group = ps.get_expert_data_parallel_group() if ps.get_expert_data_parallel_world_size() > 1 else None
+        self._checkpoint_loaded = False
+        self._untrained_logprobs: tuple[torch.Tensor, torch.Tensor] | None = None  # (input_ids, logprobs)
 
     # -- forward (megatron's pipeline schedule) ------------------------------------------
 
@@ -257,9 +283,31 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
             return logits.new_zeros(()), lp
 
         outs = self._schedule(mbs, on_output, forward_only=True)
-        if not self.is_last:
-            return torch.empty(0)
-        return torch.cat(outs)[:b].to(torch.float32)
+        out = torch.cat(outs)[:b].to(torch.float32) if self.is_last else torch.empty(0)
+        if self._untrained():
+            self._untrained_logprobs = (batch["input_ids"].clone(), out.clone())
+        return out
+
+    def _untrained(self) -> bool:
+        """A 1-rank world whose parameters are still the reference weights: no optimizer
+        step taken and no checkpoint loaded since ``_init_training_state`` copied them."""
+        return self.steps_done == 0 and not self._checkpoint_loaded and dist.get_world_size() == 1
+
+    @torch.no_grad()
+    def get_reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logprobs under the initial weights. While :meth:`_untrained` the parameters are
+        those weights, so the logprobs :meth:`get_logprobs` last computed for the same
+        ``input_ids`` are the answer bit for bit (the same deterministic forward of the
+        same weights): the GRPO step 1's reference pass, weight swap included, is skipped.
+        Otherwise the weights are swapped in (``EngineCommon``)."""
+        cached = self._untrained_logprobs
+        if cached is not None and self._untrained() and torch.equal(cached[0], batch["input_ids"]):
+            return cached[1].clone()
+        return super().get_reference_logprobs(batch)
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        self._checkpoint_loaded, self._untrained_logprobs = True, None
+        super().load_checkpoint(directory)
 
     # -- full weights (refit export) ------------------------------------------------------------
 
