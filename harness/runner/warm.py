@@ -16,8 +16,10 @@ so one per xdist worker) keeps, between consecutive workloads of that process:
   ``release`` them after every one retired cleanly. A process whose workload
   failed in any way is killed, never pooled.
 
-Every worker the runtime's Ray starts for a pool, and every fresh policy or
-rollout worker of a workload that is not pooled, forks from the runtime's
+Every worker the runtime's Ray starts for a pool, every fresh policy or
+rollout worker of a workload that is not pooled (its policy ranks from the
+zygote's flavour of their backend where it has one) and each workload's
+data-plane actor fork from the runtime's
 *zygote* (``harness.runner.zygote``, started with Ray, torch and the worker
 modules imported, never ray) when :func:`zygote_runtime_env` allows it: its
 start-up environment holds only the runner's own variables. A forked worker
@@ -155,26 +157,30 @@ def cold_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | 
     return _fresh_reason(spec)
 
 
-def zygote_runtime_env(runtime_env: dict) -> dict:
+def zygote_runtime_env(runtime_env: dict, flavour: str | None = None) -> dict:
     """``runtime_env`` for an actor of this process's warm runtime, with the runtime's zygote
     (``harness.runner.zygote``) as its ``py_executable`` when one is up and the actor may be
-    forked from it (:func:`forked_runtime_env`). Unchanged otherwise (no warm runtime)."""
+    forked from it (:func:`forked_runtime_env`). ``flavour`` (a policy backend's name): fork it
+    from that flavour of the zygote (``zygote.FLAVOURS``) when there is one. Unchanged otherwise
+    (no warm runtime)."""
     runtime = _current
-    return forked_runtime_env(runtime_env, runtime._zygote if runtime is not None else None)
+    return forked_runtime_env(runtime_env, runtime._zygote if runtime is not None else None, flavour)
 
 
-def forked_runtime_env(runtime_env: dict, zygote) -> dict:
+def forked_runtime_env(runtime_env: dict, zygote, flavour: str | None = None) -> dict:
     """``runtime_env`` with ``zygote`` (a ``harness.runner.zygote.Zygote``, or None) as its
     ``py_executable`` when it is alive and the actor may be forked from it: no
     ``py_executable`` of its own (a built worker environment) and only
-    :data:`ZYGOTE_START_VARS` in its ``env_vars``. Unchanged otherwise."""
+    :data:`ZYGOTE_START_VARS` in its ``env_vars``; ``flavour``: from that flavour of the zygote
+    where it has one (else the zygote itself). Unchanged otherwise."""
     env_vars = runtime_env.get("env_vars") or {}
     if (zygote is None or not zygote.alive() or "py_executable" in runtime_env
             or set(runtime_env) - {"env_vars"} or set(env_vars) - ZYGOTE_START_VARS):
         return runtime_env
     from harness.runner.zygote import ADDRESS_VAR, worker_command
 
-    return {"env_vars": {**env_vars, ADDRESS_VAR: zygote.address}, "py_executable": worker_command()}
+    address = (zygote.flavour(flavour) if flavour else None) or zygote.address
+    return {"env_vars": {**env_vars, ADDRESS_VAR: address}, "py_executable": worker_command()}
 
 
 def cold_zygote_reason(spec: Workload, ray_address: str | None = None,

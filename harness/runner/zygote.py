@@ -41,6 +41,12 @@ cold run's ranks each draw their own) and the preloads' module-level
 timestamps are the server's start. ``suites/integration/test_zygote.py``
 compares a forked worker with a fresh one.
 
+Flavours (:data:`FLAVOURS`): on a driver's request (:meth:`Zygote.flavour`)
+the server forks a child that listens on a socket of its own, answers, then
+also imports what every rank of one policy backend imports at start-up (in a
+fresh rank's order) and serves as the server does; it dies with the server.
+Workers of other kinds never fork from it.
+
 If the client cannot reach a server it runs the worker itself
 (``os.execv`` of the interpreter): slower, never different.
 """
@@ -55,6 +61,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,9 +70,31 @@ ADDRESS_VAR = "GOLDEN_ZYGOTE_SOCKET"  # the client reads the server's socket pat
 # moment its library loads (the job id it was started for, the seed of the generator behind its
 # random object ids), so every child of a server that loaded it would share it. The server exits
 # if a preload pulls ray in; its clients then start their workers as fresh interpreters.
-PRELOAD = ("torch", "torch.distributed", "numpy", "harness.policy.distributed", "harness.policy.native.engine",
-           "harness.rollout.worker", "harness.rollout.engine_worker", "harness.runner.process_state",
-           "harness.spec.typed", "harness.parallel.settle", "harness.refit.zmq_stream", "harness.profiler.trace")
+# ``torch._inductor.config``: what ``torch.use_deterministic_algorithms`` imports (it pulls in
+# dynamo, ~1.2 s of CPU), called by every worker's start-up before workload code (the policy
+# ranks' init_distributed, the rollout engine's configure_determinism, a warm host's baseline
+# restore). ``numpy.random``: imported by the child's reseed anyway. The third-party modules at
+# the end are what ``import ray`` imports in every worker (not ray's own: requests, jsonschema,
+# protobuf, ...; about a third of the child's ray import).
+PRELOAD = ("torch", "torch.distributed", "torch._inductor.config", "numpy", "numpy.random",
+           "harness.policy.distributed", "harness.policy.native.engine", "harness.rollout.worker",
+           "harness.rollout.engine_worker", "harness.runner.process_state", "harness.spec.typed",
+           "harness.parallel.settle", "harness.refit.zmq_stream", "harness.profiler.trace",
+           "requests", "jsonschema", "google.protobuf", "filelock", "packaging.version", "msgpack", "yaml")
+# Flavours: a server forked from this one (it inherits PRELOAD) that also imports what every
+# rank of one policy backend imports at start-up, whatever the workload, in the order a fresh
+# rank does: ``init_distributed`` imports the above (``use_deterministic_algorithms``), then
+# installs ``harness.parallel.settle`` (it rebinds torch.distributed functions, so a module that
+# binds one at import must come after it, as in a fresh rank), then ``create_engine`` imports
+# the engine module and the engine's ``__init__`` megatron-core (``compat.import_megatron``: what
+# the CPU layer imports before it patches). For the fresh (not pooled) ranks of the megatron and
+# dtensor backends; every other worker forks from the plain server. An entry "module:function"
+# imports the module and calls the function (no arguments).
+FLAVOURS: dict[str, tuple[str, ...]] = {
+    "dtensor": ("harness.parallel.settle:install", "harness.policy.dtensor.engine"),
+    "megatron": ("harness.parallel.settle:install", "harness.policy.megatron.engine",
+                 "harness.policy.megatron.compat:import_megatron"),
+}
 READY_TIMEOUT_S = 120.0
 CLIENT = Path(__file__).with_name("zygote_client.py")
 
@@ -76,7 +105,7 @@ def worker_command() -> str:
 
 
 class Zygote:
-    """One fork server process (see the module docstring); ``close`` ends it."""
+    """One fork server process (see the module docstring); ``close`` ends it and its flavours."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self._dir = tempfile.mkdtemp(prefix="golden-zygote-")
@@ -85,6 +114,8 @@ class Zygote:
         self.proc = subprocess.Popen([sys.executable, "-m", "harness.runner.zygote", self.address, ready],
                                      env=env, stdin=subprocess.DEVNULL, start_new_session=False)
         self._ready = ready
+        self._flavours: dict[str, tuple[str, int] | None] = {}  # name -> (address, pid); None: it failed
+        self._flavour_lock = threading.Lock()
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
         """Whether the server imported its preloads and listens (False: it died or timed out)."""
@@ -100,14 +131,43 @@ class Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def flavour(self, name: str, timeout: float = READY_TIMEOUT_S) -> str | None:
+        """The socket of flavour ``name`` (:data:`FLAVOURS`), started on first use: a child of
+        this server that also imports the flavour's modules; its clients queue while it does.
+        None when there is no such flavour or it could not be started (the caller then uses
+        :attr:`address`); a flavour that dies later makes its clients start fresh interpreters."""
+        if name not in FLAVOURS or not self.alive():
+            return None
+        with self._flavour_lock:
+            if name not in self._flavours:
+                self._flavours[name] = self._start_flavour(name, timeout)
+            started = self._flavours[name]
+        return started[0] if started is not None and _running(started[1]) else None
+
+    def _start_flavour(self, name: str, timeout: float) -> tuple[str, int] | None:
+        address = os.path.join(self._dir, f"s-{name}")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(timeout)  # the server answers once its own preloads are in
+                conn.connect(self.address)
+                conn.sendall(json.dumps({"flavour": name, "address": address}).encode() + b"\n")
+                reply = _read_line(conn)
+            return address, int(reply["pid"])
+        except (OSError, ValueError, KeyError, EOFError):
+            return None
+
+    def flavour_pids(self) -> dict[str, int]:
+        """The pid of every flavour server started so far (tests, diagnostics)."""
+        return {k: v[1] for k, v in self._flavours.items() if v is not None}
+
     def close(self) -> None:
         if self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.kill()  # its flavours die with it (PR_SET_PDEATHSIG)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        for name in ("s", "ready"):
+        for name in ("s", "ready", *(f"s-{f}" for f in self._flavours)):
             try:
                 os.unlink(os.path.join(self._dir, name))
             except OSError:
@@ -116,6 +176,25 @@ class Zygote:
             os.rmdir(self._dir)
         except OSError:
             pass
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _read_line(conn: socket.socket) -> dict:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise EOFError("the zygote closed the connection")
+        data += chunk
+    return json.loads(data)
 
 
 def _die_with_parent() -> None:
@@ -163,11 +242,17 @@ _SERVER_ENTRY: list[str] = []  # that first entry
 
 
 def _worker_sys_path(script: str, loaded: list[str]) -> list[str]:
-    """The ``sys.path`` a fresh ``python script`` has once it imported the preloads: the entries
-    the preloads inserted (``import ray`` puts its ``thirdparty_files`` first), the script's
-    folder, then the interpreter's own."""
-    added = [p for p in loaded if p not in _BASE_PATH and p not in _SERVER_ENTRY]
-    return [*added, os.path.dirname(script), *_BASE_PATH]
+    """The ``sys.path`` a fresh ``python script`` has once it imported the preloads: the server's
+    own as its preloads left it (``loaded``), with the server's first entry (``-m``: its working
+    directory) replaced by the script's folder, so entries a preload put in front stay in front and
+    entries it appended (setuptools appends its ``_vendor`` folder) stay at the end."""
+    out = list(loaded)
+    entry = _SERVER_ENTRY[0] if _SERVER_ENTRY else None
+    if entry is not None and entry in out:
+        out[out.index(entry)] = os.path.dirname(script)
+    else:
+        out.insert(0, os.path.dirname(script))
+    return out
 
 
 def _reseed() -> None:
@@ -222,21 +307,56 @@ def _become_worker(conn: socket.socket, request: dict, fds: list[int]) -> None:
     os._exit(code)
 
 
-def serve(address: str, ready: str) -> None:
-    """The server loop (``python -m harness.runner.zygote ADDRESS READY_FILE``)."""
+def import_preloads(names: tuple[str, ...]) -> None:
+    """Import each of ``names`` in order ("module", or "module:function": then call it)."""
     import importlib
 
-    _SERVER_ENTRY[:], _BASE_PATH[:] = sys.path[:1], sys.path[1:]
-    _die_with_parent()
+    for name in names:
+        module, _, function = name.partition(":")
+        loaded = importlib.import_module(module)
+        if function:
+            getattr(loaded, function)()
+
+
+def _preload(names: tuple[str, ...]) -> None:
+    """:func:`import_preloads` in a server; exit if ray came in."""
+    import_preloads(names)
+    if "ray" in sys.modules:
+        raise SystemExit("harness.runner.zygote: a preload imported ray; not serving")
+
+
+def _listen(address: str) -> socket.socket:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(address)
     server.listen(128)  # clients queue here while the preloads import
-    for name in PRELOAD:
-        importlib.import_module(name)
-    if "ray" in sys.modules:
-        raise SystemExit("harness.runner.zygote: a preload imported ray; not serving")
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    Path(ready).write_text(str(os.getpid()))
+    return server
+
+
+def _start_flavour(server: socket.socket, conn: socket.socket, request: dict, parent: int) -> None:
+    """In a forked child of the server ``parent``: become the server of flavour ``request["flavour"]``:
+    listen on ``request["address"]``, answer the driver (its clients may connect from now on),
+    import the flavour's modules, serve. Dies with the server that forked it."""
+    name = request["flavour"]
+    _die_with_parent()
+    if os.getppid() != parent:  # the server died before the death signal was set
+        os._exit(1)
+    server.close()
+    own = _listen(request["address"])
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    conn.close()
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # import-time notices (megatron-core's "Apex is not installed"):
+            warnings.simplefilter("ignore")  # a fresh rank writes them to its own log, not the driver's
+            _preload(FLAVOURS[name])
+    except BaseException as exc:  # noqa: BLE001 - its queued clients see the socket close and run fresh
+        print(f"harness.runner.zygote: flavour {name} not serving: {type(exc).__name__}: {exc}", file=sys.stderr)
+        os._exit(1)
+    _serve_loop(own)
+
+
+def _serve_loop(server: socket.socket) -> None:
     while True:
         conn, _ = server.accept()
         try:
@@ -244,16 +364,37 @@ def serve(address: str, ready: str) -> None:
         except (OSError, ValueError, EOFError):
             conn.close()
             continue
+        flavour = request.get("flavour")
+        if flavour is not None and (flavour not in FLAVOURS or fds or not isinstance(request.get("address"), str)):
+            for fd in fds:
+                os.close(fd)
+            conn.close()  # not a request this server serves: the caller sees EOF
+            continue
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
-            server.close()
             try:
-                _become_worker(conn, request, fds)
+                if flavour is not None:
+                    _start_flavour(server, conn, request, parent)
+                else:
+                    server.close()
+                    _become_worker(conn, request, fds)
             finally:
                 os._exit(1)
         for fd in fds:
             os.close(fd)
         conn.close()
+
+
+def serve(address: str, ready: str) -> None:
+    """The server loop (``python -m harness.runner.zygote ADDRESS READY_FILE``)."""
+    _SERVER_ENTRY[:], _BASE_PATH[:] = sys.path[:1], sys.path[1:]
+    _die_with_parent()
+    server = _listen(address)
+    _preload(PRELOAD)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    Path(ready).write_text(str(os.getpid()))
+    _serve_loop(server)
 
 
 if __name__ == "__main__":

@@ -76,12 +76,13 @@ RECORD = "worker_envs.json"  # in the run directory: which interpreter each work
 
 
 # Installed by the warm runtime while its Ray is up (``harness.runner.warm``, which passes
-# ``zygote_runtime_env``): the actor's runtime_env -> the one that forks it from the runtime's
-# fork server. Registered from above so that this module never imports the runner.
-_warm_runtime_env: Callable[[dict], dict] | None = None
+# ``zygote_runtime_env``): (the actor's runtime_env, a zygote flavour or None) -> the one that
+# forks it from the runtime's fork server. Registered from above so that this module never
+# imports the runner.
+_warm_runtime_env: Callable[[dict, str | None], dict] | None = None
 
 
-def set_warm_runtime_env(hook: Callable[[dict], dict] | None) -> None:
+def set_warm_runtime_env(hook: Callable[[dict, str | None], dict] | None) -> None:
     """Install (or, with None, remove) the warm runtime's runtime_env rewrite."""
     global _warm_runtime_env
     _warm_runtime_env = hook
@@ -90,7 +91,9 @@ def set_warm_runtime_env(hook: Callable[[dict], dict] | None) -> None:
 def actor_runtime_env(role: str, spec: Workload, env_vars: dict[str, str]) -> dict:
     """A Ray actor's ``runtime_env`` for a ``role`` worker of ``spec``: its env vars, and
     ``py_executable`` when the selection puts that role in a built environment, else the warm
-    runtime's fork server when this process has one (:func:`set_warm_runtime_env`)."""
+    runtime's fork server when this process has one (:func:`set_warm_runtime_env`); a policy
+    rank asks for the server's flavour of its ``policy.backend`` (the zygote has flavours for
+    the backends whose ranks are never pooled; others get the plain server)."""
     runtime_env: dict = {"env_vars": dict(env_vars)}
     if selection() != CURRENT:
         python = worker_pythons(spec, verify=False)[role]
@@ -98,7 +101,7 @@ def actor_runtime_env(role: str, spec: Workload, env_vars: dict[str, str]) -> di
             runtime_env["py_executable"] = python
         return runtime_env
     hook = _warm_runtime_env
-    return hook(runtime_env) if hook is not None else runtime_env
+    return hook(runtime_env, spec.policy.backend if role == "policy" else None) if hook is not None else runtime_env
 
 
 def in_worker_env(role: str, environ: dict | None = None) -> bool:

@@ -13,6 +13,11 @@ One ``WarmRuntime`` (Ray up, zygote started), then actors created with
   started, which waits for it) behind, and the other worker runs on;
 * an actor whose ``env_vars`` name a variable outside ``ZYGOTE_START_VARS`` (a
   workload's ``plugins.env``) is not forked (a fresh interpreter);
+* a flavour (``zygote.FLAVOURS``: megatron) is a child of the zygote, started on first use;
+  a worker asking for it is that flavour's child, has megatron-core imported and the
+  ``harness.parallel.settle`` wrappers installed (what a fresh rank has after its start-up),
+  and otherwise the ``sys.argv``, ``sys.path``, signal handlers, thread counts and cwd of a
+  fresh worker; an unknown flavour gets the plain zygote;
 * with ``GOLDEN_ZYGOTE=0`` the runtime starts no zygote and nothing is forked.
 
 A Ray worker's start-up is Ray's own; nothing here is a test double.
@@ -29,17 +34,23 @@ import ray
 
 from harness.runner import warm
 from harness.runner.warm import WarmRuntime, zygote_runtime_env
-from harness.runner.zygote import ADDRESS_VAR
+from harness.runner.zygote import ADDRESS_VAR, FLAVOURS
 
 pytestmark = pytest.mark.slow
 
 
 @ray.remote
 class Probe:
-    def info(self) -> dict:
+    def info(self, preload: tuple[str, ...] = ()) -> dict:
+        """What a workload could see of this process; ``preload``: import these first, as a rank's
+        start-up does (``zygote.import_preloads``), to compare a fresh worker with a flavour's."""
         import signal
 
         import torch
+
+        from harness.runner.zygote import import_preloads
+
+        import_preloads(preload)
 
         def _handler(h) -> str:
             return getattr(h, "__qualname__", None) or repr(h)  # a function by name, not by address
@@ -49,7 +60,9 @@ class Probe:
                 "path": list(sys.path), "main": getattr(main, "__file__", None),
                 "signals": {s.name: _handler(signal.getsignal(s))
                             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD, signal.SIGHUP)},
-                "threads": (torch.get_num_threads(), torch.get_num_interop_threads()), "cwd": os.getcwd()}
+                "threads": (torch.get_num_threads(), torch.get_num_interop_threads()), "cwd": os.getcwd(),
+                "megatron": "megatron.core" in sys.modules,
+                "settled": bool(getattr(torch.distributed.all_gather, "__harness_settled__", False))}
 
 
 def _alive(pid: int) -> bool:
@@ -120,6 +133,44 @@ def test_workers_fork_from_the_zygote_with_their_own_environment(monkeypatch):
         runtime.close()
     assert warm._current is None and runtime._zygote is None
     assert not _alive(zygote.proc.pid)
+
+
+def test_a_flavour_forks_workers_with_its_backend_imported():
+    runtime = WarmRuntime()
+    try:
+        runtime.ensure_ray()
+        zygote = runtime._zygote
+        assert zygote is not None and zygote.wait_ready(), "the zygote did not start"
+        env = {"OMP_NUM_THREADS": "1", "HARNESS_RUN_ID": "probe-run"}
+        plain_env = zygote_runtime_env({"env_vars": env})
+        assert zygote_runtime_env({"env_vars": env}, "native") == plain_env  # no such flavour: the plain server
+        flavour_env = zygote_runtime_env({"env_vars": env}, "megatron")
+        address = flavour_env["env_vars"][ADDRESS_VAR]
+        assert address != zygote.address
+        assert zygote_runtime_env({"env_vars": env}, "megatron") == flavour_env  # started once
+        flavour_pid = zygote.flavour_pids()["megatron"]
+        assert _alive(flavour_pid)
+        with open(f"/proc/{flavour_pid}/stat") as fh:
+            parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+        assert parent == zygote.proc.pid, "the flavour is not the zygote's child"
+        flavoured, plain = (Probe.options(num_cpus=0, runtime_env=e).remote() for e in (flavour_env, plain_env))
+        info, plain_info = ray.get([flavoured.info.remote(), plain.info.remote()], timeout=180)
+        assert info["ppid"] == flavour_pid, "the worker is not a child of the flavour"
+        assert plain_info["ppid"] == zygote.proc.pid
+        assert info["megatron"] and info["settled"], "the flavour's worker lacks its backend's start-up imports"
+        assert not plain_info["megatron"] and not plain_info["settled"]  # the plain server is unchanged
+        assert info["env"]["HARNESS_RUN_ID"] == "probe-run" and ADDRESS_VAR not in info["env"]
+        fresh_probe = Probe.options(num_cpus=0, runtime_env={"env_vars": env}).remote()
+        fresh = ray.get(fresh_probe.info.remote(FLAVOURS["megatron"]), timeout=120)  # its start-up's imports
+        assert fresh["ppid"] not in (zygote.proc.pid, flavour_pid)
+        for key in ("argv0", "path", "signals", "threads", "cwd"):
+            assert info[key] == fresh[key], f"a flavour's worker's {key} differs from a fresh one's"
+    finally:
+        runtime.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(flavour_pid):
+        time.sleep(0.1)
+    assert not _alive(flavour_pid), "the flavour outlived its zygote"
 
 
 def test_no_zygote_when_turned_off(monkeypatch):

@@ -226,6 +226,20 @@ def _padded_reduce_scatter(orig):
 # -- apply ----------------------------------------------------------------------------
 
 
+def import_megatron() -> None:
+    """Import megatron-core (version checked, import stubs first) and the modules the patches
+    below replace attributes of, without patching anything: what :func:`apply_cpu_compat` imports
+    before it patches, in the same order. The warm runtime's megatron fork server calls it once
+    (``harness.runner.zygote.FLAVOURS``); every other megatron module is imported after the
+    patches, as in a fresh process."""
+    check_version()
+    install_import_stubs()
+    import megatron.core  # noqa: F401
+    from megatron.core.tensor_parallel import random  # noqa: F401
+    from megatron.core.transformer import torch_norm  # noqa: F401
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher  # noqa: F401
+
+
 def apply_missing_te_fix() -> None:
     """Patch point 4 on every device: megatron-core 0.16.1 names ``te_general_gemm``
     in the router even when Transformer Engine is absent (NameError on the first
@@ -245,9 +259,7 @@ def apply_cpu_compat(device: str) -> bool:
         return False
     if _APPLIED:
         return True
-    check_version()
-    install_import_stubs()
-    import megatron.core  # noqa: F401
+    import_megatron()
     import torch
     import torch.distributed as dist
     from megatron.core.tensor_parallel import random as mrandom
