@@ -283,11 +283,12 @@ class Session:
         self._zygote = Zygote({**os.environ, **warm_pool.BASE_ENV})
         return {"_system_config": dict(warm_pool.FORKED_WORKERS_RAY_CONFIG)}
 
-    def _forked(self, runtime_env: dict) -> dict:
-        """``runtime_env`` of a worker of this cold run: forked from its zygote where it may be."""
+    def _forked(self, runtime_env: dict, flavour: str | None = None) -> dict:
+        """``runtime_env`` of a worker of this cold run: forked from its zygote (or that zygote's
+        ``flavour``, a policy backend's) where it may be; the ``set_warm_runtime_env`` hook."""
         from harness.runner.warm import forked_runtime_env
 
-        return forked_runtime_env(runtime_env, self._zygote)
+        return forked_runtime_env(runtime_env, self._zygote, flavour)
 
     def _stop_zygote(self) -> None:
         zygote, self._zygote = self._zygote, None
