@@ -195,6 +195,31 @@ def build_reference_model(cfg: ModelConfig, seed: int) -> Qwen3MoeForCausalLM:
     return Qwen3MoeForCausalLM(cfg, seed=seed)
 
 
+def reference_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """``build_reference_model(cfg, seed).state_dict()`` bit for bit, on the CPU, without
+    building the modules: the names, shapes and dtypes come from a model on the meta
+    device, the values from the same draws in the same order as
+    :meth:`Qwen3MoeForCausalLM.init_weights` (a change to one is a change to both: norm
+    weights 1, every other weight ``randn(shape, generator) * init_std`` rounded to the
+    model dtype). It skips the
+    modules' default init, which ``init_weights`` overwrites anyway (seconds of serial
+    ``uniform_`` draws for the medium model); unlike the full build it leaves the global
+    CPU generator where it was (the megatron engine, its caller, draws nothing from it
+    afterwards)."""
+    with torch.device("meta"):
+        meta = Qwen3MoeForCausalLM(cfg)
+    if [n for n, _ in meta.named_parameters()] != list(meta.state_dict()):
+        raise RuntimeError("reference_state_dict: the reference model holds buffers besides its parameters")
+    gen = torch.Generator().manual_seed(int(seed))
+    out: dict[str, torch.Tensor] = {}
+    for name, p in meta.named_parameters():
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(p.shape, dtype=p.dtype)
+        else:
+            out[name] = torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(cfg.init_std).to(p.dtype)
+    return out
+
+
 def hf_fused_state_dict(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Per-expert checkpoint names -> transformers v5 fused expert layout:
     `mlp.experts.gate_up_proj [E, 2I, H]` (gate rows then up) and

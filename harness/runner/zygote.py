@@ -65,6 +65,8 @@ import threading
 import time
 from pathlib import Path
 
+from harness.runner.zygote_client import read_line
+
 ADDRESS_VAR = "GOLDEN_ZYGOTE_SOCKET"  # the client reads the server's socket path here
 # Imported once, at the server's start. Never ray: Ray's C++ core keeps per-process state from the
 # moment its library loads (the job id it was started for, the seed of the generator behind its
@@ -151,7 +153,7 @@ class Zygote:
                 conn.settimeout(timeout)  # the server answers once its own preloads are in
                 conn.connect(self.address)
                 conn.sendall(json.dumps({"flavour": name, "address": address}).encode() + b"\n")
-                reply = _read_line(conn)
+                reply = read_line(conn)
             return address, int(reply["pid"])
         except (OSError, ValueError, KeyError, EOFError):
             return None
@@ -185,16 +187,6 @@ def _running(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def _read_line(conn: socket.socket) -> dict:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(4096)
-        if not chunk:
-            raise EOFError("the zygote closed the connection")
-        data += chunk
-    return json.loads(data)
 
 
 def _die_with_parent() -> None:

@@ -23,6 +23,17 @@ def _run_here() -> None:
     os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 
 
+def read_line(conn: socket.socket) -> dict:
+    """One newline-terminated JSON reply from a zygote (EOFError if it closes first)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise EOFError("the zygote closed the connection")
+        data += chunk
+    return json.loads(data)
+
+
 def main() -> None:
     address = os.environ.get(ADDRESS_VAR, "")
     if not address:
@@ -34,13 +45,7 @@ def main() -> None:
         payload = json.dumps(request).encode() + b"\n"
         sent = socket.send_fds(conn, [payload], [0, 1, 2])  # a stream socket may take part of it
         conn.sendall(payload[sent:])
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = conn.recv(4096)
-            if not chunk:
-                raise EOFError("the zygote closed the connection")
-            data += chunk
-        child = int(json.loads(data)["pid"])
+        child = int(read_line(conn)["pid"])
         conn.close()
     except (OSError, ValueError, EOFError, KeyError):
         _run_here()

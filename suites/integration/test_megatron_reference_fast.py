@@ -21,8 +21,7 @@ pytest.importorskip("megatron.core", reason="megatron-core not installed (pip in
 import torch
 
 from harness.model.config import ModelConfig
-from harness.model.qwen3_moe import build_reference_model
-from harness.policy.megatron.engine import reference_state_dict
+from harness.model.qwen3_moe import build_reference_model, reference_state_dict
 from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from suites.local_world import spawn_world, with_layout

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from harness import ops
 from harness.model.config import ModelConfig
-from harness.model.qwen3_moe import Qwen3MoeForCausalLM
+from harness.model.qwen3_moe import reference_state_dict
 from harness.parallel import data as dp_data
 from harness.parallel.groups import stage_layers
 from harness.policy.checkpoint import ShardedCheckpoint
@@ -73,29 +73,6 @@ def check_layout(spec: Mapping[str, Any]) -> None:
         raise MegatronLayoutError(
             "policy.sp must be true with policy.tp > 1 (megatron MoE + TP needs sequence parallel)"
         )
-
-
-def reference_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """``build_reference_model(cfg, seed).state_dict()`` bit for bit, on the CPU, without
-    building the modules: the names, shapes and dtypes come from a model on the meta
-    device, the values from the same draws in the same order as
-    ``Qwen3MoeForCausalLM.init_weights`` (norm weights 1, every other weight
-    ``randn(shape, generator) * init_std`` rounded to the model dtype). It skips the
-    modules' default init, which ``init_weights`` overwrites anyway (seconds of serial
-    ``uniform_`` draws for the medium model); unlike the full build it leaves the global
-    CPU generator where it was (the engine draws nothing from it afterwards)."""
-    with torch.device("meta"):
-        meta = Qwen3MoeForCausalLM(cfg)
-    if [n for n, _ in meta.named_parameters()] != list(meta.state_dict()):
-        raise RuntimeError("reference_state_dict: the reference model holds buffers besides its parameters")
-    gen = torch.Generator().manual_seed(int(seed))
-    out: dict[str, torch.Tensor] = {}
-    for name, p in meta.named_parameters():
-        if name.endswith("norm.weight"):
-            out[name] = torch.ones(p.shape, dtype=p.dtype)
-        else:
-            out[name] = torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(cfg.init_std).to(p.dtype)
-    return out
 
 
 class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
