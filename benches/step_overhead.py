@@ -17,6 +17,9 @@ the pieces a step of ``golden check`` runs, side by side in one run:
 * ``train recorder``: only the collective recorder around the call;
 * ``logprobs`` / ``ref logprobs``: ``get_logprobs`` and ``get_reference_logprobs`` of the
   batch (not profiled windows in a golden run);
+* ``weights gather``: one ``hf_state_dict`` (the full weights on rank 0, collective), what a
+  refit collects before it streams (once per engine since ``harness.grpo.refitter.stream_to_each``;
+  once per engine TP rank before);
 * ``in collectives``: the seconds a bare train step spends inside ``torch.distributed``
   calls (gloo's round trips, and waiting for the peer ranks), measured by a timing wrapper
   around the calls this bench installs in its own ranks only.
@@ -44,7 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout: suites/ holds the spawn helper
 
-ARMS = ("train bare", "train traced", "train ops-off", "train counter", "train recorder", "logprobs", "ref logprobs")
+ARMS = ("train bare", "train traced", "train ops-off", "train counter", "train recorder", "logprobs", "ref logprobs",
+        "weights gather")
 
 
 def _timed_collectives(totals: dict[str, float]) -> None:
@@ -152,6 +156,7 @@ def overhead_job(engine, batch, rounds: int, trace_dir: str) -> dict:
         "train recorder": recorder,
         "logprobs": lambda: engine.get_logprobs(shard),
         "ref logprobs": lambda: engine.get_reference_logprobs(shard),
+        "weights gather": engine.hf_state_dict,
     }
     engine.train(shard)  # warm-up (first-call costs are start-up, not step work)
     times: dict[str, list[float]] = {name: [] for name in arms}
