@@ -1,6 +1,6 @@
 """Where one policy rank's GRPO step goes: the model's own ops, the harness's recording, gloo.
 
-    python3 benches/step_overhead.py [--workload qwen3_moe_tiny_multiturn] [--rounds 5] [--json FILE]
+    python3 benches/step_overhead.py [--workload qwen3_moe_tiny_multiturn] [--rounds 5] [--arms A,B,...] [--json FILE]
 
 The bench starts the workload's policy world in plain ``torch.multiprocessing`` ranks
 (``suites.local_world.spawn_world``: gloo, one thread per rank, the engine the spec
@@ -97,7 +97,7 @@ def _timed_collectives(totals: dict[str, float]) -> None:
     settle.wait_released = timed_wait
 
 
-def overhead_job(engine, batch, rounds: int, trace_dir: str) -> dict:
+def overhead_job(engine, batch, rounds: int, trace_dir: str, selected: tuple[str, ...] = ARMS) -> dict:
     """Runs on every rank: every arm once per round, rotated; returns seconds per arm."""
     import torch.distributed as dist
 
@@ -158,6 +158,7 @@ def overhead_job(engine, batch, rounds: int, trace_dir: str) -> dict:
         "ref logprobs": lambda: engine.get_reference_logprobs(shard),
         "weights gather": engine.hf_state_dict,
     }
+    arms = {name: arms[name] for name in selected}
     engine.train(shard)  # warm-up (first-call costs are start-up, not step work)
     times: dict[str, list[float]] = {name: [] for name in arms}
     cpu: dict[str, list[float]] = {name: [] for name in arms}
@@ -187,8 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="qwen3_moe_tiny_multiturn")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help="comma list of arms to run ('train bare' always runs: the ratios are to it)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"--arms: unknown {unknown}; expected some of {', '.join(ARMS)}")
+    arms = tuple(a for a in ARMS if a in arms or a == "train bare")
 
     from harness.policy.synthetic import synthetic_batch
     from harness.spec import load_spec
@@ -202,30 +210,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="step-overhead-") as tmp:
-        results = spawn_world(spec, overhead_job, batch, args.rounds, tmp, timeout_s=1800.0)
+        results = spawn_world(spec, overhead_job, batch, args.rounds, tmp, arms, timeout_s=1800.0)
     wall = time.perf_counter() - t0
     world = len(results)
     # the step of the world is its slowest rank's: per round, the max over ranks
     med = {name: statistics.median(max(res["times"][name][r] for res in results) for r in range(args.rounds))
-           for name in ARMS}
+           for name in arms}
     cpu = {name: statistics.median(sum(res["cpu"][name][r] for res in results) for r in range(args.rounds))
-           for name in ARMS}
+           for name in arms}
     coll = statistics.median(max(res["in_collectives"][r] for res in results) for r in range(args.rounds))
     settle_s = statistics.median(max(res["in_settle"][r] for res in results) for r in range(args.rounds))
-    entries = max(res["entries"][0] for res in results)
+    entries = max((res["entries"][0] for res in results if res["entries"]), default=0)
     base = med["train bare"]
     print(f"{args.workload}: {world} rank(s), batch {rows} x {as_workload(spec).policy.seq_len}, "
           f"{args.rounds} rounds, {wall:.1f} s in all")
     print(f"{'arm':<18}{'median s':>10}{'x bare':>9}{'CPU s':>9}{'x bare':>9}   (CPU: all ranks, all threads)")
-    for name in ARMS:
+    for name in arms:
         print(f"{name:<18}{med[name]:>10.3f}{med[name] / base:>9.2f}"
               f"{cpu[name]:>9.3f}{cpu[name] / cpu['train bare']:>9.2f}")
     print(f"{'in collectives':<18}{coll:>10.3f}{coll / base:>9.2f}   "
           f"({results[0]['collective_calls']} torch.distributed calls per bare step, rank 0)")
     print(f"{'  of it settling':<18}{settle_s:>10.3f}{settle_s / base:>9.2f}   "
           "(harness.parallel.settle: waiting for gloo to drop its tensor references)")
-    print(f"operator entries per train step (slowest rank): {entries}; bare step per entry: "
-          f"{1e6 * (base - coll) / max(1, entries):.2f} us outside collectives")
+    if entries:
+        print(f"operator entries per train step (slowest rank): {entries}; bare step per entry: "
+              f"{1e6 * (base - coll) / entries:.2f} us outside collectives")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         figures = {"workload": args.workload, "median_s": med, "cpu_s": cpu, "in_collectives_s": coll,
