@@ -166,6 +166,24 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         self._edp_group = ps.get_expert_data_parallel_group() if ps.get_expert_data_parallel_world_size() > 1 else None
         self._checkpoint_loaded = False
         self._untrained_logprobs: tuple[torch.Tensor, torch.Tensor] | None = None  # (input_ids, logprobs)
+        if self.device == "cuda" and world == 1:
+            self.warm_forward()
+
+    def warm_forward(self) -> None:
+        """One forward-only microbatch of zeros (``[micro_batch_size, seq_len]``), its logprobs
+        dropped: a 1-rank cuda engine pays its first forward's one-time costs (kernel loading,
+        cuBLAS handles, allocator growth) during start-up instead of in the first GRPO step.
+        Changes no state a later call reads (no gradients, no RNG draws, no logprob cache);
+        collective where the forward is, so it only runs where all ranks do (``__init__``)."""
+        ids = torch.zeros((self.mbs, self.seq_len), dtype=torch.long)
+        self.model.eval()
+
+        def on_output(m: int, logits: torch.Tensor):
+            ops.token_logprobs(logits, ids.to(logits.device)).cpu()
+            return logits.new_zeros(()), None
+
+        with torch.no_grad():
+            self._schedule([ids], on_output, forward_only=True)
 
     # -- forward (megatron's pipeline schedule) ------------------------------------------
 
