@@ -26,9 +26,9 @@ The graphs read the engine's weights, KV cache and RoPE tables where they lie: a
 refit copies into the same tensors (``PackedWeights.load``), so the graphs stay valid.
 All buckets share one memory pool; a replay's logits are copied out before the next
 replay (the scheduler samples on the host). A replayed step dispatches no ATen
-operators, so a rollout profiler counts only the step's input copies there: engines
-with graphs have operator inventories of their own (off by default; the goldens run
-without them).
+operators, so a rollout profiler counts only the few around the replay (the inputs
+copied in, the logits copied out): engines with graphs have operator inventories of
+their own (off by default; the goldens run without them).
 """
 
 from __future__ import annotations
