@@ -22,11 +22,12 @@ down) stops serving the store, last.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +126,7 @@ class Refitter:
             self._pending_endpoints.append({"engine": index, "addresses": list(addresses)})
         receiving = worker.receive_weights.remote("zmq", addresses=addresses)
         try:
-            for address in addresses:
-                stats = self.policy.stream_weights("zmq", address=address, buffer_size_bytes=self.buffer_size,
-                                                   **extra)
+            for stats in self._stream_zmq(addresses, {"buffer_size_bytes": self.buffer_size, **extra}):
                 for key, value in (getattr(stats, "seconds", None) or {}).items():
                     phases[key] = phases.get(key, 0.0) + float(value)
         except BaseException:
@@ -141,6 +140,18 @@ class Refitter:
                     pass
             raise
         return ray.get(receiving)
+
+    def _stream_zmq(self, addresses: list[str], kw: dict[str, Any]) -> list[Any]:
+        """Policy rank 0's send statistics of one stream to each of ``addresses`` (an engine's
+        TP ranks), in order. A ``PolicyGroup`` gathers the full weights once for all of them
+        (:func:`stream_to_each`, in every rank); another policy object (a test's wrapper)
+        streams each address through its own ``stream_weights``."""
+        gather = getattr(self.policy, "_gather", None)
+        ranks = getattr(self.policy, "workers", None)
+        if gather is None or not ranks or len(addresses) < 2:
+            return [self.policy.stream_weights("zmq", address=address, **kw) for address in addresses]
+        results = gather([w.__ray_call__.remote(stream_to_each, list(addresses), kw) for w in ranks], "stream_weights")
+        return list(results[0])
 
     def _record_endpoints(self) -> None:
         """After the first zmq refit: ``RUN_DIR/refit_endpoints.json`` lists each engine's
@@ -190,3 +201,36 @@ class Refitter:
         store, self._store = self._store, None
         if store is not None:
             store.close()
+
+
+@contextlib.contextmanager
+def gathered_once(engine: Any) -> Iterator[None]:
+    """While open, ``engine.hf_state_dict`` gathers the full weights once per argument set and
+    hands the same dict to every later call: one collective gather for several streams of the
+    same weights (the model does not change within a refit). Every rank of the world must open
+    it around the same calls (each call is a collective the first time only)."""
+    full = engine.hf_state_dict
+    memo: dict[tuple, Any] = {}
+
+    def once(**kwargs: Any) -> Any:
+        key = tuple(sorted(kwargs.items()))
+        if key not in memo:
+            memo[key] = full(**kwargs)
+        return memo[key]
+
+    engine.hf_state_dict = once
+    try:
+        yield
+    finally:
+        del engine.hf_state_dict  # the class's method again
+        memo.clear()
+
+
+def stream_to_each(worker: Any, addresses: list[str], kw: dict[str, Any]) -> list[Any]:
+    """Runs in every policy rank (``__ray_call__``): ``worker.stream_weights("zmq", address=a,
+    **kw)`` for each address in order, the full weights gathered once for all of them
+    (:func:`gathered_once`). The streams are the ones per-address calls send, byte for byte:
+    nothing trains in between. Returns each call's result (rank 0's send statistics; ``None``
+    on the other ranks)."""
+    with gathered_once(worker.engine):
+        return [worker.stream_weights("zmq", address=address, **kw) for address in addresses]
