@@ -131,6 +131,10 @@ def private_ray_reason(spec: Workload, environ: dict[str, str] | None = None) ->
         return f"rollout.backend is {spec.rollout.backend!r}"
     if hook and _fresh_reason(spec) is not None:  # fresh processes in a shared Ray would not run it
         return f"{HOOK_VAR} is set and {_fresh_reason(spec)}"
+    env = os.environ if environ is None else environ
+    if hook and spec.distill is not None and env.get(ZYGOTE_ENV, "1").strip() == "0":
+        # the teacher's fresh ranks run the hook only when forked from the zygote (zygote_runtime_env)
+        return f"{HOOK_VAR} is set, the distillation teacher's ranks are fresh processes and {ZYGOTE_ENV}=0"
     if hook:
         from harness.workerenv import select  # standard library only
 
@@ -158,13 +162,36 @@ def cold_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | 
 
 
 def zygote_runtime_env(runtime_env: dict, flavour: str | None = None) -> dict:
-    """``runtime_env`` for an actor of this process's warm runtime, with the runtime's zygote
-    (``harness.runner.zygote``) as its ``py_executable`` when one is up and the actor may be
-    forked from it (:func:`forked_runtime_env`). ``flavour`` (a policy backend's name): fork it
-    from that flavour of the zygote (``zygote.FLAVOURS``) when there is one. Unchanged otherwise
-    (no warm runtime)."""
+    """``runtime_env`` for a fresh actor of a workload in this process's warm runtime
+    (``harness.workerenv.select.actor_runtime_env``: the ranks of a backend that is never pooled,
+    a distillation teacher's ranks), with the runtime's zygote (``harness.runner.zygote``) as its
+    ``py_executable`` when one is up and the actor may be forked from it
+    (:func:`forked_runtime_env`). ``flavour`` (a policy backend's name): fork it from that flavour
+    of the zygote (``zygote.FLAVOURS``) when there is one. Unchanged otherwise (no warm runtime).
+
+    With a setup hook set (:func:`setup_hook`: only a ``WARM_SAFE`` one reaches a shared Ray,
+    :func:`private_ray_reason`), the forked worker runs it before its worker script starts
+    (``zygote.HOOK_VAR``), as Ray runs a cold run's job-level hook in a fresh worker; an actor
+    that cannot be forked would start without it: RuntimeError."""
     runtime = _current
-    return forked_runtime_env(runtime_env, runtime._zygote if runtime is not None else None, flavour)
+    forked = forked_runtime_env(runtime_env, runtime._zygote if runtime is not None else None, flavour)
+    hook = setup_hook()
+    if hook is None or runtime is None:
+        return forked
+    if forked is runtime_env:
+        raise RuntimeError(f"{HOOK_VAR}={hook}: a fresh worker of this run cannot be forked from the warm "
+                           "runtime's zygote, so it would start without the setup hook")
+    from harness.runner.zygote import HOOK_VAR as ZYGOTE_HOOK_VAR
+
+    forked["env_vars"][ZYGOTE_HOOK_VAR] = hook
+    return forked
+
+
+def _pool_runtime_env() -> dict:
+    """``runtime_env`` of a pool process or a pooled data-plane actor: the runtime's zygote, never
+    a setup hook (a pool process runs one only when acquired, :meth:`WarmRuntime.acquire`)."""
+    runtime = _current
+    return forked_runtime_env({"env_vars": dict(BASE_ENV)}, runtime._zygote if runtime is not None else None)
 
 
 def forked_runtime_env(runtime_env: dict, zygote, flavour: str | None = None) -> dict:
@@ -322,7 +349,7 @@ class WarmRuntime:
 
     def _spawn(self, kind: str, n: int) -> list:
         cls = self._actor_class(kind)
-        runtime_env = zygote_runtime_env({"env_vars": dict(BASE_ENV)})
+        runtime_env = _pool_runtime_env()
         fresh = [cls.options(num_cpus=0, runtime_env=runtime_env).remote() for _ in range(n)]
         self.started += n
         return fresh
@@ -393,7 +420,7 @@ class WarmRuntime:
         self._dataplane_seq += 1
         name = f"golden-dataplane-{os.getpid()}-{self._dataplane_seq}"
         handle = DataPlaneActor.options(name=name, num_cpus=0,
-                                        runtime_env=zygote_runtime_env({"env_vars": dict(BASE_ENV)})).remote()
+                                        runtime_env=_pool_runtime_env()).remote()
         self.dataplanes_started += 1
         return handle, name
 
