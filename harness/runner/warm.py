@@ -31,11 +31,11 @@ opens each workload's new staging file and closes it at the end; it runs no work
 
 What is not pooled: internal rollout engine processes
 (``rollout.tp > 1`` or async) and rendezvous stores (all per workload), and
-whole workloads that :func:`cold_reason` names. The megatron policy backend
-(megatron-core keeps its parallel state in module globals) gets fresh worker
-processes in the runtime's Ray. A device other than the CPU, the vLLM rollout
-backend, and a worker setup hook (``GOLDEN_WORKER_SETUP_HOOK``: Ray's job-level
-``worker_process_setup_hook``) outside ``harness.mutations.WARM_SAFE``
+whole workloads that :func:`cold_reason` names. The megatron and dtensor policy
+backends (megatron-core keeps its parallel state in module globals, DTensor its device
+meshes) get fresh policy ranks in the runtime's Ray, beside pooled rollout processes.
+A device other than the CPU, the vLLM rollout backend, and a worker setup hook
+(``GOLDEN_WORKER_SETUP_HOOK``: Ray's job-level ``worker_process_setup_hook``) outside ``harness.mutations.WARM_SAFE``
 (:func:`private_ray_reason`) need a Ray instance of their own: such a run, like
 any run without a runtime, is cold, and :func:`step_aside` first shuts down a
 warm runtime's Ray so the cold run starts its own instance with its own job
@@ -154,7 +154,11 @@ def _fresh_reason(spec: Workload) -> str | None:
 
 def cold_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | None:
     """Why ``spec`` must run in fresh worker processes (not the pool's), or None when it may
-    run warm. Every :func:`private_ray_reason` is one; megatron shares Ray but not processes."""
+    run warm. Every :func:`private_ray_reason` is one (then no process is pooled); a policy
+    backend that keeps state in module globals (megatron, dtensor) shares Ray and the pooled
+    rollout and data-plane processes, but gets fresh policy ranks (``Session``): that state
+    lives only in the policy ranks, and its rollout engines are the native ones every pooled
+    workload uses (warm vs cold byte-identity: ``benches/warm_isolation.py``)."""
     private = private_ray_reason(spec, environ)
     if private is not None:
         return private
