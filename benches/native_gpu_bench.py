@@ -13,7 +13,10 @@ expert FFN 384, vocabulary 4096 (the medium golden's model with a 4096 vocabular
    the first arm, and identical sequences (native vs transformers).
 2. Forward+backward of the reference model vs transformers' ``Qwen3MoeForCausalLM``,
    ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16; both MoEs as grouped
-   GEMMs on cuda, the default), and with ``--loop-fp32`` an fp32 arm on the per-expert loop
+   GEMMs on cuda, the default), per ``--expert-layouts`` of the reference model (``stacked``,
+   the default: its experts as two ``[E, ...]`` parameters a layer, transformers' layout;
+   ``per_expert``: a module per expert, the operands stacked per forward; the rows of a
+   second layout are ``fwd_bwd_<dtype>_<layout>``), and with ``--loop-fp32`` an fp32 arm on the per-expert loop
    (``HARNESS_GROUPED_FP32=0``, the opt-out): median seconds, ratio. Each step starts from
    no gradients (``zero_grad(set_to_none=True)``, as a training step does), in both arms.
 
@@ -38,7 +41,7 @@ from pathlib import Path
 import torch
 
 from harness.model.config import ModelConfig
-from harness.model.qwen3_moe import build_reference_model, hf_fused_state_dict
+from harness.model.qwen3_moe import EXPERT_LAYOUTS, build_reference_model, hf_fused_state_dict
 
 CFG = dict(layers=8, hidden=1024, heads=16, kv_heads=4, head_dim=128, experts=64, top_k=8,
            moe_intermediate=384, vocab=4096, max_position=512)
@@ -213,9 +216,12 @@ def _top_ops(fn, n: int = 12) -> list[tuple[str, int, float, float]]:
 
 
 def _fwd_bwd_one(cfg: ModelConfig, state: dict, ids: torch.Tensor, dtype: torch.dtype, repeat: int,
-                 profile: bool = False) -> dict:
-    row: dict = {}
-    ours = build_reference_model(cfg, seed=0).to(device="cuda", dtype=dtype)
+                 profile: bool = False, layout: str = "stacked") -> dict:
+    row: dict = {"expert_layout": layout}
+    ours = build_reference_model(cfg, seed=0, expert_layout=layout)
+    mine = ours.state_dict()  # the same weights as transformers' arm, in either layout
+    row["same_weights"] = list(mine) == list(state) and all(torch.equal(mine[k], v) for k, v in state.items())
+    ours = ours.to(device="cuda", dtype=dtype)
 
     def step_ours():
         ours.zero_grad(set_to_none=True)
@@ -246,10 +252,12 @@ def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
     ids = torch.randint(0, cfg.vocab, (args.fb_batch, args.fb_seq), generator=torch.Generator().manual_seed(1))
     ids = ids.cuda()
     for name in args.dtypes:
-        row = _fwd_bwd_one(cfg, state, ids, getattr(torch, name), args.repeat, args.profile)
-        report[f"fwd_bwd_{name}"] = row
-        print(f"fwd+bwd {name} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
-        torch.cuda.empty_cache()
+        for i, layout in enumerate(args.expert_layouts):
+            row = _fwd_bwd_one(cfg, state, ids, getattr(torch, name), args.repeat, args.profile, layout)
+            key = f"fwd_bwd_{name}" if i == 0 else f"fwd_bwd_{name}_{layout}"
+            report[key] = row
+            print(f"{key} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
+            torch.cuda.empty_cache()
     if args.loop_fp32:  # the opt-out: the reference model's fp32 MoE as the per-expert loop
         import os
 
@@ -258,7 +266,7 @@ def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
         saved = os.environ.get(GROUPED_FP32_ENV)
         os.environ[GROUPED_FP32_ENV] = "0"
         try:
-            row = _fwd_bwd_one(cfg, state, ids, torch.float32, args.repeat, args.profile)
+            row = _fwd_bwd_one(cfg, state, ids, torch.float32, args.repeat, args.profile, args.expert_layouts[0])
         finally:
             if saved is None:
                 os.environ.pop(GROUPED_FP32_ENV)
@@ -287,6 +295,8 @@ def main() -> None:
     ap.add_argument("--fb-batch", type=int, default=8)
     ap.add_argument("--fb-seq", type=int, default=512)
     ap.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
+    ap.add_argument("--expert-layouts", nargs="+", default=["stacked"], choices=EXPERT_LAYOUTS,
+                    help="fwd+bwd: the reference model's expert layouts; the first one's rows are fwd_bwd_<dtype>")
     ap.add_argument("--parts", default="fwd_bwd,generate")
     ap.add_argument("--profile", action="store_true", help="fwd+bwd: the top operators by GPU time")
     ap.add_argument("--out", default="native_gpu_bench.json")

@@ -11,6 +11,8 @@ The cuda goldens were refreshed on this path (issue 20). The CPU keeps the per-e
 loop, so a CPU run dispatches exactly the operators it did (no CPU golden moved).
 ``HARNESS_GROUPED_FP32=0`` in the process's environment turns float32 back to the loop
 on cuda (it rounds differently, so an fp32 cuda run then differs from its golden).
+The reference model's stacked expert layout (``expert_layout="stacked"``) holds these
+operands as its parameters (``ExpertStack.operands``), so it skips ``stack_experts``.
 """
 
 from __future__ import annotations
