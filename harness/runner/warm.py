@@ -49,7 +49,9 @@ before the actor exists. Such a process is *tainted*: after its workload
 retired it, :meth:`WarmRuntime.release` has it undo the hook (``harness.mutations.undo``
 puts back every attribute a mutation replaced and checks it is the original
 object) and pools it again; one whose undo fails is killed and a clean
-replacement starts at once.
+replacement starts at once. The fresh processes such a workload starts beside the
+pool (a distillation teacher's ranks) run the hook in the zygote's child before
+their worker starts (:func:`zygote_runtime_env`), as Ray runs it in a cold run.
 
 The runtime never outlives its owner's Ray: actors are ordinary (not
 detached) actors of the driver's job, and the runtime starts a reaper
