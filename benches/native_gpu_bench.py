@@ -10,7 +10,10 @@ expert FFN 384, vocabulary 4096 (the medium golden's model with a 4096 vocabular
    alone (invariant: each in a ``max_batch_size`` 1 engine; standard: request-by-request
    decode) and whether their tokens and logprobs (greedy, then temperature/top-p samples)
    are equal, and transformers ``generate`` (unless ``--no-hf``); tokens/s, the ratio of
-   the first arm, and identical sequences (native vs transformers).
+   the first arm, and identical sequences (native vs transformers). ``--cuda-graphs``: the
+   invariant arm's batched engine replays its decode steps as CUDA graphs
+   (``Engine(cuda_graphs=True)``); the engines alone stay eager, so ``equals_alone`` then
+   also compares replayed steps with eager ones.
 2. Forward+backward of the reference model vs transformers' ``Qwen3MoeForCausalLM``,
    ``--fb-batch`` x ``--fb-seq`` tokens, per ``--dtypes`` (fp32, bf16; both MoEs as grouped
    GEMMs on cuda, the default), per ``--expert-layouts`` of the reference model (``stacked``,
@@ -92,7 +95,9 @@ def _native_arm(cfg: ModelConfig, state: dict, reqs: list, args, kernels: str, p
     probe_log = logging.getLogger("harness.rollout.native.probe")
     probe_log.addHandler(messages)
     t = time.perf_counter()
-    engine = Engine(cfg, state, device="cuda", max_batch_size=batch, decode_kernels=kernels)
+    graphs = args.cuda_graphs and kernels == "invariant"  # the solo engines below stay eager
+    engine = Engine(cfg, state, device="cuda", max_batch_size=batch, decode_kernels=kernels, cuda_graphs=graphs)
+    row["cuda_graphs"] = graphs
     row["engine_start_s"] = time.perf_counter() - t
     probe_log.removeHandler(messages)
     print(f"  [{kernels} b{batch}] engine started in {row['engine_start_s']:.1f} s: {messages.messages}", flush=True)
@@ -289,6 +294,9 @@ def main() -> None:
     ap.add_argument("--standard-max-batch", type=int, default=16, help="skip the standard arm above this batch")
     ap.add_argument("--loop-fp32", action="store_true", help="fwd+bwd: an fp32 arm on the per-expert loop")
     ap.add_argument("--no-hf", action="store_true", help="generation: no transformers arm")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="generation: the invariant arm's batched engine replays its decode steps as CUDA graphs "
+                         "(the engines it is compared with alone stay eager)")
     ap.add_argument("--gen-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                     help="generation: model dtypes (bfloat16: invariant kernels with fp32 accumulation)")
     ap.add_argument("--profile-decode", action="store_true", help="generation: top ops of a 4-token invariant run")

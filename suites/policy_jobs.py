@@ -107,3 +107,23 @@ def reference_shortcut_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[st
     out["trained_reference"] = engine.get_reference_logprobs(batch)
     out["trained_reference_runs"] = len(runs) - n2
     return out
+
+
+def warm_forward_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The megatron engine's start-up warm forward between two logprobs calls: the logprobs
+    before and after, whether the untrained-logprobs cache is the same object, schedules run."""
+    runs: list[int] = []
+    schedule = engine._schedule
+
+    def counted(*args, **kwargs):
+        runs.append(1)
+        return schedule(*args, **kwargs)
+
+    engine._schedule = counted
+    before = engine.get_logprobs(batch)
+    cache = engine._untrained_logprobs
+    n0 = len(runs)
+    engine.warm_forward()
+    out = {"before": before, "warm_runs": len(runs) - n0, "cache_kept": engine._untrained_logprobs is cache}
+    out["after"] = engine.get_logprobs(batch)
+    return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -43,6 +44,22 @@ def initial_weights(spec: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     spec = as_workload(spec)
     model = build_reference_model(as_model_config(spec.model), spec.seed)
     return {name: t.detach() for name, t in model.state_dict().items()}
+
+
+def draw_initial_weights(spec: Mapping[str, Any]) -> Future:
+    """``initial_weights(spec)``'s values, drawn in a background thread (``reference_state_dict``:
+    the same draws without building the modules, bit for bit): a GPU engine's start-up
+    (profiler, window, device) goes on meanwhile. Its ops run on that thread, which no
+    thread-local operator counter observes; the CPU keeps ``initial_weights`` (its engines'
+    start dispatches the operators it always did)."""
+    from harness.model.qwen3_moe import reference_state_dict
+
+    spec = as_workload(spec)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="initial-weights")
+    try:
+        return pool.submit(reference_state_dict, as_model_config(spec.model), spec.seed)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def resolve_eos_token_id(spec: Mapping[str, Any]) -> int:
@@ -78,14 +95,15 @@ class EngineWorker(RolloutLifecycleRPC):
         profiler_rank: int,
         weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        configure_determinism()
         spec = as_workload(spec)
+        drawn = draw_initial_weights(spec) if weights is None and spec.platform.device != "cpu" else None
+        configure_determinism()
         self.tp_rank = tp_rank
         self.hooks = RolloutProfilerHooks(load_rollout_profiler(rank=profiler_rank))
         with self.hooks.engine_init_or_close("engine"):
             self.engine = Engine(
                 as_model_config(spec.model),
-                initial_weights(spec) if weights is None else weights,
+                weights if weights is not None else drawn.result() if drawn is not None else initial_weights(spec),
                 tp_rank=tp_rank,
                 tp_size=tp_size,
                 tp_group=tp_group,

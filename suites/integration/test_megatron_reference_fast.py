@@ -25,7 +25,7 @@ from harness.model.qwen3_moe import build_reference_model, reference_state_dict
 from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from suites.local_world import spawn_world, with_layout
-from suites.policy_jobs import reference_shortcut_job
+from suites.policy_jobs import reference_shortcut_job, warm_forward_job
 
 pytestmark = [pytest.mark.megatron]
 
@@ -58,3 +58,13 @@ def test_untrained_reference_logprobs_skip_the_second_forward(tmp_path):
     assert torch.equal(res["fast"], res["logprobs"])
     assert torch.equal(res["trained_reference"], res["swapped"])
     assert not torch.equal(res["trained"], res["logprobs"])  # the step moved the weights
+
+
+def test_the_warm_forward_changes_no_later_result():
+    """``warm_forward`` (run at start-up by a 1-rank cuda engine; here called on the CPU) is one
+    forward schedule that leaves the logprobs and the untrained-logprobs cache as they were."""
+    spec = _spec()
+    batch = synthetic_batch(spec, 8, seed=0)
+    (res,) = spawn_world(spec, warm_forward_job, batch, timeout_s=240.0)
+    assert res["warm_runs"] == 1 and res["cache_kept"]
+    assert torch.equal(res["before"], res["after"])

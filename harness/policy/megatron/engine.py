@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from harness.policy.checkpoint import ShardedCheckpoint
 from harness.policy.common import EngineCommon
 from harness.policy.megatron import compat
 from harness.policy.megatron.groups import harness_group_names
+from harness.policy.megatron.host_pages import register_host_pages
 from harness.policy.megatron.model import (
     NameMap,
     build_gpt_model,
@@ -85,6 +87,11 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         self.device = spec.platform.device
         check_layout(spec)
         self.cfg = ModelConfig.from_spec(spec.model)
+        # the initial weights (seconds of serial CPU draws for the medium model) are drawn on a
+        # thread of their own while megatron builds its groups and model; the same values
+        draw = ThreadPoolExecutor(1, thread_name_prefix="reference-weights")
+        drawn = draw.submit(reference_state_dict, self.cfg, spec.seed)
+        draw.shutdown(wait=False)
         world = dist.get_world_size()
         if world != policy.world_size:
             raise ValueError(f"world size {world} != policy.tp*pp*cp*dp = {policy.world_size}")
@@ -133,7 +140,7 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         self.names = NameMap(
             self.cfg, self.tp, self.coords["tp"], policy.ep, self.coords["ep"], self.layer_offset
         )
-        full = reference_state_dict(self.cfg, spec.seed)
+        full = drawn.result()
         self.full_names = list(full)  # every HF name; each stage loads only its own
         self.full_shapes = {k: tuple(v.shape) for k, v in full.items()}
         self.named = [(n, p) for n, p in self.model.named_parameters()]
@@ -145,6 +152,9 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
                 p.copy_(value.to(p.dtype))
         del full
         self._init_training_state(spec)
+        # the reference swap (every GRPO step after the first) copies these to the device:
+        # page-locked in place they go at pinned speed, without a second host copy
+        self._reference_pages = register_host_pages(self.reference_state.values()) if self.device == "cuda" else None
         self.is_last = stage == pp - 1
         with_cp = policy.cp > 1  # dense gradients over dp x cp ("dp" when cp == 1)
         self._dp_group = (
@@ -156,6 +166,24 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         self._edp_group = ps.get_expert_data_parallel_group() if ps.get_expert_data_parallel_world_size() > 1 else None
         self._checkpoint_loaded = False
         self._untrained_logprobs: tuple[torch.Tensor, torch.Tensor] | None = None  # (input_ids, logprobs)
+        if self.device == "cuda" and world == 1:
+            self.warm_forward()
+
+    def warm_forward(self) -> None:
+        """One forward-only microbatch of zeros (``[micro_batch_size, seq_len]``), its logprobs
+        dropped: a 1-rank cuda engine pays its first forward's one-time costs (kernel loading,
+        cuBLAS handles, allocator growth) during start-up instead of in the first GRPO step.
+        Changes no state a later call reads (no gradients, no RNG draws, no logprob cache);
+        collective where the forward is, so it only runs where all ranks do (``__init__``)."""
+        ids = torch.zeros((self.mbs, self.seq_len), dtype=torch.long)
+        self.model.eval()
+
+        def on_output(m: int, logits: torch.Tensor):
+            ops.token_logprobs(logits, ids.to(logits.device)).cpu()
+            return logits.new_zeros(()), None
+
+        with torch.no_grad():
+            self._schedule([ids], on_output, forward_only=True)
 
     # -- forward (megatron's pipeline schedule) ------------------------------------------
 
@@ -284,7 +312,11 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         self._checkpoint_loaded, self._untrained_logprobs = True, None
+        if self._reference_pages is not None:  # unregistered before the tensors it covers go
+            self._reference_pages.release()
         super().load_checkpoint(directory)
+        if self._reference_pages is not None:
+            self._reference_pages = register_host_pages(self.reference_state.values())
 
     # -- full weights (refit export) ------------------------------------------------------------
 

@@ -29,6 +29,7 @@ import torch
 
 from harness import ops
 from harness.model.config import ModelConfig
+from harness.rollout.native.decode_graphs import GRAPHS_ENV, DecodeGraphs
 from harness.rollout.native.forward import Forward
 from harness.rollout.native.kv_cache import KVCachePool
 from harness.rollout.native.probe import choose_batched_decode, choose_batched_sampling, choose_invariant
@@ -84,6 +85,12 @@ class Engine:
     on the host (``sample_rows`` on CPU kernels, built batch-invariant there). These
     kernels round differently from the per-request ones: a run's tokens and
     logprobs are a function of its requests for each setting, not across settings.
+
+    ``cuda_graphs``: ``None`` reads ``$HARNESS_NATIVE_CUDA_GRAPHS`` (``1`` on; unset, empty or
+    ``0`` off, the default). On: decode-only steps are replayed as CUDA graphs
+    (``decode_graphs.DecodeGraphs``: same bits as the eager step, checked per bucket; one
+    extra KV slot for padding rows); needs cuda, the invariant kernels and ``tp_size`` 1,
+    else a ValueError naming what is missing. A replayed step dispatches no ATen operators.
     """
 
     def __init__(
@@ -99,6 +106,7 @@ class Engine:
         eos_token_id: int | None = None,
         batched_decode: bool | None = None,
         decode_kernels: str | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         self.cfg = as_model_config(model_cfg)
         if max_batch_size < 1:
@@ -113,9 +121,13 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.weight_version = 0
         self.packed = PackedWeights(self.cfg, self.plan, self.dtype, self.device)
+        graphs_env = os.environ.get(GRAPHS_ENV, "")
+        if graphs_env not in ("", "0", "1"):
+            raise ValueError(f"${GRAPHS_ENV} must be 0 or 1, got {graphs_env!r}")
+        want_graphs = graphs_env == "1" if cuda_graphs is None else cuda_graphs
         self.kv = KVCachePool(
             layers=self.cfg.layers,
-            slots=max_batch_size,
+            slots=max_batch_size + (1 if want_graphs else 0),  # + the graphs' scratch slot
             max_position=self.cfg.max_position,
             kv_heads=self.plan.local_kv_heads,
             head_dim=self.cfg.head_dim,
@@ -145,9 +157,12 @@ class Engine:
         else:
             batched = choose_batched_decode(self.forward, max_batch_size, batched_decode)
             sampling = batched and choose_batched_sampling(self.device, self.cfg.vocab)
+        graphs = None
+        if want_graphs:  # asked for: unavailable is an error (graphs change no bit, only launches)
+            graphs = DecodeGraphs(self.forward, max_batch_size, self.kv.reserve(max_batch_size))
         self.scheduler = Scheduler(
             self.cfg, self.forward, self.kv, max_batch_size=max_batch_size, eos_token_id=eos_token_id,
-            batched_decode=batched, batched_sampling=sampling,
+            batched_decode=batched, batched_sampling=sampling, graphs=graphs,
         )
 
     @property

@@ -43,6 +43,14 @@ class KVCachePool:
             raise RuntimeError("KV cache pool exhausted (more active requests than max_batch_size)")
         return self._free.pop(0)
 
+    def reserve(self, slot: int) -> int:
+        """Take the free ``slot`` out of circulation for good (``allocate`` never returns it;
+        the CUDA-graph decode's scratch slot for padding rows). Returns ``slot``."""
+        if slot not in self._free:
+            raise RuntimeError(f"KV cache slot {slot} is not free")
+        self._free.remove(slot)
+        return slot
+
     def release(self, slot: int) -> None:
         if slot in self._free:
             raise RuntimeError(f"KV cache slot {slot} released twice")

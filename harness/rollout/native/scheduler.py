@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from harness.model.config import ModelConfig
+from harness.rollout.native.decode_graphs import DecodeGraphs
 from harness.rollout.native.forward import DecodeBatch, Forward
 from harness.rollout.native.kv_cache import KVCachePool
 from harness.rollout.native.sampling import sample_rows, sample_token
@@ -56,12 +57,14 @@ class Scheduler:
     """
 
     def __init__(self, cfg: ModelConfig, fwd: Forward, kv: KVCachePool, *, max_batch_size: int,
-                 eos_token_id: int | None, batched_decode: bool, batched_sampling: bool = True) -> None:
+                 eos_token_id: int | None, batched_decode: bool, batched_sampling: bool = True,
+                 graphs: DecodeGraphs | None = None) -> None:
         self.cfg, self.fwd, self.kv = cfg, fwd, kv
         self.max_batch_size = max_batch_size
         self.eos_token_id = eos_token_id
         self.batched_decode = batched_decode
         self.batched_sampling = batched_sampling
+        self.graphs = graphs  # decode-only steps replayed as CUDA graphs (``decode_graphs``), or None
 
     def _start(self, request: Mapping[str, Any]) -> RunningRequest:
         prompt = list(request["prompt_ids"])
@@ -110,14 +113,20 @@ class Scheduler:
                     followers.setdefault(id(leader), []).append(seq)
                     continue
             computed.append(seq)
-        decode = DecodeBatch.build(self.fwd, decoding) if decoding else None
         rows = [(s.slot, s.cached, s.tokens[s.cached :]) for s in computed]
-        decode_logits, row_logits = self.fwd.step(rows, decode)
-        if decode is not None and not self.batched_sampling:
-            for i, seq in enumerate(decode.seqs):
+        decode_seqs: list[Any] | None = None
+        if decoding and not rows and self.graphs is not None:  # a decode-only step: replayed
+            decode_seqs, decode_logits = self.graphs.decode(decoding)
+            row_logits: list[torch.Tensor] = []
+        else:
+            decode = DecodeBatch.build(self.fwd, decoding) if decoding else None
+            decode_logits, row_logits = self.fwd.step(rows, decode)
+            decode_seqs = None if decode is None else decode.seqs
+        if decode_seqs is not None and not self.batched_sampling:
+            for i, seq in enumerate(decode_seqs):
                 self._advance(seq, decode_logits[i : i + 1])
-        elif decode is not None:
-            seqs = decode.seqs
+        elif decode_seqs is not None:
+            seqs = decode_seqs
             if invariant and decode_logits.device.type != "cpu":
                 decode_logits = decode_logits.cpu()  # sampled on the CPU kernels: batch-invariant there
             tokens, logprobs = sample_rows(
