@@ -247,7 +247,7 @@ def run_one(workload: str, run_root: Path, warm) -> dict:
             "cpu_total": cpu_end - c0, "cpu_phases": rec.cpu_durations(cpu_end),
             "status": verdict.status if verdict is not None else "incomplete",
             "phases": rec.durations(end), "policy_parts": rec.policy_parts(),
-            "cold_reason": next((n for n in rec.notes if n.startswith("cold start:")), None)}
+            "cold_reason": next((n for n in rec.notes if n.startswith("cold start")), None)}
 
 
 def print_table(rows: list[dict]) -> None:

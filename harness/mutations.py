@@ -27,7 +27,8 @@ runs first.
 from __future__ import annotations
 
 WARM_SAFE = frozenset({"extra_tp_collective", "extra_operator", "dp_debug_barrier",
-                       "extra_all_gather_on_tp_rank1", "rollout_token_changed_in_step2"})
+                       "extra_all_gather_on_tp_rank1", "rollout_token_changed_in_step2",
+                       "teacher_logits_planted_wrong"})
 
 _MISSING = object()
 _applied: list[tuple[object, str, object]] = []  # (owner, name, the raw attribute replaced), oldest first
@@ -220,15 +221,34 @@ def rollout_token_changed_in_step2() -> None:
 def teacher_logits_planted_wrong() -> None:
     """training: a distillation teacher's TP rank 1 writes its vocab shard of the logits 0.5 too high
     at one vocab entry of every sample (after its profiler step closed, so operators and
-    collectives are unchanged); the student's ``distill_kl`` and ``loss`` move from step 1."""
-    from harness.distill.teacher import TeacherWorkerImpl
+    collectives are unchanged); the student's ``distill_kl`` and ``loss`` move from step 1.
 
-    original = TeacherWorkerImpl.teacher_logits
+    It patches the module functions ``TeacherWorkerImpl.teacher_logits`` calls (looked up at call
+    time, so it takes in a process whose actor exists): ``local_vocab_logits`` notes the rank's
+    vocab shard, ``ensure_teacher_ipc_buffer`` the buffer, and ``per_sample_handles`` (called
+    once the step closed) shifts the entry."""
+    import harness.distill.teacher as teacher
 
-    def teacher_logits(self, shard):
-        out = original(self, shard)
-        if self.engine.coords["tp"] == 1:
-            self._buffer[..., 0] += 0.5
-        return out
+    state: dict = {"tp_rank1": False, "buffer": None}
+    logits = teacher.local_vocab_logits
 
-    TeacherWorkerImpl.teacher_logits = teacher_logits
+    def local_vocab_logits(model, input_ids):
+        state["tp_rank1"] = model.tp_rank == 1
+        return logits(model, input_ids)
+
+    ensure = teacher.ensure_teacher_ipc_buffer
+
+    def ensure_teacher_ipc_buffer(*args, **kwargs):
+        state["buffer"], handle = ensure(*args, **kwargs)
+        return state["buffer"], handle
+
+    handles = teacher.per_sample_handles
+
+    def per_sample_handles(*args, **kwargs):
+        if state["tp_rank1"] and state["buffer"] is not None:
+            state["buffer"][..., 0] += 0.5
+        return handles(*args, **kwargs)
+
+    _patch(teacher, "local_vocab_logits", local_vocab_logits)
+    _patch(teacher, "ensure_teacher_ipc_buffer", ensure_teacher_ipc_buffer)
+    _patch(teacher, "per_sample_handles", per_sample_handles)

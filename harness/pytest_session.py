@@ -67,18 +67,51 @@ class GoldenSession:
         if key not in self._cache:
             t = time.perf_counter()
             platform, entry = self._outcome(str(workload), root)
-            self._cache[key] = entry
-            verdict = entry[3]
-            markdown = None
-            if verdict is not None and not verdict.ok:
-                from harness.parity.render.markdown import render_markdown
-
-                markdown = render_markdown(verdict)
-            self.config._golden_results.append(  # type: ignore[attr-defined]
-                {"workload": str(workload), "platform": platform, "outcome": entry[0],
-                 "status": verdict.status if verdict is not None else entry[0],
-                 "wall_s": round(time.perf_counter() - t, 1), "markdown": markdown})
+            self._record(key, platform, entry, time.perf_counter() - t)
         return self._cache[key]
+
+    def _record(self, key: tuple[str, str], platform: str | None, entry: tuple, wall_s: float) -> None:
+        self._cache[key] = entry
+        verdict = entry[3]
+        markdown = None
+        if verdict is not None and not verdict.ok:
+            from harness.parity.render.markdown import render_markdown
+
+            markdown = render_markdown(verdict)
+        self.config._golden_results.append(  # type: ignore[attr-defined]
+            {"workload": key[1], "platform": platform, "outcome": entry[0],
+             "status": verdict.status if verdict is not None else entry[0],
+             "wall_s": round(wall_s, 1), "markdown": markdown})
+
+    def adopt_run(self, workload: str, execution) -> bool:
+        """Answer ``workload``'s surface checks from ``execution`` (a ``harness.flows.Execution``
+        a test of this process made in this session's warm runtime) instead of running the
+        workload again, when it is exactly the run :meth:`check` would make: complete, of the spec
+        ``workload`` resolves to here (same goldens root and platform, no overrides). The verdict
+        is computed as :meth:`check` computes it. False, and nothing changes, when the workload was
+        evaluated already, the spec differs, a worker setup hook is set (a planted regression's
+        run), or the session refreshes, captures or runs on a Ray cluster (those runs are the
+        session's own)."""
+        from harness import flows
+
+        root = self.root_of(workload)
+        key = (str(root), str(workload))
+        if (key in self._cache or self.refresh or self.capture_missing or self.ray_address is not None
+                or not execution.ok or os.environ.get("GOLDEN_WORKER_SETUP_HOOK", "").strip()):
+            return False
+        try:
+            spec = flows.spec_for_platform(str(workload), (), self.platform_opt, root)
+        except Exception:  # noqa: BLE001 - a spec that does not load: the session's own run says so
+            return False
+        if spec != execution.spec:
+            return False
+        platform = flows.platform_of(spec, self.platform_opt)
+        try:
+            verdict = flows.compare_with_golden(execution, platform, root)
+        except Exception:  # noqa: BLE001 - any problem with the golden: the session's own run reports it
+            return False
+        self._record(key, platform, ("compared", "", execution, verdict), execution.wall_s)
+        return True
 
     def _outcome(self, workload: str, root: Path) -> tuple[str | None, tuple]:
         from harness import flows

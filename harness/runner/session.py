@@ -101,14 +101,20 @@ class Session:
         torch.use_deterministic_algorithms(True)
         from harness.runner import warm as warm_pool
 
-        pool = None  # the warm processes this run adopts (None: fresh ones)
+        pool = None  # the warm processes this run's policy adopts (None: fresh ones)
+        rollout_pool = None  # the warm processes its rollout actors adopt (None: fresh ones)
         shared = self.warm is not None and warm_pool.private_ray_reason(self.spec) is None
         if self.warm is not None:
-            reason = warm_pool.cold_reason(self.spec) or (
-                f"{worker_env.SELECT_ENV}={worker_env.selection()}: workers start in their backends' environments"
-                if worker_env.selection() != worker_env.CURRENT else None)
+            selected = (f"{worker_env.SELECT_ENV}={worker_env.selection()}: workers start in their backends' "
+                        "environments" if worker_env.selection() != worker_env.CURRENT else None)
+            reason = warm_pool.cold_reason(self.spec) or selected
+            if shared and selected is None:  # only the policy backend keeps state in fresh processes
+                rollout_pool = self.warm
             if reason is None:
                 pool = self.warm
+            elif rollout_pool is not None:
+                self.say(f"cold start of the policy ranks (fresh processes, shared Ray; rollout engines from the "
+                         f"pool): {reason}")
             else:
                 self.say(f"cold start{' (fresh processes, shared Ray)' if shared else ''}: {reason}")
         if shared:
@@ -163,7 +169,7 @@ class Session:
         self.episode_env = make_episode_env(spec.env, task, self.tokenizer)
         capture = self._start_capture()
         beside = rollout_registry.rollout_backend(spec.rollout.backend).starts_beside_policy_on_cuda
-        if pool is None and spec.platform.device == "cuda" and beside:
+        if rollout_pool is None and spec.platform.device == "cuda" and beside:
             # the native engines start (imports, weights, probe) while the policy ranks do: on a
             # GPU host both are mostly per-process CPU work. The CPU keeps one after the other
             # (its few cores are shared by every rank), and so does vLLM (its start-up sizes
@@ -184,12 +190,12 @@ class Session:
                                         placement=self.placement)
             self._detail("teacher workers", self.teacher.ready_info)
         phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec.rollout.tp}")
-        if pool is None:
+        if rollout_pool is None:
             if not self.workers:
                 self._spawn_rollout_actors()
             ready = ray.get([w.ready.remote() for w in self.workers])
         else:
-            self.workers = pool.acquire("rollout", len(self.topology.engines))
+            self.workers = rollout_pool.acquire("rollout", len(self.topology.engines))
             self._warm_rollout = True
             ready = ray.get([w.adopt.remote(self.env_vars, spec, engine.engine, engine.rank_prefix, str(self.run_dir),
                                             capture_config=self._capture_config)

@@ -31,11 +31,11 @@ opens each workload's new staging file and closes it at the end; it runs no work
 
 What is not pooled: internal rollout engine processes
 (``rollout.tp > 1`` or async) and rendezvous stores (all per workload), and
-whole workloads that :func:`cold_reason` names. The megatron policy backend
-(megatron-core keeps its parallel state in module globals) gets fresh worker
-processes in the runtime's Ray. A device other than the CPU, the vLLM rollout
-backend, and a worker setup hook (``GOLDEN_WORKER_SETUP_HOOK``: Ray's job-level
-``worker_process_setup_hook``) outside ``harness.mutations.WARM_SAFE``
+whole workloads that :func:`cold_reason` names. The megatron and dtensor policy
+backends (megatron-core keeps its parallel state in module globals, DTensor its device
+meshes) get fresh policy ranks in the runtime's Ray, beside pooled rollout processes.
+A device other than the CPU, the vLLM rollout backend, and a worker setup hook
+(``GOLDEN_WORKER_SETUP_HOOK``: Ray's job-level ``worker_process_setup_hook``) outside ``harness.mutations.WARM_SAFE``
 (:func:`private_ray_reason`) need a Ray instance of their own: such a run, like
 any run without a runtime, is cold, and :func:`step_aside` first shuts down a
 warm runtime's Ray so the cold run starts its own instance with its own job
@@ -49,7 +49,9 @@ before the actor exists. Such a process is *tainted*: after its workload
 retired it, :meth:`WarmRuntime.release` has it undo the hook (``harness.mutations.undo``
 puts back every attribute a mutation replaced and checks it is the original
 object) and pools it again; one whose undo fails is killed and a clean
-replacement starts at once.
+replacement starts at once. The fresh processes such a workload starts beside the
+pool (a distillation teacher's ranks) run the hook in the zygote's child before
+their worker starts (:func:`zygote_runtime_env`), as Ray runs it in a cold run.
 
 The runtime never outlives its owner's Ray: actors are ordinary (not
 detached) actors of the driver's job, and the runtime starts a reaper
@@ -131,6 +133,10 @@ def private_ray_reason(spec: Workload, environ: dict[str, str] | None = None) ->
         return f"rollout.backend is {spec.rollout.backend!r}"
     if hook and _fresh_reason(spec) is not None:  # fresh processes in a shared Ray would not run it
         return f"{HOOK_VAR} is set and {_fresh_reason(spec)}"
+    env = os.environ if environ is None else environ
+    if hook and spec.distill is not None and env.get(ZYGOTE_ENV, "1").strip() == "0":
+        # the teacher's fresh ranks run the hook only when forked from the zygote (zygote_runtime_env)
+        return f"{HOOK_VAR} is set, the distillation teacher's ranks are fresh processes and {ZYGOTE_ENV}=0"
     if hook:
         from harness.workerenv import select  # standard library only
 
@@ -150,7 +156,11 @@ def _fresh_reason(spec: Workload) -> str | None:
 
 def cold_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | None:
     """Why ``spec`` must run in fresh worker processes (not the pool's), or None when it may
-    run warm. Every :func:`private_ray_reason` is one; megatron shares Ray but not processes."""
+    run warm. Every :func:`private_ray_reason` is one (then no process is pooled); a policy
+    backend that keeps state in module globals (megatron, dtensor) shares Ray and the pooled
+    rollout and data-plane processes, but gets fresh policy ranks (``Session``): that state
+    lives only in the policy ranks, and its rollout engines are the native ones every pooled
+    workload uses (warm vs cold byte-identity: ``benches/warm_isolation.py``)."""
     private = private_ray_reason(spec, environ)
     if private is not None:
         return private
@@ -158,13 +168,36 @@ def cold_reason(spec: Workload, environ: dict[str, str] | None = None) -> str | 
 
 
 def zygote_runtime_env(runtime_env: dict, flavour: str | None = None) -> dict:
-    """``runtime_env`` for an actor of this process's warm runtime, with the runtime's zygote
-    (``harness.runner.zygote``) as its ``py_executable`` when one is up and the actor may be
-    forked from it (:func:`forked_runtime_env`). ``flavour`` (a policy backend's name): fork it
-    from that flavour of the zygote (``zygote.FLAVOURS``) when there is one. Unchanged otherwise
-    (no warm runtime)."""
+    """``runtime_env`` for a fresh actor of a workload in this process's warm runtime
+    (``harness.workerenv.select.actor_runtime_env``: the ranks of a backend that is never pooled,
+    a distillation teacher's ranks), with the runtime's zygote (``harness.runner.zygote``) as its
+    ``py_executable`` when one is up and the actor may be forked from it
+    (:func:`forked_runtime_env`). ``flavour`` (a policy backend's name): fork it from that flavour
+    of the zygote (``zygote.FLAVOURS``) when there is one. Unchanged otherwise (no warm runtime).
+
+    With a setup hook set (:func:`setup_hook`: only a ``WARM_SAFE`` one reaches a shared Ray,
+    :func:`private_ray_reason`), the forked worker runs it before its worker script starts
+    (``zygote.HOOK_VAR``), as Ray runs a cold run's job-level hook in a fresh worker; an actor
+    that cannot be forked would start without it: RuntimeError."""
     runtime = _current
-    return forked_runtime_env(runtime_env, runtime._zygote if runtime is not None else None, flavour)
+    forked = forked_runtime_env(runtime_env, runtime._zygote if runtime is not None else None, flavour)
+    hook = setup_hook()
+    if hook is None or runtime is None:
+        return forked
+    if forked is runtime_env:
+        raise RuntimeError(f"{HOOK_VAR}={hook}: a fresh worker of this run cannot be forked from the warm "
+                           "runtime's zygote, so it would start without the setup hook")
+    from harness.runner.zygote import HOOK_VAR as ZYGOTE_HOOK_VAR
+
+    forked["env_vars"][ZYGOTE_HOOK_VAR] = hook
+    return forked
+
+
+def _pool_runtime_env() -> dict:
+    """``runtime_env`` of a pool process or a pooled data-plane actor: the runtime's zygote, never
+    a setup hook (a pool process runs one only when acquired, :meth:`WarmRuntime.acquire`)."""
+    runtime = _current
+    return forked_runtime_env({"env_vars": dict(BASE_ENV)}, runtime._zygote if runtime is not None else None)
 
 
 def forked_runtime_env(runtime_env: dict, zygote, flavour: str | None = None) -> dict:
@@ -322,7 +355,7 @@ class WarmRuntime:
 
     def _spawn(self, kind: str, n: int) -> list:
         cls = self._actor_class(kind)
-        runtime_env = zygote_runtime_env({"env_vars": dict(BASE_ENV)})
+        runtime_env = _pool_runtime_env()
         fresh = [cls.options(num_cpus=0, runtime_env=runtime_env).remote() for _ in range(n)]
         self.started += n
         return fresh
@@ -393,7 +426,7 @@ class WarmRuntime:
         self._dataplane_seq += 1
         name = f"golden-dataplane-{os.getpid()}-{self._dataplane_seq}"
         handle = DataPlaneActor.options(name=name, num_cpus=0,
-                                        runtime_env=zygote_runtime_env({"env_vars": dict(BASE_ENV)})).remote()
+                                        runtime_env=_pool_runtime_env()).remote()
         self.dataplanes_started += 1
         return handle, name
 

@@ -68,6 +68,11 @@ from pathlib import Path
 from harness.runner.zygote_client import read_line
 
 ADDRESS_VAR = "GOLDEN_ZYGOTE_SOCKET"  # the client reads the server's socket path here
+# A worker setup hook (``module.function``) the child runs before the worker script, where Ray
+# runs a job's ``worker_process_setup_hook`` in a fresh worker: before any actor class is loaded
+# (``warm.zygote_runtime_env`` sets it for a fresh actor of a run that carries a hook). Like
+# ADDRESS_VAR it is not in the worker's environment.
+HOOK_VAR = "GOLDEN_ZYGOTE_SETUP_HOOK"
 # Imported once, at the server's start. Never ray: Ray's C++ core keeps per-process state from the
 # moment its library loads (the job id it was started for, the seed of the generator behind its
 # random object ids), so every child of a server that loaded it would share it. The server exits
@@ -269,7 +274,7 @@ def _become_worker(conn: socket.socket, request: dict, fds: list[int]) -> None:
             os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
-    os.environ.update({k: v for k, v in request["env"].items() if k != ADDRESS_VAR})
+    os.environ.update({k: v for k, v in request["env"].items() if k not in (ADDRESS_VAR, HOOK_VAR)})
     conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
     conn.close()
     _watch_client(int(request["client_pid"]))
@@ -281,7 +286,12 @@ def _become_worker(conn: socket.socket, request: dict, fds: list[int]) -> None:
     import runpy
 
     code = 0
+    hook = (request["env"].get(HOOK_VAR) or "").strip()
     try:
+        if hook:
+            from harness.runner.process_state import run_setup_hook
+
+            run_setup_hook(hook)
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

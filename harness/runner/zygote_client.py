@@ -6,7 +6,9 @@ working directory, pid and stdin/stdout/stderr to the server named by
 ``$GOLDEN_ZYGOTE_SOCKET``, which forks the worker, then waits for that worker to
 exit, forwarding SIGTERM and SIGINT to it. Without a reachable server it runs
 the worker itself (``os.execv`` of this interpreter, site enabled): slower,
-never different.
+never different; except for a worker that must run a setup hook first
+(``$GOLDEN_ZYGOTE_SETUP_HOOK``, which only the server runs): that one exits with
+status 3 and says why, so the actor fails to start instead of running unmutated.
 """
 
 import json
@@ -17,9 +19,15 @@ import socket
 import sys
 
 ADDRESS_VAR = "GOLDEN_ZYGOTE_SOCKET"
+HOOK_VAR = "GOLDEN_ZYGOTE_SETUP_HOOK"  # harness.runner.zygote.HOOK_VAR
 
 
 def _run_here() -> None:
+    if os.environ.get(HOOK_VAR, "").strip():
+        sys.stderr.write(f"zygote client: no zygote reachable at {os.environ.get(ADDRESS_VAR, '')!r}, and this "
+                         f"worker must run the setup hook {os.environ[HOOK_VAR]} before it starts (only the "
+                         "zygote runs it): not starting\n")
+        sys.exit(3)
     os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 
 

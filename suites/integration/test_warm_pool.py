@@ -67,6 +67,7 @@ def test_a_setup_hook_that_does_not_resolve_is_named():
 
 
 def test_every_warm_safe_mutation_is_undone_exactly():
+    import harness.distill.teacher as teacher
     import harness.mutations as mutations
     import harness.parallel.data as data
     import harness.parallel.groups as groups
@@ -74,7 +75,7 @@ def test_every_warm_safe_mutation_is_undone_exactly():
     from harness.rollout.engine_procs import EngineProcesses
     from harness.rollout.engine_worker import EngineWorker
 
-    owners = (tensor, data, groups.ProcessGroups, EngineProcesses, EngineWorker)
+    owners = (tensor, data, groups.ProcessGroups, EngineProcesses, EngineWorker, teacher)
     before = [dict(vars(o)) for o in owners]
     for name in sorted(mutations.WARM_SAFE):
         getattr(mutations, name)()
@@ -109,6 +110,13 @@ def test_which_specs_run_warm():
     # fresh processes would not run the hook: a private Ray applies it to every worker
     assert "megatron" in private_ray_reason(megatron, environ=mutation)
     assert "GOLDEN_WORKER_ENV" in private_ray_reason(spec, environ={**mutation, "GOLDEN_WORKER_ENV": "auto"})
+    # a distillation teacher's fresh ranks run the hook when forked from the zygote, so only without one
+    # does a planted teacher regression need a private Ray
+    distill = load_spec(str(default_goldens_root() / "qwen3_moe_tiny_distill" / "workload.yaml"))
+    teacher = {"GOLDEN_WORKER_SETUP_HOOK": "harness.mutations.teacher_logits_planted_wrong"}
+    assert cold_reason(distill, environ=teacher) is None
+    assert "GOLDEN_ZYGOTE=0" in private_ray_reason(distill, environ={**teacher, "GOLDEN_ZYGOTE": "0"})
+    assert private_ray_reason(distill, environ={"GOLDEN_ZYGOTE": "0"}) is None
     cuda = as_workload({**spec, "platform": {**spec["platform"], "device": "cuda"}})
     assert "cuda" in private_ray_reason(cuda, environ={})
 

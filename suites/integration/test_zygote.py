@@ -13,6 +13,9 @@ One ``WarmRuntime`` (Ray up, zygote started), then actors created with
   started, which waits for it) behind, and the other worker runs on;
 * an actor whose ``env_vars`` name a variable outside ``ZYGOTE_START_VARS`` (a
   workload's ``plugins.env``) is not forked (a fresh interpreter);
+* with a worker setup hook set, a forked actor has run it before its worker started
+  (``zygote.HOOK_VAR``, not in its environment), one that cannot be forked is refused
+  (it would start without the hook), and a pool process's ``runtime_env`` carries none;
 * a flavour (``zygote.FLAVOURS``: megatron) is a child of the zygote, started on first use;
   a worker asking for it is that flavour's child, has megatron-core imported and the
   ``harness.parallel.settle`` wrappers installed (what a fresh rank has after its start-up),
@@ -34,7 +37,7 @@ import ray
 
 from harness.runner import warm
 from harness.runner.warm import WarmRuntime, zygote_runtime_env
-from harness.runner.zygote import ADDRESS_VAR, FLAVOURS
+from harness.runner.zygote import ADDRESS_VAR, FLAVOURS, HOOK_VAR
 
 pytestmark = pytest.mark.slow
 
@@ -62,6 +65,7 @@ class Probe:
                             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD, signal.SIGHUP)},
                 "threads": (torch.get_num_threads(), torch.get_num_interop_threads()), "cwd": os.getcwd(),
                 "megatron": "megatron.core" in sys.modules,
+                "patched": len(getattr(sys.modules.get("harness.mutations"), "_applied", ())),
                 "settled": bool(getattr(torch.distributed.all_gather, "__harness_settled__", False))}
 
 
@@ -129,6 +133,19 @@ def test_workers_fork_from_the_zygote_with_their_own_environment(monkeypatch):
         assert infos[1]["path"] == fresh["path"], "a forked worker's sys.path differs from a fresh one's"
         for key in ("argv0", "signals", "threads", "cwd"):
             assert infos[1][key] == fresh[key], f"a forked worker's {key} differs from a fresh one's"
+        assert infos[1]["patched"] == 0
+
+        # a run with a setup hook: a fresh actor forked from the zygote runs it before its worker
+        # starts; one that cannot be forked would not, so it is refused; pool processes never get it
+        monkeypatch.setenv(warm.HOOK_VAR, "harness.mutations.extra_operator")
+        hooked_env = zygote_runtime_env({"env_vars": env})
+        assert hooked_env["env_vars"][HOOK_VAR] == "harness.mutations.extra_operator"
+        hooked = ray.get(Probe.options(num_cpus=0, runtime_env=hooked_env).remote().info.remote(), timeout=120)
+        assert hooked["ppid"] == zygote.proc.pid and hooked["patched"] == 1, hooked["patched"]
+        assert HOOK_VAR not in hooked["env"] and warm.HOOK_VAR not in hooked["env"]
+        with pytest.raises(RuntimeError, match="without the setup hook"):
+            zygote_runtime_env({"env_vars": {**env, "TORCH_SHOW_CPP_STACKTRACES": "1"}})
+        assert HOOK_VAR not in warm._pool_runtime_env()["env_vars"]
     finally:
         runtime.close()
     assert warm._current is None and runtime._zygote is None
