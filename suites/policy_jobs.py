@@ -81,10 +81,9 @@ def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: in
             "logprobs": logprobs, "coords": dict(engine.coords), "is_last": engine.is_last}
 
 
-def reference_shortcut_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """The megatron engine's untrained reference shortcut against its weight-swap path, with
-    a count of the forward schedules each call ran: logprobs, reference (shortcut), reference
-    (cache dropped: swap), one train step, logprobs and reference again (swap)."""
+def _count_schedules(engine) -> list[int]:
+    """Wraps the megatron engine's ``_schedule`` so every forward schedule it runs appends to the
+    returned list (``len`` is the count so far)."""
     runs: list[int] = []
     schedule = engine._schedule
 
@@ -93,6 +92,14 @@ def reference_shortcut_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[st
         return schedule(*args, **kwargs)
 
     engine._schedule = counted
+    return runs
+
+
+def reference_shortcut_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The megatron engine's untrained reference shortcut against its weight-swap path, with
+    a count of the forward schedules each call ran: logprobs, reference (shortcut), reference
+    (cache dropped: swap), one train step, logprobs and reference again (swap)."""
+    runs = _count_schedules(engine)
     out: dict[str, Any] = {"logprobs": engine.get_logprobs(batch)}
     n0 = len(runs)
     out["fast"] = engine.get_reference_logprobs(batch)
@@ -112,14 +119,7 @@ def reference_shortcut_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[st
 def warm_forward_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """The megatron engine's start-up warm forward between two logprobs calls: the logprobs
     before and after, whether the untrained-logprobs cache is the same object, schedules run."""
-    runs: list[int] = []
-    schedule = engine._schedule
-
-    def counted(*args, **kwargs):
-        runs.append(1)
-        return schedule(*args, **kwargs)
-
-    engine._schedule = counted
+    runs = _count_schedules(engine)
     before = engine.get_logprobs(batch)
     cache = engine._untrained_logprobs
     n0 = len(runs)

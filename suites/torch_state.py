@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import torch
 
 
@@ -27,3 +28,11 @@ def torch_settings(*, threads: int | None = 1, deterministic: bool | None = None
     finally:
         torch.set_num_threads(saved[0])
         torch.use_deterministic_algorithms(saved[1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_deterministic_thread() -> Iterator[None]:
+    """A module-scoped autouse fixture: every test of a module that imports it runs on one
+    torch thread with deterministic algorithms (``torch_settings``), restored after the module."""
+    with torch_settings(threads=1, deterministic=True):
+        yield

@@ -23,17 +23,11 @@ from harness.rollout.native.decode_graphs import GRAPHS_ENV, padded_inputs, padd
 from harness.rollout.native.engine import Engine
 from harness.rollout.native.kv_cache import KVCachePool
 from suites.tiny_engine import DECODE_CFG, reference_weights
-from suites.torch_state import torch_settings
+from suites.torch_state import one_deterministic_thread  # noqa: F401 (a module-scoped autouse fixture)
 
 CFG = DECODE_CFG
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA device (L2: ci/l2.sh on a GPU machine)")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with torch_settings(threads=1, deterministic=True):
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,9 @@ from harness.rollout.native import probe
 from harness.rollout.native.engine import Engine
 from harness.rollout.native.forward import Forward
 from suites.tiny_engine import DECODE_CFG, reference_weights
-from suites.torch_state import torch_settings
+from suites.torch_state import one_deterministic_thread  # noqa: F401 (a module-scoped autouse fixture)
 
 CFG = DECODE_CFG
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with torch_settings(threads=1, deterministic=True):
-        yield
 
 
 @pytest.fixture(scope="module")

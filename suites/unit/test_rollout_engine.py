@@ -10,16 +10,10 @@ from harness.model.qwen3_moe import build_reference_model
 from harness.rollout.native.engine import Engine
 from harness.rollout.native.sampling import sample_token
 from harness.rollout.sharding import ShardPlan, hf_weight_shapes
-from suites.torch_state import torch_settings
+from suites.torch_state import one_deterministic_thread  # noqa: F401 (a module-scoped autouse fixture)
 
 CFG = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, experts=4, top_k=2,
                   moe_intermediate=16, vocab=64, max_position=96)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with torch_settings(threads=1, deterministic=True):
-        yield
 
 
 @pytest.fixture(scope="module")
