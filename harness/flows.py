@@ -2,6 +2,8 @@
 
 ``execute``              run a workload (workload half) and postflight it (gate half);
 ``resume``               continue a stopped run from its newest checkpoint, then postflight it;
+``stored_platform``      which stored golden a run on this machine compares with or writes (the
+                         platform or its CPU-numerics variant, ``harness.store.variants``);
 ``compare_with_golden``  the verdict of an execution against the stored golden (``load_golden``);
 ``remember_golden``      record the golden a refresh that does not compare first replaces;
 ``store_golden``         write the execution as the golden, atomically, with provenance
@@ -67,6 +69,29 @@ def platform_of(spec: Workload, platform: str | None = None) -> str:
     from harness.spec.load import golden_platform
 
     return platform or os.environ.get("GOLDEN_PLATFORM") or golden_platform(spec)
+
+
+def numerics_key_of(spec: Workload) -> str | None:
+    """This machine's CPU numerics key when ``spec`` runs on the CPU (``harness.numerics``), else None."""
+    if spec.platform.device != "cpu":
+        return None
+    from harness.numerics import cpu_numerics
+
+    numerics = cpu_numerics()
+    return numerics["key"] if numerics else None
+
+
+def stored_platform(spec: Workload, platform: str, goldens_root: Path, *, write: bool = False,
+                    beside: bool = False) -> str:
+    """The stored golden a run of ``spec`` on this machine compares with (``write=False``) or a
+    capture/refresh writes: ``platform`` or its CPU-numerics variant ``platform@<key>``
+    (``harness.store.variants``; ``beside``: a refresh adds a variant beside an unrecorded golden)."""
+    from harness.store import variants
+
+    key = numerics_key_of(spec)
+    if write:
+        return variants.write_platform(goldens_root, spec.name, platform, key, beside=beside)
+    return variants.read_platform(goldens_root, spec.name, platform, key)
 
 
 def default_run_dir(workload: str, root: Path | None = None) -> Path:
@@ -193,10 +218,13 @@ def load_golden(goldens_root: Path, workload: str, platform: str):
         golden = read_golden(goldens_root, workload, platform)
     except FileNotFoundError as exc:
         from harness.cli.hints import golden_command, root_if_chosen
+        from harness.store.variants import base_platform, mismatch_note
 
-        hint = golden_command("capture", workload, platform=platform, goldens_root=root_if_chosen(goldens_root))
+        hint = golden_command("capture", workload, platform=base_platform(platform),
+                              goldens_root=root_if_chosen(goldens_root))
         raise GoldenMissing(
-            f"no golden for workload {workload!r} on platform {platform!r} (create it with: {hint})"
+            f"no golden for workload {workload!r} on platform {platform!r}"
+            f"{mismatch_note(goldens_root, workload, platform)} (create it with: {hint})"
         ) from exc
     overrides, deterministic = (), True
     if golden.tolerances_path is not None:
@@ -263,8 +291,10 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
         raise ValueError("a golden needs a reason (--reason TEXT)")
     if not execution.ok:
         raise ValueError("refusing to store an incomplete run as golden:\n  " + "\n  ".join(execution.problems()))
+    from harness.store.variants import base_platform
+
     spec = execution.spec
-    if platform not in spec.platform.platforms:
+    if base_platform(platform) not in spec.platform.platforms:
         raise ValueError(f"platform {platform!r} is not scheduled for {spec.name} "
                          f"(platform.platforms = {list(spec.platform.platforms)})")
     root = Path(goldens_root or default_goldens_root())
@@ -277,6 +307,10 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
                                 versions=package_versions())
     tolerances = None
     old_tol = target / "tolerances.yaml"
+    if not old_tol.exists():  # a new CPU-numerics variant declares the bands of the golden it sits beside
+        from harness.store.variants import base_platform
+
+        old_tol = golden_dir(root, spec.name, base_platform(platform)) / "tolerances.yaml"
     if old_tol.exists():  # declared bands survive a refresh; read bounded (SpecError: too large, not UTF-8)
         from harness.spec.yaml_io import read_yaml_text
 

@@ -107,6 +107,7 @@ class GoldenSession:
             return False
         platform = flows.platform_of(spec, self.platform_opt)
         try:
+            platform = flows.stored_platform(spec, platform, root)
             verdict = flows.compare_with_golden(execution, platform, root)
         except Exception:  # noqa: BLE001 - any problem with the golden: the session's own run reports it
             return False
@@ -128,8 +129,10 @@ class GoldenSession:
                 why = (f"cannot {'refresh' if self.refresh else 'capture'} {workload}: platform {platform!r} "
                        f"is not scheduled (platform.platforms = {list(spec.platform.platforms)})")
                 return platform, ("error", why, None, None)
+            store = flows.stored_platform(spec, platform, root, write=True)  # capture/refresh target
+            platform = flows.stored_platform(spec, platform, root)  # the golden compared with
             if self.refresh:
-                replaces = golden_digest(root, spec.name, platform)
+                replaces = golden_digest(root, spec.name, store)
             else:
                 try:
                     flows.load_golden(root, spec.name, platform)  # refuse before running, not after
@@ -138,7 +141,10 @@ class GoldenSession:
                         raise
                     create = True
         except flows.GoldenMissing as exc:
-            return platform, ("missing", f"{exc}\n  (or: {capture_missing_hint(workload, platform, root)})",
+            from harness.store.variants import base_platform
+
+            hint = capture_missing_hint(workload, base_platform(platform) if platform else platform, root)
+            return platform, ("missing", f"{exc}\n  (or: {hint})",
                               None, None)
         except (GoldenStoreError, ToleranceFileError) as exc:
             return platform, ("error", f"golden {workload}/{platform} is unusable: {exc}", None, None)
@@ -159,14 +165,14 @@ class GoldenSession:
         try:
             if self.refresh:
                 flows.remember_golden(execution, replaces)
-                flows.store_golden(execution, platform, reason=self.reason, goldens_root=root,
+                flows.store_golden(execution, store, reason=self.reason, goldens_root=root,
                                    command="pytest --golden-refresh", allow_replace=True)
-                return platform, ("refreshed", f"golden {workload}/{platform} rewritten", execution, None)
+                return store, ("refreshed", f"golden {workload}/{store} rewritten", execution, None)
             if create:
-                path = flows.store_golden(execution, platform, goldens_root=root, allow_replace=False,
+                path = flows.store_golden(execution, store, goldens_root=root, allow_replace=False,
                                           reason="first capture (pytest --golden-capture-missing)",
                                           command="pytest --golden-capture-missing")
-                return platform, ("created", f"golden {workload}/{platform} created at {path}", execution, None)
+                return store, ("created", f"golden {workload}/{store} created at {path}", execution, None)
             verdict = flows.compare_with_golden(execution, platform, root)
             return platform, ("compared", "", execution, verdict)
         except flows.GoldenMissing as exc:  # removed while the workload ran

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import io
+import os
+import sys
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +31,20 @@ def with_layout(spec: Mapping[str, Any], **policy: Any) -> dict[str, Any]:
     out = copy.deepcopy(dict(spec))
     out["policy"] = {**out["policy"], **policy}
     return out
+
+
+def leave_spawned_rank() -> None:
+    """End a spawned rank's process now with exit code 0; call it once the rank's result is on disk.
+
+    At interpreter exit gloo's worker threads can still be joinable while C++ destructors
+    run, and the process then aborts ("terminate called without an active exception",
+    SIGABRT) after its work passed, which fails ``mp.spawn``. The harness's own rank
+    processes leave the same way (``harness.runner.zygote``). Not for a result still in a
+    ``multiprocessing`` queue's feeder thread: that would be lost.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def world_size(spec: Mapping[str, Any]) -> int:

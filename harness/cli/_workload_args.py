@@ -68,9 +68,17 @@ class Prepared:
     """What a workload command resolved before starting anything."""
 
     spec: Workload  # harness.spec.typed (load_spec)
-    platform: str
+    platform: str  # the stored golden compared with: the platform or its CPU-numerics variant
     goldens_root: Path
     run_dir: Path
+    store_platform: str = ""  # the stored golden a capture/refresh writes (flows.stored_platform)
+
+    @property
+    def scheduled_platform(self) -> str:
+        """The platform as ``platform.platforms`` names it (without a ``@<key>`` qualifier)."""
+        from harness.store.variants import base_platform
+
+        return base_platform(self.platform)
 
 
 def prepare(args: argparse.Namespace) -> Prepared:
@@ -87,9 +95,15 @@ def prepare(args: argparse.Namespace) -> Prepared:
             raise Refused(str(exc)) from None
         _check_worker_env(spec, chosen)
     platform = flows.platform_of(spec, args.platform)
+    try:
+        stored = flows.stored_platform(spec, platform, root)
+        store = flows.stored_platform(spec, platform, root, write=True,
+                                      beside=bool(getattr(args, "numerics_variant", False)))
+    except ValueError as exc:  # a platform name the store refuses
+        raise Refused(str(exc)) from None
     run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec.name)
     claim_run_dir(run_dir)
-    return Prepared(spec, platform, root, run_dir)
+    return Prepared(spec, stored, root, run_dir, store)
 
 
 @contextmanager

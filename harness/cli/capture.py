@@ -25,8 +25,8 @@ def check_storable(prepared, *, allow_replace: bool, args: argparse.Namespace | 
     from harness.cli._workload_args import Refused
     from harness.store.layout import golden_dir
 
-    spec, platform = prepared.spec, prepared.platform
-    if platform not in spec.platform.platforms:
+    spec, platform = prepared.spec, prepared.store_platform
+    if prepared.scheduled_platform not in spec.platform.platforms:
         raise Refused(f"platform {platform!r} is not scheduled for {spec.name} "
                       f"(platform.platforms = {list(spec.platform.platforms)})")
     try:
@@ -37,7 +37,7 @@ def check_storable(prepared, *, allow_replace: bool, args: argparse.Namespace | 
         from harness.cli.hints import golden_command
 
         hint = golden_command("refresh", args.workload if args else spec.name,
-                              overrides=args.overrides if args else (), platform=platform,
+                              overrides=args.overrides if args else (), platform=prepared.scheduled_platform,
                               goldens_root=args.goldens if args else None, reason=True)
         raise Refused(f"{target} exists; to replace it: {hint}")
     tolerances = target / "tolerances.yaml"
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if execution is None:
         return code
     try:
-        path = flows.store_golden(execution, prepared.platform, reason=args.reason, goldens_root=prepared.goldens_root,
+        path = flows.store_golden(execution, prepared.store_platform, reason=args.reason,
+                                  goldens_root=prepared.goldens_root,
                                   command="golden capture " + " ".join([args.workload, *args.overrides]),
                                   allow_replace=False)
     except FileExistsError as exc:  # captured by someone else during the run

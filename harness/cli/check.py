@@ -39,13 +39,15 @@ def _golden(prepared, args: argparse.Namespace):
         return flows.load_golden(prepared.goldens_root, name, platform)
     except flows.GoldenMissing:
         scheduled = list(prepared.spec.platform.platforms)
-        if platform not in scheduled:
+        if prepared.scheduled_platform not in scheduled:
             raise Refused(f"platform {platform!r} is not scheduled for {name} "
                           f"(platform.platforms = {scheduled}), so it has no golden") from None
-        hint = golden_command("capture", args.workload, overrides=args.overrides, platform=platform,
-                              goldens_root=args.goldens)
-        raise Refused(f"no golden for workload {name!r} on platform {platform!r} in {prepared.goldens_root} "
-                      f"(create it with: {hint})") from None
+        from harness.store.variants import mismatch_note
+
+        hint = golden_command("capture", args.workload, overrides=args.overrides,
+                              platform=prepared.scheduled_platform, goldens_root=args.goldens)
+        raise Refused(f"no golden for workload {name!r} on platform {platform!r} in {prepared.goldens_root}"
+                      f"{mismatch_note(prepared.goldens_root, name, platform)} (create it with: {hint})") from None
     except (GoldenStoreError, ToleranceFileError, ValueError) as exc:
         raise Refused(f"golden {name} [{platform}] is unusable: {exc}") from None
 

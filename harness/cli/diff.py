@@ -109,7 +109,11 @@ def _golden(args: argparse.Namespace, documents):
             from harness.cli.lint import default_root
 
             root = default_root()
-        return read_golden(root, args.golden, platform)
+        from harness.store.variants import read_platform
+
+        numerics = ((documents.manifest or {}).get("environment") or {}).get("cpu_numerics")
+        key = numerics.get("key") if isinstance(numerics, dict) else None  # the run's machine, not this one
+        return read_golden(root, args.golden, read_platform(root, args.golden, platform, key))
     except (FileNotFoundError, GoldenStoreError, ValueError) as exc:
         raise UnusableInput(str(exc)) from None
 

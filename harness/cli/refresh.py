@@ -16,6 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_workload_arguments(parser)
     parser.add_argument("--reason", default=None, help="why the golden changes (required)")
+    parser.add_argument("--numerics-variant", action="store_true",
+                        help="on the CPU, store the run as this machine's CPU-numerics variant "
+                             "(<platform>@<key>) beside a golden that records no CPU numerics, instead of "
+                             "replacing it (docs/gate.md, CPU numerics)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,8 +43,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"no current golden for {execution.spec.name} [{platform}]; writing a new one", file=sys.stderr)
     except (GoldenStoreError, ToleranceFileError) as exc:  # a corrupt golden is what refresh repairs
         print(f"current golden unreadable ({exc}); replacing it", file=sys.stderr)
+    if prepared.store_platform != platform:  # a new variant beside the golden compared: none may exist yet
+        print(f"storing {execution.spec.name} [{prepared.store_platform}] beside [{platform}]", file=sys.stderr)
+        flows.remember_golden(execution, None)
     try:
-        path = flows.store_golden(execution, platform, reason=args.reason, goldens_root=prepared.goldens_root,
+        path = flows.store_golden(execution, prepared.store_platform, reason=args.reason,
+                                  goldens_root=prepared.goldens_root,
                                   command="golden refresh " + " ".join([args.workload, *args.overrides]),
                                   allow_replace=True)
     except (ValueError, OSError) as exc:

@@ -39,7 +39,10 @@ def git_commit(repo: Path | None = None) -> str | None:
 
 
 def collect_environment(spec: Workload) -> dict:
-    """Environment facts; ``device`` and backends come from the spec."""
+    """Environment facts; ``device`` and backends come from the spec. A CPU run also records
+    the machine's CPU numerics (``harness.numerics``), which decide the golden it compares with."""
+    from harness.numerics import cpu_numerics
+
     return {
         "python": platform.python_version(),
         "torch": _version("torch"),
@@ -54,4 +57,5 @@ def collect_environment(spec: Workload) -> dict:
         "device": spec.platform.device,
         "cpu_count": os.cpu_count(),
         "harness_version": harness.__version__,
+        "cpu_numerics": cpu_numerics() if spec.platform.device == "cpu" else None,
     }

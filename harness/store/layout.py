@@ -7,6 +7,7 @@
     goldens/<workload>/<platform>/surfaces/<name>.json   canonical surface documents
     goldens/<workload>/<platform>/PROVENANCE.json who/when/why/how (see provenance.py)
     goldens/<workload>/<platform>/tolerances.yaml optional lane overrides (harness.parity.tolerances)
+    goldens/<workload>/<platform>@<key>/...       the same for another CPU numerics key (variants.py)
 
 Writers build ``goldens/<workload>/.<platform>.tmp-<random>/`` and rename it into
 place; an interrupted write leaves only such dot-prefixed siblings (or, on a system
@@ -29,11 +30,14 @@ SURFACES_DIR = "surfaces"
 WORKLOAD_FILE = "workload.yaml"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_PLATFORM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9][A-Za-z0-9_.-]*)?$")  # one @key (variants.py)
 
 
 def check_name(kind: str, value: str) -> str:
-    """A workload or platform name: letters, digits, ``_ . -``, not starting with ``.``."""
-    if not isinstance(value, str) or not _NAME.match(value) or value in (".", ".."):
+    """A workload or platform name: letters, digits, ``_ . -``, not starting with ``.``; a platform
+    may carry one ``@<key>`` qualifier, a CPU-numerics variant (``harness.store.variants``)."""
+    pattern = _PLATFORM if kind == "platform" else _NAME
+    if not isinstance(value, str) or not pattern.match(value) or value in (".", ".."):
         raise ValueError(f"invalid {kind} name {value!r}: use letters, digits, '_', '.', '-' (not leading)")
     return value
 

@@ -20,6 +20,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 
+from suites.local_world import leave_spawned_rank
+
 pytestmark = pytest.mark.slow
 
 ITERATIONS = 1500
@@ -61,6 +63,7 @@ def _counts_after_collectives(rank: int, store_file: str, out_dir: str) -> None:
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as fh:
         fh.write(repr({f"{op}:{count}": n for (op, count), n in sorted(seen.items())}))
+    leave_spawned_rank()
 
 
 def test_collectives_release_their_tensors_before_returning(tmp_path):

@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 
 from harness.artifacts.layout import policy_trace_path, rollout_trace_path
 from harness.artifacts.trace import read_trace
+from suites.local_world import leave_spawned_rank
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +67,7 @@ def _rank_main(rank: int, world: int, run_dir: str, store_file: str, extra_env: 
         dist.all_gather_object(gathered, {"rank": rank})  # library code issuing collectives
     rollout.close()
     dist.destroy_process_group()
+    leave_spawned_rank()
 
 
 def _spawn(tmp_path_factory, extra_env=None):

@@ -1,0 +1,105 @@
+"""The CPU numerics key: which machines give bit-identical CPU results.
+
+A CPU golden is bit-exact only between machines whose floating-point code paths
+agree. MKL picks its GEMM kernels, and torch its vector width (AVX2, AVX-512),
+from the CPU's vendor and microarchitecture, and the last bits of a sum move
+with them: the same tree, torch wheel and seeds gave logprobs 1e-8 apart
+(relative) on an AMD EPYC with AVX-512 and on an Intel Xeon with AVX-512 and
+AMX, enough to change every rollout digest of every CPU golden.
+
+The key names the microarchitecture as ``/proc/cpuinfo`` reports it (x86:
+vendor, family, model; Arm: implementer, part) plus a digest of the environment
+variables that override those choices (:data:`OVERRIDES`), e.g.
+``intel-f6m167`` or ``amd-f25m17-env1a2b3c4d``. Two machines with one key run
+the same code paths; the key is conservative, so machines of different models
+that happen to agree get different keys (and each its own golden), never one
+key for two code paths, as far as vendor and model decide them.
+``harness.store.variants`` stores one CPU golden per key.
+
+Pure standard library, bounded reads: the gate half computes it before a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["OVERRIDES", "cpu_numerics", "numerics_key"]
+
+CPUINFO = "/proc/cpuinfo"
+MAX_CPUINFO_BYTES = 1 << 20  # one processor's block is a few KiB; never read more than this
+
+# Environment variables that change which kernels torch, MKL or oneDNN run on the same CPU.
+OVERRIDES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE",
+             "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "hygon"}
+
+
+def _first_processor(path: str) -> dict[str, str]:
+    """``key: value`` fields of the first processor block of a cpuinfo file (empty when unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(MAX_CPUINFO_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the end of the first block
+            continue
+        name, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value, 0) if value is not None else None
+    except ValueError:
+        return None
+
+
+def cpu_numerics(cpuinfo: str = CPUINFO, environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """This machine's CPU numerics: ``{"key", "vendor", "family", "model", "model_name", "overrides"}``;
+    None when the cpuinfo file names no vendor this module knows how to key (then CPU goldens
+    are not split by machine, as before the key existed)."""
+    environ = os.environ if environ is None else environ
+    fields = _first_processor(cpuinfo)
+    overrides = {name: environ[name] for name in OVERRIDES if environ.get(name)}
+    vendor_id = fields.get("vendor_id")
+    if vendor_id is not None:
+        family, model = _int(fields.get("cpu family")), _int(fields.get("model"))
+        if family is None or model is None:
+            return None
+        short = _VENDORS.get(vendor_id, "".join(c for c in vendor_id.lower() if c.isalnum()) or "x86")
+        base = f"{short}-f{family}m{model}"
+    elif "CPU implementer" in fields:
+        implementer, part = _int(fields.get("CPU implementer")), _int(fields.get("CPU part"))
+        if implementer is None or part is None:
+            return None
+        vendor_id, family, model = f"arm-{implementer:#x}", implementer, part
+        base = f"arm-i{implementer:x}p{part:x}"
+    else:
+        return None
+    return {
+        "key": numerics_key(base, overrides),
+        "vendor": vendor_id,
+        "family": family,
+        "model": model,
+        "model_name": fields.get("model name"),
+        "overrides": overrides,
+    }
+
+
+def numerics_key(base: str, overrides: Mapping[str, str]) -> str:
+    """``base``, plus ``-env`` and 8 hex digits of the overriding variables when any is set."""
+    if not overrides:
+        return base
+    digest = hashlib.sha256(json.dumps(dict(sorted(overrides.items()))).encode()).hexdigest()[:8]
+    return f"{base}-env{digest}"
