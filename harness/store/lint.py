@@ -29,6 +29,7 @@ from pathlib import Path
 from harness.docio import read_json, short
 from harness.store import layout
 from harness.store.provenance import provenance_errors
+from harness.store.variants import base_platform
 from harness.surfaces.canonical import StrictJSONError
 
 __all__ = ["LintFinding", "lint", "scheduled_platforms"]
@@ -147,14 +148,14 @@ def lint(goldens_root: str | Path) -> list[LintFinding]:
                 findings.append(LintFinding("bad_workload", f"{name}/{layout.WORKLOAD_FILE}", str(exc)))
                 scheduled = None
             if scheduled is not None:
-                present = {g.name for g in goldens}
+                present = {base_platform(g.name) for g in goldens}  # a CPU-numerics variant counts for its platform
                 for platform in scheduled:
                     if platform not in present:
                         findings.append(LintFinding("missing_golden", f"{name}/{platform}",
                                                     f"{name} is scheduled on {platform!r} but has no golden there "
                                                     f"(golden capture {name} --platform {platform})"))
                 for golden in goldens:
-                    if golden.name not in scheduled:
+                    if base_platform(golden.name) not in scheduled:
                         findings.append(LintFinding("unscheduled_golden", f"{name}/{golden.name}",
                                                     f"platform {golden.name!r} is not in {name}'s platform.platforms "
                                                     f"{scheduled}"))
