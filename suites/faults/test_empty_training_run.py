@@ -29,6 +29,7 @@ from harness import flows
 from harness.cli import EXIT_NO_VERDICT, main
 from harness.postflight.run import postflight
 from harness.spec.load import load_spec
+from suites.stored_goldens import copy_stored
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ def test_refresh_and_check_give_no_verdict_for_it(failed_run, command, tmp_path,
     goldens = tmp_path / "goldens"
     (goldens / SMOKE).mkdir(parents=True)
     shutil.copy(REPO / "goldens" / SMOKE / "workload.yaml", goldens / SMOKE / "workload.yaml")
-    shutil.copytree(REPO / "goldens" / SMOKE / "cpu", goldens / SMOKE / "cpu")
+    copy_stored(SMOKE, goldens)
     before = sorted((p.relative_to(goldens), p.read_bytes()) for p in goldens.rglob("*") if p.is_file())
     replay = tmp_path / "replayed"
     shutil.copytree(run_dir, replay, ignore=shutil.ignore_patterns("*.sock"))  # a refit socket left in ipc/

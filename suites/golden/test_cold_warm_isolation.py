@@ -39,7 +39,7 @@ import pytest
 from harness import flows
 from harness.pytest_plugin import GATED_SURFACES
 from harness.runner.warm import ZYGOTE_ENV
-from harness.spec.load import default_goldens_root
+from suites.stored_goldens import stored_dir
 from suites.worker_pids import PidRecorder
 
 pytestmark = [pytest.mark.slow, pytest.mark.golden]
@@ -61,7 +61,7 @@ def _run(golden, workload: str, tmp_path_factory) -> tuple[flows.Execution, PidR
 
 
 def _assert_golden_bytes(execution: flows.Execution, label: str) -> None:
-    golden_dir = default_goldens_root() / execution.spec["name"] / "cpu" / "surfaces"
+    golden_dir = stored_dir(execution.spec["name"]) / "surfaces"
     moved = [s for s in GATED_SURFACES
              if (execution.run_dir / "surfaces" / f"{s}.json").read_bytes() != (golden_dir / f"{s}.json").read_bytes()]
     assert not moved, f"{label}: gated surfaces {moved} differ from the cold golden"
@@ -100,7 +100,7 @@ def test_a_mutation_run_leaves_nothing_for_the_next_workload(golden, tmp_path_fa
     with monkeypatch.context() as mp:
         mp.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.extra_operator")
         mutated, mutated_rec = _run(golden, workload, tmp_path_factory)
-    golden_dir = default_goldens_root() / workload / "cpu" / "surfaces"
+    golden_dir = stored_dir(workload) / "surfaces"
     operators = (mutated.run_dir / "surfaces" / "operators.json").read_bytes()
     assert operators != (golden_dir / "operators.json").read_bytes(), "the planted extra operator did not show"
     before = runtime.stats()

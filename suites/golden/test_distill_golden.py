@@ -26,6 +26,7 @@ from __future__ import annotations
 import pytest
 
 from harness import flows
+from suites.stored_goldens import stored_dir
 
 WORKLOAD = "qwen3_moe_tiny_distill"
 
@@ -38,7 +39,7 @@ def test_planted_teacher_logits_fail_the_distillation_golden(golden, tmp_path, m
     monkeypatch.setenv("GOLDEN_WORKER_SETUP_HOOK", "harness.mutations.teacher_logits_planted_wrong")
     execution = flows.execute(WORKLOAD, run_dir=tmp_path / "run", platform="cpu", warm=runtime)
     assert execution.ok, execution.problems()
-    verdict = flows.compare_with_golden(execution, "cpu")
+    verdict = flows.compare_with_golden(execution, stored_dir(WORKLOAD).name)
     assert not verdict.ok
     failed = [f for f in verdict.findings if f.status in ("fail", "stale")]
     step1 = {f.key.rsplit("/", 1)[-1] for f in failed if f.surface == "training" and f.section == "step0001"}

@@ -40,6 +40,7 @@ import shutil
 import pytest
 
 from harness import flows
+from suites.stored_goldens import stored_dir
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ def two_node_run(cluster, tmp_path_factory):
 
 
 def test_two_node_golden_at_parity_placed_as_planned(cluster, two_node_run) -> None:
-    verdict = flows.compare_with_golden(two_node_run, PLATFORM)
+    verdict = flows.compare_with_golden(two_node_run, stored_dir(WORKLOAD, PLATFORM).name)
     assert verdict.ok, [(f.surface, f.section, f.path) for f in verdict.findings][:5]
     doc = json.loads((two_node_run.run_dir / "placement.json").read_text())
     node_of = {(r["role"], r["rank"]): r["actual"]["node_id"] for r in doc["ranks"]}

@@ -21,8 +21,8 @@ import pytest
 from harness.pytest_plugin import GATED_SURFACES
 from harness.runner.warm import cold_zygote_reason
 from harness.spec import load_spec
-from harness.spec.load import default_goldens_root
 from harness.spec.typed import as_workload
+from suites.stored_goldens import stored_dir
 
 SMOKE = "qwen3_moe_tiny_smoke"
 
@@ -70,7 +70,7 @@ def test_a_cold_run_forks_from_its_zygote_and_equals_the_golden(tmp_path, monkey
     assert execution.ok, execution.problems()
     for what in ("policy workers", "rollout workers"):
         assert rec.parents[what] and all("harness.runner.zygote" in p for p in rec.parents[what]), rec.parents
-    golden = default_goldens_root() / SMOKE / "cpu" / "surfaces"
+    golden = stored_dir(SMOKE) / "surfaces"
     moved = [s for s in GATED_SURFACES
              if (execution.run_dir / "surfaces" / f"{s}.json").read_bytes() != (golden / f"{s}.json").read_bytes()]
     assert not moved, f"gated surfaces {moved} of a cold run forked from its zygote differ from the golden"

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from suites.stored_goldens import stored_dir
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,7 +129,7 @@ def test_a_consumer_repository_captures_checks_and_catches_a_planted_change(inst
     # the wheel's code and data give the repository's own golden, byte for byte
     for surface in GATED:
         assert (stored / "surfaces" / f"{surface}.json").read_bytes() == (
-            REPO / "goldens" / WORKLOAD / "cpu" / "surfaces" / f"{surface}.json").read_bytes(), surface
+            stored_dir(WORKLOAD) / "surfaces" / f"{surface}.json").read_bytes(), surface
 
     # 3. a later run compares against it
     again = _ok(_run(pytest_cmd, consumer, env), "check")

@@ -20,6 +20,7 @@ from harness import __version__, flows
 from harness.cli import EXIT_USAGE, build_parser, main
 from harness.cli._options import report_format
 from harness.cli.hints import golden_command, pytest_refresh_hint, root_if_chosen
+from suites.stored_goldens import copy_stored, stored_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = "qwen3_moe_tiny_smoke"
@@ -30,7 +31,7 @@ def root(tmp_path: Path) -> Path:
     r = tmp_path / "my goldens"            # a space: hints must quote it
     (r / SMOKE).mkdir(parents=True)
     shutil.copy(REPO / "goldens" / SMOKE / "workload.yaml", r / SMOKE / "workload.yaml")
-    shutil.copytree(REPO / "goldens" / SMOKE / "cpu", r / SMOKE / "cpu")
+    copy_stored(SMOKE, r)
     return r
 
 
@@ -162,7 +163,7 @@ def test_diff_writes_html_for_an_html_output_without_format(tmp_path, capsys):
 
 
 def test_refused_check_and_capture_leave_no_run_directory(root, no_run, tmp_path, capsys):
-    shutil.rmtree(root / SMOKE / "cpu")
+    shutil.rmtree(stored_dir(SMOKE, root=root))
     assert main(["check", SMOKE, "--goldens-root", str(root)]) == EXIT_USAGE          # no golden
     assert main(["capture", SMOKE, "--goldens-root", str(root), "--platform", "tpu"]) == EXIT_USAGE
     deep = tmp_path / "a" / "b" / "run"
@@ -183,7 +184,7 @@ def test_refused_capture_over_an_existing_golden_leaves_no_run_dir_and_hints_wit
 
 
 def test_missing_golden_hint_repeats_root_overrides_and_platform(root, no_run, capsys):
-    shutil.rmtree(root / SMOKE / "cpu")
+    shutil.rmtree(stored_dir(SMOKE, root=root))
     assert main(["check", SMOKE, "rollout.max_new_tokens=8", "--goldens-root", str(root)]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"golden capture {SMOKE} rollout.max_new_tokens=8 --platform cpu --goldens-root '{root}'" in err

@@ -16,6 +16,7 @@ import pytest
 
 from harness import flows
 from harness.cli import EXIT_INTERRUPTED, EXIT_NO_VERDICT, EXIT_USAGE, build_parser, main
+from suites.stored_goldens import copy_stored, stored_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = "qwen3_moe_tiny_smoke"
@@ -27,7 +28,7 @@ def root(tmp_path: Path) -> Path:
     r = tmp_path / "goldens"
     (r / SMOKE).mkdir(parents=True)
     shutil.copy(REPO / "goldens" / SMOKE / "workload.yaml", r / SMOKE / "workload.yaml")
-    shutil.copytree(REPO / "goldens" / SMOKE / "cpu", r / SMOKE / "cpu")
+    copy_stored(SMOKE, r)
     return r
 
 
@@ -41,7 +42,7 @@ def no_run(monkeypatch):
 
 
 def test_check_without_golden_is_refused_before_running(root, tmp_path, no_run, capsys):
-    shutil.rmtree(root / SMOKE / "cpu")
+    shutil.rmtree(stored_dir(SMOKE, root=root))
     code = main(["check", SMOKE, "--goldens-root", str(root), "--run-dir", str(tmp_path / "run")])
     assert code == EXIT_USAGE
     err = capsys.readouterr().err
@@ -49,7 +50,7 @@ def test_check_without_golden_is_refused_before_running(root, tmp_path, no_run, 
 
 
 def test_check_with_a_hand_edited_golden_is_refused_and_names_the_file(root, tmp_path, no_run, capsys):
-    training = root / SMOKE / "cpu" / "surfaces" / "training.json"
+    training = stored_dir(SMOKE, root=root) / "surfaces" / "training.json"
     training.write_bytes(training.read_bytes().replace(b'"step":1', b'"step":7'))
     code = main(["check", SMOKE, "--goldens-root", str(root), "--run-dir", str(tmp_path / "run")])
     assert code == EXIT_USAGE
@@ -58,7 +59,7 @@ def test_check_with_a_hand_edited_golden_is_refused_and_names_the_file(root, tmp
 
 
 def test_check_with_a_golden_of_another_schema_version_is_refused(root, tmp_path, no_run, capsys):
-    manifest = root / SMOKE / "cpu" / "manifest.json"
+    manifest = stored_dir(SMOKE, root=root) / "manifest.json"
     manifest.write_bytes(manifest.read_bytes().replace(b'"schema_version":2', b'"schema_version":1'))
     assert main(["check", SMOKE, "--goldens-root", str(root), "--run-dir", str(tmp_path / "run")]) == EXIT_USAGE
     err = capsys.readouterr().err
@@ -178,7 +179,7 @@ def test_unknown_option_is_still_a_usage_error(root, capsys):
 
 def test_refresh_with_an_invalid_tolerances_file_is_refused_before_running(root, no_run, capsys):
     """refresh carries tolerances.yaml into the new golden verbatim: a broken one must be fixed first."""
-    tolerances = root / SMOKE / "cpu" / "tolerances.yaml"
+    tolerances = stored_dir(SMOKE, root=root) / "tolerances.yaml"
     tolerances.write_text("version: 1\nlanes: [unclosed\n")
     assert main(["refresh", SMOKE, "--goldens-root", str(root), "--platform", "cpu", "--reason", "r"]) == EXIT_USAGE
     err = capsys.readouterr().err

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from suites.inner_golden import INNER_GOLDEN_TEST, REPO, SMOKE
+from suites.stored_goldens import copy_stored, stored_dir
 
 pytest_plugins = ["pytester"]
 
@@ -28,7 +29,7 @@ def _workload(root: Path, name: str, *, golden: bool, seed: int | None = None) -
         text = text.replace("seed: 1234", f"seed: {seed}")
     (root / name / "workload.yaml").write_text(text)
     if golden:
-        shutil.copytree(REPO / "goldens" / SMOKE / "cpu", root / name / "cpu")
+        copy_stored(SMOKE, root, as_workload=name)
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def test_xdist_keeps_a_workload_on_one_worker_and_the_controller_writes_the_summ
 def test_a_damaged_golden_fails_every_surface_without_running(inner):
     pytester, root = inner
     _workload(root, SMOKE, golden=True)
-    (root / SMOKE / "cpu" / "surfaces" / "rollouts.json").write_text("{}\n")
+    (stored_dir(SMOKE, root=root) / "surfaces" / "rollouts.json").write_text("{}\n")
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
                                            "--goldens-root", str(root))
     result.assert_outcomes(failed=6)
