@@ -6,7 +6,9 @@ A golden for (workload, platform) exists when
 ``golden plan`` lays out but no CI runs). Stored goldens for a platform the
 workload does not schedule are listed as ``unscheduled``, and a stored golden
 that ``read_golden`` refuses (edited, truncated, another schema version) as
-``DAMAGED`` (``--json``: ``damaged`` maps its platform to the reason). Under each
+``DAMAGED`` (``--json``: ``damaged`` maps its platform to the reason). A CPU-numerics
+variant ``<platform>@<key>`` of a scheduled platform (``harness.store.variants``) is
+listed as a variant of it (``--json``: ``variants``). Under each
 workload, one line per readable golden gives its provenance: when it was captured,
 the consumer repository's commit and dirty flag (or that there was none / it was
 not recorded), and the versions of harness, Python, torch, megatron-core and vLLM
@@ -35,13 +37,14 @@ def collect(root) -> list[dict]:
     """One entry per workload folder: name, platforms, stored/missing/unscheduled
     goldens, description, error (``None`` when the spec loads)."""
     from harness.spec import SpecError, list_workloads, load_spec
+    from harness.store.variants import base_platform
 
     entries = []
     for name in list_workloads(root):
         folder = root / name
         stored = sorted(p.name for p in folder.iterdir() if (p / MANIFEST).is_file())
         damaged, provenance = _read_stored(root, name, stored)
-        entry = {"workload": name, "platforms": [], "stored": [], "missing": [], "unscheduled": stored,
+        entry = {"workload": name, "platforms": [], "stored": [], "missing": [], "unscheduled": stored, "variants": [],
                  "damaged": damaged, "provenance": provenance, "description": "", "error": None}
         try:
             spec = load_spec(name, goldens_root=root)
@@ -54,7 +57,8 @@ def collect(root) -> list[dict]:
             platforms=platforms,
             stored=[p for p in platforms if p in stored],
             missing=[p for p in platforms if p not in stored],
-            unscheduled=[p for p in stored if p not in platforms],
+            variants=[p for p in stored if p not in platforms and base_platform(p) in platforms],
+            unscheduled=[p for p in stored if base_platform(p) not in platforms],
             description=" ".join(spec.description.split()),
         )
         entries.append(entry)
@@ -91,6 +95,7 @@ def _status(entry: dict) -> str:
         return "DAMAGED (golden lint says why)" if p in entry["damaged"] else "golden"
 
     parts = [f"{p}: {golden(p)}" for p in entry["stored"]] + [f"{p}: MISSING" for p in entry["missing"]]
+    parts += [f"{p}: {golden(p)} (CPU-numerics variant)" for p in entry.get("variants", [])]
     parts += [f"{p}: {golden(p)} (unscheduled)" for p in entry["unscheduled"]]
     if not entry["platforms"]:
         parts.insert(0, "planned only")
