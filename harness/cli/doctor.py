@@ -3,9 +3,12 @@
 Run before a workload: a plugin class that is missing from a worker's
 environment would otherwise fail that worker at start-up. For the built-in
 trace profilers it also parses their settings in ``plugins.env``
-(``HARNESS_TRACE_OPERATORS`` / ``_OPERATOR_STEPS`` / ``_COLLECTIVES``). Exit 0
-when every configured plugin imports and its settings parse, 1 when one does
-not (with the install hint or the bad value), 2 for an unusable spec.
+(``HARNESS_TRACE_OPERATORS`` / ``_OPERATOR_STEPS`` / ``_COLLECTIVES``). It also
+says which stored golden a check on this machine compares with (for a CPU workload,
+this machine's CPU numerics key and its variant, ``harness.store.variants``), or
+that there is none for this machine. Exit 0 when every configured plugin imports,
+its settings parse and the golden is there, 1 when one is not (with the install
+hint, the bad value or the capture command), 2 for an unusable spec.
 
 Worker environments (docs/worker-envs.md): ``golden doctor WORKLOAD --worker-env
 auto|DIR`` runs those checks in the environments the workload's workers would
@@ -78,7 +81,36 @@ def run(args: argparse.Namespace) -> int:
             print(f"{check.environment.plugin_key}: {check.class_path} FAILS in the {where}: {check.error}")
             print(f"  hint: {check.hint}")
     failures += _check_trace_settings(plugins)
+    failures += _check_golden(spec, args)
     return 1 if failures else 0
+
+
+def _check_golden(spec: Workload, args: argparse.Namespace) -> int:
+    """One line: the stored golden ``golden check`` would compare with on this machine; 1 when none."""
+    from harness import flows
+    from harness.spec.roots import resolve_goldens_root
+    from harness.store.layout import golden_dir
+    from harness.store.variants import mismatch_note
+
+    try:
+        root = resolve_goldens_root(args.goldens)
+        platform = flows.platform_of(spec)
+        stored = flows.stored_platform(spec, platform, root)
+    except Exception as exc:  # noqa: BLE001 - a doctor reports, it does not crash
+        print(f"golden: cannot tell which golden applies: {exc}")
+        return 1
+    key = flows.numerics_key_of(spec)
+    numerics = f" (this machine's CPU numerics: {key})" if key else ""
+    if (golden_dir(root, spec.name, stored) / "manifest.json").is_file():
+        print(f"golden: {spec.name} [{stored}] in {root}{numerics}: ok")
+        return 0
+    if platform not in spec.platform.platforms:
+        print(f"golden: {spec.name} does not schedule platform {platform!r} (nothing to compare on this host)")
+        return 0
+    print(f"golden: {spec.name} [{stored}] is MISSING in {root}{numerics}"
+          f"{mismatch_note(root, spec.name, stored)}")
+    print(f"  hint: golden capture {spec.name} --platform {platform} --reason TEXT")
+    return 1
 
 
 def _print_env(backend: str, lines) -> int:
@@ -126,7 +158,36 @@ def _check_workload_envs(args: argparse.Namespace, spec: Workload, plugins: Plug
     failures = sum(_print_env(backend, check_environment(cache, backend, roles, run_smoke=not args.no_smoke))
                    for backend, roles in per_env.items())
     failures += _check_trace_settings(plugins)
+    failures += _check_golden(spec, args)
     return 1 if failures else 0
+
+
+def _check_golden(spec: Workload, args: argparse.Namespace) -> int:
+    """One line: the stored golden ``golden check`` would compare with on this machine; 1 when none."""
+    from harness import flows
+    from harness.spec.roots import resolve_goldens_root
+    from harness.store.layout import golden_dir
+    from harness.store.variants import mismatch_note
+
+    try:
+        root = resolve_goldens_root(args.goldens)
+        platform = flows.platform_of(spec)
+        stored = flows.stored_platform(spec, platform, root)
+    except Exception as exc:  # noqa: BLE001 - a doctor reports, it does not crash
+        print(f"golden: cannot tell which golden applies: {exc}")
+        return 1
+    key = flows.numerics_key_of(spec)
+    numerics = f" (this machine's CPU numerics: {key})" if key else ""
+    if (golden_dir(root, spec.name, stored) / "manifest.json").is_file():
+        print(f"golden: {spec.name} [{stored}] in {root}{numerics}: ok")
+        return 0
+    if platform not in spec.platform.platforms:
+        print(f"golden: {spec.name} does not schedule platform {platform!r} (nothing to compare on this host)")
+        return 0
+    print(f"golden: {spec.name} [{stored}] is MISSING in {root}{numerics}"
+          f"{mismatch_note(root, spec.name, stored)}")
+    print(f"  hint: golden capture {spec.name} --platform {platform} --reason TEXT")
+    return 1
 
 
 def _check_trace_settings(plugins: PluginsSpec) -> int:

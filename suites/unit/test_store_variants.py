@@ -101,3 +101,19 @@ def test_check_refuses_a_golden_of_other_numerics_before_running(tmp_path, monke
     assert code == EXIT_USAGE, err
     assert "on platform 'cpu@intel-f6m167'" in err and "captured on CPU numerics 'amd-f25m17'" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_doctor_names_the_golden_this_machine_compares_with(tmp_path, monkeypatch, capsys):
+    import harness.numerics
+    from harness.cli import main
+
+    monkeypatch.setattr(harness.numerics, "cpu_numerics", lambda *a, **k: {"key": "intel-f6m167"})
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    _workload(tmp_path)
+    _golden(tmp_path, "cpu", "amd-f25m17")
+    assert main(["doctor", W, "--goldens-root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "golden: w [cpu@intel-f6m167] is MISSING" in out and "captured on CPU numerics 'amd-f25m17'" in out
+    _golden(tmp_path, "cpu@intel-f6m167", "intel-f6m167")
+    assert main(["doctor", W, "--goldens-root", str(tmp_path)]) == 0
+    assert "golden: w [cpu@intel-f6m167]" in capsys.readouterr().out
