@@ -370,8 +370,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     tr.section("golden workloads")
     total = 0.0
+    width = max([8] + [len(r["platform"] or "-") for r in results])  # a CPU-numerics variant is longer
     for r in results:
-        tr.write_line(f"{r['workload']:<36} {r['platform'] or '-':<8} {r['status']:<10} {r['wall_s']:>7.1f}s")
+        tr.write_line(f"{r['workload']:<36} {r['platform'] or '-':<{width}} {r['status']:<10} {r['wall_s']:>7.1f}s")
         total += r["wall_s"]
     tr.write_line(f"golden wall time: {total:.1f}s")
     created = [r for r in results if r["status"] == "created"]

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.progress import HEARTBEAT_S, POLL_S, PlainProgress, Progress, make_progress, phase, step
+from suites.stored_goldens import stored_dir
 
 REPO = Path(__file__).resolve().parents[2]
 STAMP = re.compile(r"^\[golden \d\d:\d\d:\d\d \+(\d+\.\d)s\] (.*)$")
@@ -233,6 +234,6 @@ def test_a_real_check_in_a_terminal_shows_its_phases_on_stderr_and_only_the_repo
     for name in ("loading torch and ray", "starting Ray", "spawning 1 policy workers", "spawning 1 rollout engine",
                  "initial refit", "step 1/3", "step 3/3", "postflight", "compare"):
         assert name in text, (name, text)
-    assert out.startswith("qwen3_moe_tiny_smoke [cpu]: PARITY")
+    assert out.startswith(f"qwen3_moe_tiny_smoke [{stored_dir('qwen3_moe_tiny_smoke').name}]: PARITY")
     assert "golden provenance: captured" in out
     assert "loading torch" not in out and "step 1/3" not in out

@@ -70,10 +70,12 @@ def test_a_damaged_golden_fails_every_surface_without_running(inner):
     out = result.stdout.str()
     # One failure body per surface. Lines of pytest's short summary start with
     # "FAILED" and repeat the message in full where pytest sees CI=1 (no truncation).
-    bodies = re.findall(rf"^golden {SMOKE}/cpu is unusable: .*rollouts\.json: sha256", out, re.MULTILINE)
+    label = stored_dir(SMOKE, root=root).name  # cpu, or this machine's CPU-numerics variant of it
+    bodies = re.findall(rf"^golden {SMOKE}/{re.escape(label)} is unusable: .*rollouts\.json: sha256", out,
+                        re.MULTILINE)
     assert len(bodies) == 6
     assert "golden-runs" not in out  # no run directory: the workload never started
-    assert f"{SMOKE:<36} cpu      error" in out
+    assert f"{SMOKE:<36} {label:<8} error" in out
 
 
 @pytest.mark.slow
@@ -89,7 +91,7 @@ def test_failure_says_how_to_refresh(inner):
     assert f"{SMOKE}/training: fail" in out and "/metrics/loss" in out
     assert f"golden refresh {SMOKE} --platform cpu --goldens-root {root} --reason TEXT" in out  # the root given
     assert f"--golden-refresh --golden-platform cpu --goldens-root {root} --golden-reason TEXT" in out
-    assert out.count(f"{SMOKE:<36} cpu      fail") == 1
+    assert out.count(f"{SMOKE:<36} {stored_dir(SMOKE, root=root).name:<8} fail") == 1
 
 
 PLAIN_TEST_FILE = """
