@@ -239,7 +239,8 @@ def run_one(workload: str, run_root: Path, warm) -> dict:
     execution = flows.execute(workload, run_dir=run_root / f"{workload}-{len(os.listdir(run_root))}",
                               say=rec, platform="cpu", warm=warm)
     rec.phase("compare")
-    verdict = flows.compare_with_golden(execution, "cpu") if execution.ok else None
+    stored = flows.stored_platform(execution.spec, "cpu", flows.default_goldens_root()) if execution.ok else None
+    verdict = flows.compare_with_golden(execution, stored) if stored else None  # cpu or this machine's variant
     end, cpu_end = time.time(), _cpu()
     kinds = kind_split(rec.marks, rec.proc_marks, _METER.by_kind()) if _BY_PROCESS and _METER else {}
     return {"workload": workload, "mode": "warm" if warm is not None else "cold", "total": end - t0,
