@@ -74,16 +74,27 @@ def _read_stored(root, name: str, stored: list[str]) -> tuple[dict[str, str], di
     damaged, provenance = {}, {}
     for platform in stored:
         try:
-            provenance[platform] = describe(read_golden(root, name, platform).provenance)
+            golden = read_golden(root, name, platform)
         except (GoldenStoreError, FileNotFoundError) as exc:
             damaged[platform] = str(exc)
+            continue
+        provenance[platform] = describe(golden.provenance)
+        environment = golden.manifest.get("environment", {})
+        if environment.get("device") == "cpu":  # the machines it holds on (harness.store.variants)
+            numerics = environment.get("cpu_numerics")
+            provenance[platform]["cpu_numerics"] = numerics.get("key") if isinstance(numerics, dict) else None
     return damaged, provenance
 
 
 def _provenance_lines(entry: dict) -> list[str]:
     from harness.store.provenance import repository_text, versions_text
 
-    return [f"    {platform}: captured {d['date']}, repository {repository_text(d)}; {versions_text(d)}"
+    def numerics(d: dict) -> str:
+        if "cpu_numerics" not in d:
+            return ""
+        return f"; CPU numerics {d['cpu_numerics'] or 'not recorded (an older golden)'}"
+
+    return [f"    {platform}: captured {d['date']}, repository {repository_text(d)}; {versions_text(d)}{numerics(d)}"
             for platform, d in sorted(entry.get("provenance", {}).items())]
 
 

@@ -117,3 +117,21 @@ def test_doctor_names_the_golden_this_machine_compares_with(tmp_path, monkeypatc
     _golden(tmp_path, "cpu@intel-f6m167", "intel-f6m167")
     assert main(["doctor", W, "--goldens-root", str(tmp_path)]) == 0
     assert "golden: w [cpu@intel-f6m167]" in capsys.readouterr().out
+
+
+def test_list_shows_a_variant_under_its_platform_with_each_goldens_numerics(tmp_path, capsys):
+    import json
+
+    from harness.cli import main
+
+    _workload(tmp_path)
+    _golden(tmp_path, "cpu", None)
+    _golden(tmp_path, "cpu@k2", "k2")
+    assert main(["list", "--json", "--goldens-root", str(tmp_path)]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)["workloads"]
+    assert entry["stored"] == ["cpu"] and entry["variants"] == ["cpu@k2"] and entry["unscheduled"] == []
+    assert entry["provenance"]["cpu"]["cpu_numerics"] is None
+    assert entry["provenance"]["cpu@k2"]["cpu_numerics"] == "k2"
+    assert main(["list", "--goldens-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "cpu@k2: golden (CPU-numerics variant)" in out and "; CPU numerics k2" in out
