@@ -43,14 +43,9 @@ def cpu_workloads() -> list[str]:
 
 
 def moved_surfaces(run_dir: Path, workload: str) -> list[str]:
-    from harness.numerics import cpu_numerics
-    from harness.spec.load import default_goldens_root
-    from harness.store.layout import golden_dir
-    from harness.store.variants import read_platform
+    from suites.stored_goldens import stored_dir
 
-    root, numerics = default_goldens_root(), cpu_numerics()
-    stored = read_platform(root, workload, "cpu", numerics["key"] if numerics else None)  # cpu or its variant
-    golden = golden_dir(root, workload, stored) / "surfaces"
+    golden = stored_dir(workload) / "surfaces"  # cpu or this machine's CPU-numerics variant
     surfaces = run_dir / "surfaces"
     return [s for s in GATED if (surfaces / f"{s}.json").read_bytes() != (golden / f"{s}.json").read_bytes()]
 

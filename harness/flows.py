@@ -308,8 +308,6 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     tolerances = None
     old_tol = target / "tolerances.yaml"
     if not old_tol.exists():  # a new CPU-numerics variant declares the bands of the golden it sits beside
-        from harness.store.variants import base_platform
-
         old_tol = golden_dir(root, spec.name, base_platform(platform)) / "tolerances.yaml"
     if old_tol.exists():  # declared bands survive a refresh; read bounded (SpecError: too large, not UTF-8)
         from harness.spec.yaml_io import read_yaml_text

@@ -162,34 +162,6 @@ def _check_workload_envs(args: argparse.Namespace, spec: Workload, plugins: Plug
     return 1 if failures else 0
 
 
-def _check_golden(spec: Workload, args: argparse.Namespace) -> int:
-    """One line: the stored golden ``golden check`` would compare with on this machine; 1 when none."""
-    from harness import flows
-    from harness.spec.roots import resolve_goldens_root
-    from harness.store.layout import golden_dir
-    from harness.store.variants import mismatch_note
-
-    try:
-        root = resolve_goldens_root(args.goldens)
-        platform = flows.platform_of(spec)
-        stored = flows.stored_platform(spec, platform, root)
-    except Exception as exc:  # noqa: BLE001 - a doctor reports, it does not crash
-        print(f"golden: cannot tell which golden applies: {exc}")
-        return 1
-    key = flows.numerics_key_of(spec)
-    numerics = f" (this machine's CPU numerics: {key})" if key else ""
-    if (golden_dir(root, spec.name, stored) / "manifest.json").is_file():
-        print(f"golden: {spec.name} [{stored}] in {root}{numerics}: ok")
-        return 0
-    if platform not in spec.platform.platforms:
-        print(f"golden: {spec.name} does not schedule platform {platform!r} (nothing to compare on this host)")
-        return 0
-    print(f"golden: {spec.name} [{stored}] is MISSING in {root}{numerics}"
-          f"{mismatch_note(root, spec.name, stored)}")
-    print(f"  hint: golden capture {spec.name} --platform {platform} --reason TEXT")
-    return 1
-
-
 def _check_trace_settings(plugins: PluginsSpec) -> int:
     """The built-in trace profilers read HARNESS_TRACE_* from ``plugins.env``: would they start?"""
     trace = [path for path in (plugins.policy_profiler, plugins.rollout_profiler)
