@@ -20,7 +20,9 @@ expert FFN 384, vocabulary 4096 (the medium golden's model with a 4096 vocabular
    the default: its experts as two ``[E, ...]`` parameters a layer, transformers' layout;
    ``per_expert``: a module per expert, the operands stacked per forward; the rows of a
    second layout are ``fwd_bwd_<dtype>_<layout>``), and with ``--loop-fp32`` an fp32 arm on the per-expert loop
-   (``HARNESS_GROUPED_FP32=0``, the opt-out): median seconds, ratio. Each step starts from
+   (``HARNESS_GROUPED_FP32=0``, the opt-out), with ``--unfused-bf16`` a bf16 arm on the explicit
+   attention (``HARNESS_FUSED_ATTENTION=0``; bf16 takes the fused kernel by default on cuda):
+   median seconds, ratio. Each step starts from
    no gradients (``zero_grad(set_to_none=True)``, as a training step does), in both arms.
 
 Prints a summary, writes ``--out`` (JSON). Never a test verdict.
@@ -33,9 +35,11 @@ Prints a summary, writes ``--out`` (JSON). Never a test verdict.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import statistics
 import time
 from functools import partial
@@ -118,9 +122,9 @@ def _native_arm(cfg: ModelConfig, state: dict, reqs: list, args, kernels: str, p
         row["top_ops"] = _top_ops(partial(engine.generate, [dict(r, max_new_tokens=4) for r in reqs]), 20)
     if per_request:
         if kernels == "invariant":
-            solo = Engine(cfg, state, device="cuda", max_batch_size=1, decode_kernels=kernels)
+            solo = Engine(cfg, state, device="cuda", max_batch_size=1, decode_kernels=kernels, cuda_graphs=False)
         else:
-            solo = Engine(cfg, state, device="cuda", max_batch_size=batch, batched_decode=False)
+            solo = Engine(cfg, state, device="cuda", max_batch_size=batch, batched_decode=False, cuda_graphs=False)
         t = time.perf_counter()
         alone = [solo.generate([r])[0] for r in reqs] if kernels == "invariant" else solo.generate(reqs)
         torch.cuda.synchronize()
@@ -263,22 +267,32 @@ def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
             report[key] = row
             print(f"{key} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
             torch.cuda.empty_cache()
-    if args.loop_fp32:  # the opt-out: the reference model's fp32 MoE as the per-expert loop
-        import os
+    from harness.model.grouped import GROUPED_FP32_ENV
+    from harness.ops import FUSED_ATTENTION_ENV
 
-        from harness.model.grouped import GROUPED_FP32_ENV
+    opt_outs = [("float32_loop", torch.float32, GROUPED_FP32_ENV)] if args.loop_fp32 else []
+    if args.unfused_bf16:
+        opt_outs.append(("bfloat16_unfused", torch.bfloat16, FUSED_ATTENTION_ENV))
+    for name, dtype, env in opt_outs:  # an arm with one cuda fast path turned off (its variable = 0)
+        with _env(env, "0"):
+            row = _fwd_bwd_one(cfg, state, ids, dtype, args.repeat, args.profile, args.expert_layouts[0])
+        report[f"fwd_bwd_{name}"] = row
+        print(f"fwd+bwd {name} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
+        torch.cuda.empty_cache()
 
-        saved = os.environ.get(GROUPED_FP32_ENV)
-        os.environ[GROUPED_FP32_ENV] = "0"
-        try:
-            row = _fwd_bwd_one(cfg, state, ids, torch.float32, args.repeat, args.profile, args.expert_layouts[0])
-        finally:
-            if saved is None:
-                os.environ.pop(GROUPED_FP32_ENV)
-            else:
-                os.environ[GROUPED_FP32_ENV] = saved
-        report["fwd_bwd_float32_loop"] = row
-        print(f"fwd+bwd float32 loop {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    """``$name`` set to ``value`` inside the block, as it was afterwards."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = saved
 
 
 def main() -> None:
@@ -293,6 +307,8 @@ def main() -> None:
                     help="native decode_kernels arms; the first one's figure is the ratio's")
     ap.add_argument("--standard-max-batch", type=int, default=16, help="skip the standard arm above this batch")
     ap.add_argument("--loop-fp32", action="store_true", help="fwd+bwd: an fp32 arm on the per-expert loop")
+    ap.add_argument("--unfused-bf16", action="store_true",
+                    help="fwd+bwd: a bf16 arm on the explicit attention ($HARNESS_FUSED_ATTENTION=0)")
     ap.add_argument("--no-hf", action="store_true", help="generation: no transformers arm")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="generation: the invariant arm's batched engine replays its decode steps as CUDA graphs "

@@ -127,3 +127,36 @@ def warm_forward_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[str, Any
     out = {"before": before, "warm_runs": len(runs) - n0, "cache_kept": engine._untrained_logprobs is cache}
     out["after"] = engine.get_logprobs(batch)
     return out
+
+
+def grouped_experts_job(engine, batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """One megatron ``SequentialMLP`` of a CPU engine (megatron's per-expert loop) against
+    ``grouped_experts``' two grouped GEMMs over the same parameters (torch's CPU
+    ``_grouped_mm``): outputs and every expert's weight gradient, for routed rows with one
+    expert left without tokens; plus what ``install`` does on the CPU (the loop stays)."""
+    from harness.policy.megatron import grouped_experts
+
+    module = engine.model.decoder.layers[0].mlp.experts
+    hidden = module.config.hidden_size
+    gen = torch.Generator().manual_seed(7)
+    counts = torch.tensor([3, 0, 5] + [2] * (module.num_local_experts - 3))
+    x = torch.randn(int(counts.sum()), hidden, generator=gen)
+    probs = torch.rand(x.shape[0], generator=gen)
+
+    def run(fn):
+        module.zero_grad(set_to_none=True)
+        out = fn()
+        out.square().sum().backward()
+        grads = [p.grad.clone() for e in module.local_experts for p in (e.linear_fc1.weight, e.linear_fc2.weight)]
+        return out.detach(), grads
+
+    loop_out, loop_grads = run(lambda: type(module).forward(module, x, counts, probs)[0])
+    grouped_out, grouped_grads = run(
+        lambda: grouped_experts.grouped_swiglu_scaled(x, *grouped_experts.stack_fc(module), counts, probs))
+    installed = grouped_experts.install(engine.model)
+    routed_out, _ = run(lambda: module(x, counts, probs)[0])
+    module.zero_grad(set_to_none=True)
+    return {"unsupported": grouped_experts.unsupported(module), "loop": loop_out, "grouped": grouped_out,
+            "loop_grads": loop_grads, "grouped_grads": grouped_grads, "installed": installed,
+            "routed_on_cpu": routed_out, "experts": module.num_local_experts,
+            "layers": len(engine.model.decoder.layers)}

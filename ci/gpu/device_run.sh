@@ -5,6 +5,7 @@
 # (exit status, seconds) in $OUT/phases.log. docs/gpu.md lists the phases.
 #
 #   ci/gpu/device_run.sh env unit refit      # then: native; vllm; capture; check; before; smoke-check
+#   LIGHT_WHEELS=.gpuwheels GOLDEN_REASON=... ci/gpu/device_run.sh gpu-tests refresh:W check:W   # no vLLM
 #   BENCH_VLLM_ARGS='--arms native,async,hf --repeat 1' BENCH_VLLM_TIMEOUT=150 ci/gpu/device_run.sh vllm
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,10 +37,20 @@ print(\"torch\", torch.__version__, \"vllm\", vllm.__version__, \"ray\", ray.__v
                    timeout 580 python3 -m harness.cli capture "$w" --platform cuda --reason "$GOLDEN_REASON" \
                    && rm -rf "$keep/$w" && cp -r "goldens/$w/cuda" "$keep/$w" \
                    && tar -C "goldens/$w" -cf "$out/golden_$w.tar" cuda ;;
+        refresh:*) w=${phase#refresh:}   # GOLDEN_REASON: the refresh's --reason
+                   timeout 580 python3 -m harness.cli refresh "$w" --platform cuda --reason "$GOLDEN_REASON" \
+                       --run-dir "/tmp/refresh-$w" \
+                   && rm -rf "$keep/$w" && cp -r "goldens/$w/cuda" "$keep/$w" \
+                   && tar -C "goldens/$w" -cf "$out/golden_$w.tar" cuda;
+                   find "/tmp/refresh-$w" -name 'timings.json' -path '*surfaces*' | tar -cf "$out/refresh_run_$w.tar" -T - ;;
+        gpu-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS:-suites/unit} ;;
+        bench-native) timeout 330 python3 benches/native_gpu_bench.py ${BENCH_NATIVE_ARGS:---repeat 1} \
+                          --out "$out/native_gpu_bench.json" ;;
         check:*) w=${phase#check:}
                  { [ ! -d "$keep/$w" ] || { rm -rf "goldens/$w/cuda" && cp -r "$keep/$w" "goldens/$w/cuda"; }; } \
-                 && timeout 580 python3 -m harness.cli check "$w" --platform cuda --run-dir "/tmp/run-$w";
-                 find "/tmp/run-$w" -name 'timings.json' -path '*surfaces*' | tar -cf "$out/run_$w.tar" -T - ;;
+                 && rd=$(mktemp -d "/tmp/run-$w-XXXX") \
+                 && timeout 580 python3 -m harness.cli check "$w" --platform cuda --run-dir "$rd";
+                 find "$rd" -name 'timings.json' -path '*surfaces*' | tar -cf "$out/run_$w-${rd##*-}.tar" -T - ;;
         refit) timeout 300 python3 benches/refit_cuda_ipc_bench.py --floor --out "$out/refit_bench.json" ;;
         vllm) timeout "${BENCH_VLLM_TIMEOUT:-560}" python3 benches/vllm_gpu_bench.py \
                   ${BENCH_VLLM_ARGS:---batch 8 --new-tokens 32 --repeat 2} --out "$out/vllm_gpu_bench.json" ;;

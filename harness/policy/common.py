@@ -39,14 +39,21 @@ class EngineCommon:
         """Reference weights (the initial ``named`` parameters, on the CPU), AdamW
         over ``named`` in that order (over fp32 master copies for a low-precision
         model of a backend that sets ``MASTER_WEIGHTS``), the loss and the step
-        counters. Call once ``named`` holds the rank's loaded parameters."""
+        counters. Call once ``named`` holds the rank's loaded parameters.
+
+        AdamW steps tensor by tensor (``foreach=False``) unless the backend sets
+        ``FOREACH_ADAMW_ON_CUDA`` and the parameters are on cuda: then torch's
+        multi-tensor kernels run (a few launches per step instead of about ten per
+        tensor; they round differently, so only where the golden was refreshed on
+        them). On the CPU AdamW always steps tensor by tensor."""
         self.reference_state = {n: p.detach().clone().cpu() for n, p in self.named}
         spec = as_workload(spec)
         opt = spec.policy.optimizer
         self.lr, self.wd = opt.lr, opt.weight_decay  # floats (the typed block converts numbers)
         self.max_grad_norm = opt.max_grad_norm
-        adamw = dict(lr=self.lr, weight_decay=self.wd, betas=(opt.beta1, opt.beta2), eps=opt.eps, foreach=False)
         params = [p for _, p in self.named]
+        foreach = bool(getattr(self, "FOREACH_ADAMW_ON_CUDA", False) and params and params[0].is_cuda)
+        adamw = dict(lr=self.lr, weight_decay=self.wd, betas=(opt.beta1, opt.beta2), eps=opt.eps, foreach=foreach)
         if getattr(self, "MASTER_WEIGHTS", False) and needs_master_weights(params):
             self.optimizer = MasterWeightsAdamW(params, **adamw)  # bf16 model: fp32 masters and AdamW state
         else:

@@ -20,7 +20,7 @@ import torch
 from harness.rollout.engine_worker import draw_initial_weights, initial_weights
 from harness.rollout.native.decode_batch import DecodeBatch
 from harness.rollout.native.decode_graphs import GRAPHS_ENV, padded_inputs, padded_step
-from harness.rollout.native.engine import Engine
+from harness.rollout.native.engine import Engine, default_cuda_graphs
 from harness.rollout.native.kv_cache import KVCachePool
 from suites.tiny_engine import DECODE_CFG, reference_weights
 from suites.torch_state import one_deterministic_thread  # noqa: F401 (a module-scoped autouse fixture)
@@ -98,6 +98,15 @@ def test_the_background_draw_is_initial_weights():
     assert all(torch.equal(drawn[n], expected[n]) and drawn[n].dtype == expected[n].dtype for n in expected)
 
 
+def test_graphs_are_the_default_on_cuda_at_tp1_only(weights, monkeypatch):
+    assert default_cuda_graphs(torch.device("cuda"), 1)
+    assert not default_cuda_graphs(torch.device("cuda"), 2)  # a TP step's collectives cannot be captured
+    assert not default_cuda_graphs(torch.device("cpu"), 1)
+    monkeypatch.delenv(GRAPHS_ENV, raising=False)
+    engine = Engine(CFG, weights, max_batch_size=2)  # the CPU default: no graphs, no scratch slot, no error
+    assert engine.scheduler.graphs is None and engine.kv.free_slots == 2
+
+
 def test_host_page_registration_without_cuda_registers_nothing(monkeypatch):
     from harness.policy.megatron import host_pages
 
@@ -140,3 +149,20 @@ def test_on_cuda_registered_host_pages_copy_the_same_bits():
     assert all(torch.equal(t.cuda().cpu(), t) for t in host)
     pages.release()
     assert not any(t.is_pinned() for t in host)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_an_engine_replays_its_decode_by_default_and_yields_to_standard_kernels(weights, monkeypatch):
+    import warnings
+
+    monkeypatch.delenv(GRAPHS_ENV, raising=False)
+    engine = Engine(CFG, weights, max_batch_size=4, device="cuda")
+    engine.generate(_reqs(4))
+    assert engine.scheduler.graphs is not None and engine.scheduler.graphs.replays > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # asked-for standard kernels: eager decode without a warning
+        standard = Engine(CFG, weights, max_batch_size=4, device="cuda", decode_kernels="standard")
+    assert standard.scheduler.graphs is None
+    monkeypatch.setenv(GRAPHS_ENV, "0")
+    assert Engine(CFG, weights, max_batch_size=4, device="cuda").scheduler.graphs is None

@@ -127,6 +127,9 @@ def build_gpt_model(cfg: ModelConfig, policy: PolicySpec, device: str, *, pre_pr
     )
     if device == "cuda":
         model = model.cuda()
+        from harness.policy.megatron.grouped_experts import install
+
+        install(model)  # the local experts as two grouped GEMMs (the CPU keeps megatron's loop)
     return model
 
 

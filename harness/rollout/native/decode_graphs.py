@@ -28,7 +28,8 @@ All buckets share one memory pool; a replay's logits are copied out before the n
 replay (the scheduler samples on the host). A replayed step dispatches no ATen
 operators, so a rollout profiler counts only the few around the replay (the inputs
 copied in, the logits copied out): engines with graphs have operator inventories of
-their own (off by default; the goldens run without them).
+their own. On by default on cuda at TP 1 (``engine.default_cuda_graphs``); the cuda
+goldens were refreshed with them (issue 20).
 """
 
 from __future__ import annotations

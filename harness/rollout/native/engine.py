@@ -22,6 +22,7 @@ with ``RolloutWorker`` (unsharding) and the vLLM backend (weight loading).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 
 from harness import ops
 from harness.model.config import ModelConfig
-from harness.rollout.native.decode_graphs import GRAPHS_ENV, DecodeGraphs
+from harness.rollout.native.decode_graphs import GRAPHS_ENV, DecodeGraphs, graphs_unavailable
 from harness.rollout.native.forward import Forward
 from harness.rollout.native.kv_cache import KVCachePool
 from harness.rollout.native.probe import choose_batched_decode, choose_batched_sampling, choose_invariant
@@ -54,6 +55,14 @@ def default_decode_kernels(device: torch.device) -> str:
     failing probe stops the engine with the reason), ``"standard"`` elsewhere (the CPU's
     batched decode is bit-identical to the per-request one by construction)."""
     return "invariant" if device.type == "cuda" else "standard"
+
+
+def default_cuda_graphs(device: torch.device, tp_size: int) -> bool:
+    """Whether an engine replays its decode steps as CUDA graphs unless told otherwise: on
+    cuda at TP 1 (graphs need the invariant kernels, the cuda default, and cannot capture a
+    TP step's collectives), never elsewhere. The cuda goldens were refreshed with graphs
+    on (issue 20); the CPU has none."""
+    return device.type == "cuda" and tp_size == 1
 
 
 class Engine:
@@ -86,11 +95,14 @@ class Engine:
     kernels round differently from the per-request ones: a run's tokens and
     logprobs are a function of its requests for each setting, not across settings.
 
-    ``cuda_graphs``: ``None`` reads ``$HARNESS_NATIVE_CUDA_GRAPHS`` (``1`` on; unset, empty or
-    ``0`` off, the default). On: decode-only steps are replayed as CUDA graphs
+    ``cuda_graphs``: ``None`` reads ``$HARNESS_NATIVE_CUDA_GRAPHS`` (``1`` on, ``0`` off); unset
+    or empty, the device's default (``default_cuda_graphs``: on for cuda at TP 1, off
+    elsewhere). On: decode-only steps are replayed as CUDA graphs
     (``decode_graphs.DecodeGraphs``: same bits as the eager step, checked per bucket; one
-    extra KV slot for padding rows); needs cuda, the invariant kernels and ``tp_size`` 1,
-    else a ValueError naming what is missing. A replayed step dispatches no ATen operators.
+    extra KV slot for padding rows); needs cuda, the invariant kernels and ``tp_size`` 1:
+    asked for (argument or environment) without them, a ValueError naming what is missing;
+    only the default, a warning with the reason and eager decode. A replayed step
+    dispatches no ATen operators.
     """
 
     def __init__(
@@ -124,7 +136,10 @@ class Engine:
         graphs_env = os.environ.get(GRAPHS_ENV, "")
         if graphs_env not in ("", "0", "1"):
             raise ValueError(f"${GRAPHS_ENV} must be 0 or 1, got {graphs_env!r}")
-        want_graphs = graphs_env == "1" if cuda_graphs is None else cuda_graphs
+        graphs_asked = cuda_graphs is not None or graphs_env != ""
+        if cuda_graphs is None:  # unset: the device's default (default_cuda_graphs)
+            cuda_graphs = graphs_env == "1" if graphs_env else default_cuda_graphs(self.device, tp_size)
+        want_graphs = cuda_graphs
         self.kv = KVCachePool(
             layers=self.cfg.layers,
             slots=max_batch_size + (1 if want_graphs else 0),  # + the graphs' scratch slot
@@ -158,6 +173,13 @@ class Engine:
             batched = choose_batched_decode(self.forward, max_batch_size, batched_decode)
             sampling = batched and choose_batched_sampling(self.device, self.cfg.vocab)
         graphs = None
+        if want_graphs and not graphs_asked and graphs_unavailable(self.forward) is not None:
+            # the device default yields where it cannot hold: silently where the standard kernels
+            # were asked for, with a warning naming the reason where the invariant probe failed
+            if not explicit:
+                warnings.warn(f"native engine: decode without CUDA graphs: {graphs_unavailable(self.forward)}",
+                              stacklevel=2)
+            want_graphs = False
         if want_graphs:  # asked for: unavailable is an error (graphs change no bit, only launches)
             graphs = DecodeGraphs(self.forward, max_batch_size, self.kv.reserve(max_batch_size))
         self.scheduler = Scheduler(
