@@ -20,9 +20,7 @@ expert FFN 384, vocabulary 4096 (the medium golden's model with a 4096 vocabular
    the default: its experts as two ``[E, ...]`` parameters a layer, transformers' layout;
    ``per_expert``: a module per expert, the operands stacked per forward; the rows of a
    second layout are ``fwd_bwd_<dtype>_<layout>``), and with ``--loop-fp32`` an fp32 arm on the per-expert loop
-   (``HARNESS_GROUPED_FP32=0``, the opt-out), with ``--unfused-bf16`` a bf16 arm on the explicit
-   attention (``HARNESS_FUSED_ATTENTION=0``; bf16 takes the fused kernel by default on cuda):
-   median seconds, ratio. Each step starts from
+   (``HARNESS_GROUPED_FP32=0``, the opt-out): median seconds, ratio. Each step starts from
    no gradients (``zero_grad(set_to_none=True)``, as a training step does), in both arms.
 
 Prints a summary, writes ``--out`` (JSON). Never a test verdict.
@@ -267,18 +265,13 @@ def forward_backward(cfg: ModelConfig, state: dict, args, report: dict) -> None:
             report[key] = row
             print(f"{key} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
             torch.cuda.empty_cache()
-    from harness.model.grouped import GROUPED_FP32_ENV
-    from harness.ops import FUSED_ATTENTION_ENV
+    if args.loop_fp32:  # the opt-out: the reference model's fp32 MoE as the per-expert loop
+        from harness.model.grouped import GROUPED_FP32_ENV
 
-    opt_outs = [("float32_loop", torch.float32, GROUPED_FP32_ENV)] if args.loop_fp32 else []
-    if args.unfused_bf16:
-        opt_outs.append(("bfloat16_unfused", torch.bfloat16, FUSED_ATTENTION_ENV))
-    for name, dtype, env in opt_outs:  # an arm with one cuda fast path turned off (its variable = 0)
-        with _env(env, "0"):
-            row = _fwd_bwd_one(cfg, state, ids, dtype, args.repeat, args.profile, args.expert_layouts[0])
-        report[f"fwd_bwd_{name}"] = row
-        print(f"fwd+bwd {name} {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
-        torch.cuda.empty_cache()
+        with _env(GROUPED_FP32_ENV, "0"):
+            row = _fwd_bwd_one(cfg, state, ids, torch.float32, args.repeat, args.profile, args.expert_layouts[0])
+        report["fwd_bwd_float32_loop"] = row
+        print(f"fwd+bwd float32 loop {args.fb_batch}x{args.fb_seq}: {row}", flush=True)
 
 
 @contextlib.contextmanager
@@ -307,8 +300,6 @@ def main() -> None:
                     help="native decode_kernels arms; the first one's figure is the ratio's")
     ap.add_argument("--standard-max-batch", type=int, default=16, help="skip the standard arm above this batch")
     ap.add_argument("--loop-fp32", action="store_true", help="fwd+bwd: an fp32 arm on the per-expert loop")
-    ap.add_argument("--unfused-bf16", action="store_true",
-                    help="fwd+bwd: a bf16 arm on the explicit attention ($HARNESS_FUSED_ATTENTION=0)")
     ap.add_argument("--no-hf", action="store_true", help="generation: no transformers arm")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="generation: the invariant arm's batched engine replays its decode steps as CUDA graphs "

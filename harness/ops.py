@@ -78,38 +78,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # ---------------------------------------------------------------------------
 
 
-FUSED_ATTENTION_DTYPES = (torch.bfloat16,)
-FUSED_ATTENTION_ENV = "HARNESS_FUSED_ATTENTION"
-
-
-def use_fused_attention(q: torch.Tensor) -> bool:
-    """Whether a *dense* causal attention of ``q`` runs as torch's fused kernel
-    (``scaled_dot_product_attention``, flash or memory-efficient: both deterministic
-    under ``torch.use_deterministic_algorithms(True)``): cuda and a
-    ``FUSED_ATTENTION_DTYPES`` dtype (bf16), unless ``$HARNESS_FUSED_ATTENTION`` is
-    ``0``. Never on the CPU, and never in fp32, so no CPU or fp32 golden moved."""
-    import os
-
-    return q.is_cuda and q.dtype in FUSED_ATTENTION_DTYPES and os.environ.get(FUSED_ATTENTION_ENV) != "0"
-
-
-def _fused_causal_attention(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor) -> torch.Tensor:
-    """``[B, H, S, D]`` causal attention through the flash or memory-efficient kernel
-    (cuDNN's is left out: not deterministic; the math one needs no fusing)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
-
-
 def causal_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     q_positions: torch.Tensor,
     k_positions: torch.Tensor,
-    *,
-    dense: bool = False,
 ) -> torch.Tensor:
     """Causal softmax attention with GQA, masking by absolute position.
 
@@ -118,12 +92,7 @@ def causal_attention(
     iff `k_positions[j] <= q_positions[i]`, so chunked (context-parallel) and
     incremental (KV-cache) callers get exactly the full-sequence result.
     Every query must see at least one key. Returns `[B, Sq, Hq, D]`.
-    Computed eagerly (explicit softmax in fp32, cast back to the input dtype) with scale `D**-0.5`.
-
-    ``dense``: the caller guarantees ``q_positions`` and ``k_positions`` are both
-    ``0..S-1`` (a whole sequence, not a chunk or a decode step); then, where
-    ``use_fused_attention(q)`` (cuda bf16), the fused kernel computes it instead
-    (the same function, other roundings: its softmax is not the explicit fp32 one)."""
+    Computed eagerly (explicit softmax in fp32, cast back to the input dtype) with scale `D**-0.5`."""
     _b, _sq, hq, d = q.shape
     hkv = k.shape[2]
     if hq % hkv:
@@ -132,8 +101,6 @@ def causal_attention(
     qh = q.transpose(1, 2)  # [B, Hq, Sq, D]
     kh = k.transpose(1, 2).repeat_interleave(groups, dim=1)  # [B, Hq, Sk, D]
     vh = v.transpose(1, 2).repeat_interleave(groups, dim=1)
-    if dense and use_fused_attention(q):
-        return _fused_causal_attention(qh, kh, vh).transpose(1, 2)
     scores = torch.matmul(qh, kh.transpose(-1, -2)) * (d**-0.5)
     visible = k_positions.view(1, -1) <= q_positions.view(-1, 1)  # [Sq, Sk]
     scores = scores.masked_fill(~visible, float("-inf"))

@@ -72,9 +72,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                dense: bool = False) -> torch.Tensor:
-        """``dense``: ``positions`` is ``0..S-1`` (``ops.causal_attention``'s fused path may run)."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         d = self.cfg.head_dim
         q = self.q_proj(x).view(b, s, -1, d)
@@ -83,7 +81,7 @@ class Attention(nn.Module):
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        out = ops.causal_attention(q, k, v, positions, positions, dense=dense)
+        out = ops.causal_attention(q, k, v, positions, positions)
         return self.o_proj(out.reshape(b, s, -1))
 
 
@@ -227,8 +225,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.mlp = SparseMoE(cfg, expert_layout)
 
-    def forward(self, x, cos, sin, positions, dense: bool = False):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, dense)
+    def forward(self, x, cos, sin, positions):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions)
         moe_out, router_logits = self.mlp(self.post_attention_layernorm(x))
         return x + moe_out, router_logits
 
@@ -291,14 +289,13 @@ class Qwen3MoeForCausalLM(nn.Module):
         No padding mask: sequences are right-padded and attention is causal, so
         pads never influence earlier tokens."""
         s = input_ids.shape[1]
-        dense = positions is None  # the whole sequence: attention may take the fused kernel (cuda bf16)
         if positions is None:
             positions = torch.arange(s, device=input_ids.device)
         cos, sin = ops.rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, self.lm_head.weight.dtype)
         x = self.model.embed_tokens(input_ids)
         router_logits = []
         for layer in self.model.layers:
-            x, rl = layer(x, cos, sin, positions, dense)
+            x, rl = layer(x, cos, sin, positions)
             router_logits.append(rl)
         logits = self.lm_head(self.model.norm(x))
         return logits, router_logits

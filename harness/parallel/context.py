@@ -45,9 +45,7 @@ def cp_attention(
     keys. q `[b, s, hq, d]`, k/v `[b, s, hkv, d]` (local chunk)."""
     k_all = comm.all_gather(k, cp_group, SEQ_DIM)
     v_all = comm.all_gather(v, cp_group, SEQ_DIM)
-    # at cp 1 both position lists are 0..S-1 (zigzag_positions): a dense attention
-    return ops.causal_attention(q, k_all, v_all, q_positions, moved(gathered_positions(seq_len, cp), q.device),
-                                dense=cp == 1)
+    return ops.causal_attention(q, k_all, v_all, q_positions, moved(gathered_positions(seq_len, cp), q.device))
 
 
 def unchunk(values: torch.Tensor, seq_len: int, cp_group, cp: int) -> torch.Tensor:

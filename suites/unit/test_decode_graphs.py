@@ -163,6 +163,7 @@ def test_on_cuda_an_engine_replays_its_decode_by_default_and_yields_to_standard_
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # asked-for standard kernels: eager decode without a warning
         standard = Engine(CFG, weights, max_batch_size=4, device="cuda", decode_kernels="standard")
-    assert standard.scheduler.graphs is None
+        per_request = Engine(CFG, weights, max_batch_size=4, device="cuda", batched_decode=False)
+    assert standard.scheduler.graphs is None and per_request.scheduler.graphs is None
     monkeypatch.setenv(GRAPHS_ENV, "0")
     assert Engine(CFG, weights, max_batch_size=4, device="cuda").scheduler.graphs is None

@@ -174,9 +174,10 @@ class Engine:
             sampling = batched and choose_batched_sampling(self.device, self.cfg.vocab)
         graphs = None
         if want_graphs and not graphs_asked and graphs_unavailable(self.forward) is not None:
-            # the device default yields where it cannot hold: silently where the standard kernels
-            # were asked for, with a warning naming the reason where the invariant probe failed
-            if not explicit:
+            # the device default yields where it cannot hold: with a warning naming the reason
+            # where the invariant kernels were tried and their probe failed, silently where the
+            # standard kernels were chosen (by name or by batched_decode=False)
+            if decode_kernels == "invariant":
                 warnings.warn(f"native engine: decode without CUDA graphs: {graphs_unavailable(self.forward)}",
                               stacklevel=2)
             want_graphs = False
