@@ -218,12 +218,16 @@ class GoldenSession:
 
         one = Verdict(deterministic=verdict.deterministic, surfaces={surface: result})
         from harness import flows
+        from harness.store.variants import unrecorded_note
 
         platform = flows.platform_of(execution.spec, self.platform_opt)
+        root = self.root_of(workload)
+        stored = flows.stored_platform(execution.spec, platform, root)
+        note = unrecorded_note(root, workload, stored, flows.numerics_key_of(execution.spec))
         pytest.fail(
             f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"
             + render_terminal(one, title=f"{workload}/{surface}", color=False)
-            + "\n" + refresh_hint_text(workload, platform, self.root_of(workload)),
+            + "\n" + refresh_hint_text(workload, platform, root) + (f"\n{note}" if note else ""),
             pytrace=False,
         )
 

@@ -127,8 +127,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"check {execution.spec.name} [{platform}]: {verdict.status} "
           f"(wall {execution.wall_s:.1f}s; run dir {execution.run_dir})", file=sys.stderr)
     if not verdict.ok:
+        from harness.flows import numerics_key_of
+        from harness.store.variants import unrecorded_note
+
         hint = golden_command("refresh", args.workload, overrides=args.overrides, platform=platform,
                               goldens_root=args.goldens, reason=True)
         print(f"  if the change is intended: {hint}", file=sys.stderr)
+        note = unrecorded_note(prepared.goldens_root, execution.spec.name, platform, numerics_key_of(execution.spec))
+        if note:
+            print(f"  {note}", file=sys.stderr)
         return EXIT_FINDINGS
     return EXIT_OK

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from harness.store import layout
 
-__all__ = ["SEPARATOR", "base_platform", "mismatch_note", "read_platform", "recorded_key", "variant",
-           "write_platform"]
+__all__ = ["SEPARATOR", "base_platform", "mismatch_note", "read_platform", "recorded_key", "unrecorded_note",
+           "variant", "write_platform"]
 
 SEPARATOR = "@"
 MAX_MANIFEST_BYTES = 8 << 20  # a golden manifest is a few KiB; the key is read, not the whole store
@@ -99,3 +99,19 @@ def mismatch_note(root: str | Path, workload: str, stored: str) -> str:
         return ""
     return (f"; the {base!r} golden was captured on CPU numerics {theirs!r} and this machine's are {key!r}: "
             "bit-exact parity holds only between machines with one key (docs/gate.md, CPU numerics)")
+
+
+def unrecorded_note(root: str | Path, workload: str, stored: str, key: str | None) -> str:
+    """For a failed check: the note that the golden compared with records no CPU numerics, so
+    rounding findings may come from another kind of machine rather than from a change ('' when
+    the golden records a key, is a variant, or the run has no key). Read case 2 of the module
+    doc: an unrecorded golden is compared bit for bit, as before the key existed."""
+    if key is None or SEPARATOR in stored or not _exists(root, workload, stored):
+        return ""
+    if recorded_key(root, workload, stored) is not None:
+        return ""
+    return (f"note: the {stored!r} golden of {workload} records no CPU numerics (captured before keys were "
+            f"recorded) and this machine's are {key!r}. If the only failures are last-bit differences in "
+            "rollouts and training with no code change, this machine's CPU kernels round differently from "
+            f"the capturing one's: store this machine's variant with `golden refresh {workload} "
+            f"--platform {base_platform(stored)} --numerics-variant --reason TEXT` (docs/gate.md, CPU numerics)")

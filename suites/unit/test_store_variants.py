@@ -9,7 +9,7 @@ from harness.parity.synthetic import synthetic_manifest, synthetic_surfaces
 from harness.store import new_provenance, write_golden
 from harness.store.layout import check_name
 from harness.store.lint import lint
-from harness.store.variants import mismatch_note, read_platform, recorded_key, write_platform
+from harness.store.variants import mismatch_note, read_platform, recorded_key, unrecorded_note, write_platform
 
 W = "w"
 
@@ -135,3 +135,16 @@ def test_list_shows_a_variant_under_its_platform_with_each_goldens_numerics(tmp_
     assert main(["list", "--goldens-root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "cpu@k2: golden (CPU-numerics variant)" in out and "; CPU numerics k2" in out
+
+
+def test_a_failed_check_against_an_unrecorded_golden_says_the_numerics_may_differ(tmp_path):
+    assert unrecorded_note(tmp_path, W, "cpu", "intel-f6m167") == ""  # nothing stored
+    _golden(tmp_path, "cpu", None)
+    note = unrecorded_note(tmp_path, W, "cpu", "intel-f6m167")
+    assert "records no CPU numerics" in note and "'intel-f6m167'" in note
+    assert f"golden refresh {W} --platform cpu --numerics-variant --reason TEXT" in note
+    assert unrecorded_note(tmp_path, W, "cpu", None) == ""  # a run without a key (cuda): nothing to say
+    _golden(tmp_path, "cpu@k2", "k2")
+    assert unrecorded_note(tmp_path, W, "cpu@k2", "k2") == ""  # a variant always records its key
+    _golden(tmp_path, "cpu", "amd-f25m17")
+    assert unrecorded_note(tmp_path, W, "cpu", "amd-f25m17") == ""  # recorded and equal: a real change
