@@ -231,6 +231,21 @@ def cpu_workloads() -> list[str]:
     return [w for w in list_workloads(root) if (root / w / "cpu" / "manifest.json").is_file()]
 
 
+def chosen_workloads(names: str | None) -> list[str]:
+    """``--workloads`` as golden names: each one as given or with the ``qwen3_moe_tiny_`` prefix
+    (``smoke`` -> ``qwen3_moe_tiny_smoke``); a name with no CPU golden stops the bench, naming it."""
+    known = cpu_workloads()
+    if not names:
+        return known
+    out = []
+    for name in names.split(","):
+        full = name if name in known else f"qwen3_moe_tiny_{name}"
+        if full not in known:
+            raise SystemExit(f"golden_phases: --workloads: no CPU golden named {name!r} (known: {', '.join(known)})")
+        out.append(full)
+    return out
+
+
 def run_one(workload: str, run_root: Path, warm) -> dict:
     from harness import flows
 
@@ -292,7 +307,9 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("cold", "warm", "both"), default="cold")
-    ap.add_argument("--workloads", default=None, help="comma-separated (default: every workload with a cpu golden)")
+    ap.add_argument("--workloads", default=None,
+                    help="comma-separated, full or short names (smoke = qwen3_moe_tiny_smoke; "
+                         "default: every workload with a cpu golden)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     ap.add_argument("--by-process", action="store_true",
                     help="also split each phase's CPU by process kind (policy ranks, raylet, zygote, ...)")
@@ -300,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     global _METER, _BY_PROCESS
     _BY_PROCESS = args.by_process
     _METER = CpuMeter()  # before anything starts: Ray and every worker inherit the cgroup
-    workloads = args.workloads.split(",") if args.workloads else cpu_workloads()
+    workloads = chosen_workloads(args.workloads)
     os.environ.setdefault("GOLDEN_PROGRESS", "off")
     load_before = os.getloadavg()
     print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} "
