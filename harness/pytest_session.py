@@ -33,6 +33,7 @@ class GoldenSession:
         self.capture_missing = bool(config.getoption("--golden-capture-missing"))
         self.reason = config.getoption("--golden-reason")
         self._cache: dict[tuple[str, str], tuple] = {}
+        self._compared: dict[tuple[str, str], str | None] = {}  # the stored golden each run was compared with
         self.stored_by_current_test: str | None = None
         self._progress_stream = None
         self._warm = None  # harness.runner.warm.WarmRuntime, created on the first workload
@@ -72,6 +73,7 @@ class GoldenSession:
 
     def _record(self, key: tuple[str, str], platform: str | None, entry: tuple, wall_s: float) -> None:
         self._cache[key] = entry
+        self._compared[key] = platform
         verdict = entry[3]
         markdown = None
         if verdict is not None and not verdict.ok:
@@ -222,7 +224,7 @@ class GoldenSession:
 
         platform = flows.platform_of(execution.spec, self.platform_opt)
         root = self.root_of(workload)
-        stored = flows.stored_platform(execution.spec, platform, root)
+        stored = self._compared.get((str(root), str(workload))) or platform
         note = unrecorded_note(root, workload, stored, flows.numerics_key_of(execution.spec))
         pytest.fail(
             f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"

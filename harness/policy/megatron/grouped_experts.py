@@ -76,10 +76,11 @@ def grouped_swiglu_scaled(x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
 
 def grouped_forward(self: Any, permuted_local_hidden_states: torch.Tensor, tokens_per_expert: torch.Tensor,
                     permuted_probs: torch.Tensor):
-    """``SequentialMLP.forward`` as two grouped GEMMs (module docstring); megatron's own
-    loop where :func:`unsupported` or the tokens are not on a grouped device and dtype."""
+    """``SequentialMLP.forward`` as two grouped GEMMs (module docstring) for a module
+    :func:`install` accepted (its configuration does not change); megatron's own loop where
+    the tokens are not on a grouped device and dtype, or there are none."""
     x = permuted_local_hidden_states
-    if unsupported(self) is not None or not use_grouped(x) or x.shape[0] == 0:
+    if not use_grouped(x) or x.shape[0] == 0:
         return type(self).forward(self, x, tokens_per_expert, permuted_probs)
     fc1, fc2 = stack_fc(self)
     return grouped_swiglu_scaled(x, fc1, fc2, tokens_per_expert, permuted_probs), None
@@ -88,7 +89,7 @@ def grouped_forward(self: Any, permuted_local_hidden_states: torch.Tensor, token
 def install(model: torch.nn.Module) -> int:
     """Route every supported ``SequentialMLP`` of ``model`` through :func:`grouped_forward`
     (an instance attribute: the class and its other instances are untouched); returns how
-    many. Call only for a cuda model: on the CPU megatron's loop must stay."""
+    many. Meant for a cuda model; on the CPU the installed forward runs megatron's loop anyway."""
     from megatron.core.transformer.moe.experts import SequentialMLP
 
     count = 0

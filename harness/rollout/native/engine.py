@@ -139,10 +139,9 @@ class Engine:
         graphs_asked = cuda_graphs is not None or graphs_env != ""
         if cuda_graphs is None:  # unset: the device's default (default_cuda_graphs)
             cuda_graphs = graphs_env == "1" if graphs_env else default_cuda_graphs(self.device, tp_size)
-        want_graphs = cuda_graphs
         self.kv = KVCachePool(
             layers=self.cfg.layers,
-            slots=max_batch_size + (1 if want_graphs else 0),  # + the graphs' scratch slot
+            slots=max_batch_size + (1 if cuda_graphs else 0),  # + the graphs' scratch slot
             max_position=self.cfg.max_position,
             kv_heads=self.plan.local_kv_heads,
             head_dim=self.cfg.head_dim,
@@ -173,15 +172,15 @@ class Engine:
             batched = choose_batched_decode(self.forward, max_batch_size, batched_decode)
             sampling = batched and choose_batched_sampling(self.device, self.cfg.vocab)
         graphs = None
-        if want_graphs and not graphs_asked and graphs_unavailable(self.forward) is not None:
+        problem = graphs_unavailable(self.forward) if cuda_graphs and not graphs_asked else None
+        if problem is not None:
             # the device default yields where it cannot hold: with a warning naming the reason
             # where the invariant kernels were tried and their probe failed, silently where the
             # standard kernels were chosen (by name or by batched_decode=False)
             if decode_kernels == "invariant":
-                warnings.warn(f"native engine: decode without CUDA graphs: {graphs_unavailable(self.forward)}",
-                              stacklevel=2)
-            want_graphs = False
-        if want_graphs:  # asked for: unavailable is an error (graphs change no bit, only launches)
+                warnings.warn(f"native engine: decode without CUDA graphs: {problem}", stacklevel=2)
+            cuda_graphs = False
+        if cuda_graphs:  # asked for: unavailable is an error (graphs change no bit, only launches)
             graphs = DecodeGraphs(self.forward, max_batch_size, self.kv.reserve(max_batch_size))
         self.scheduler = Scheduler(
             self.cfg, self.forward, self.kv, max_batch_size=max_batch_size, eos_token_id=eos_token_id,
