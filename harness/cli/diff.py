@@ -109,10 +109,9 @@ def _golden(args: argparse.Namespace, documents):
             from harness.cli.lint import default_root
 
             root = default_root()
-        from harness.store.variants import read_platform
+        from harness.store.variants import manifest_key, read_platform
 
-        numerics = ((documents.manifest or {}).get("environment") or {}).get("cpu_numerics")
-        key = numerics.get("key") if isinstance(numerics, dict) else None  # the run's machine, not this one
+        key = manifest_key(documents.manifest)  # the run's machine, not this one
         return read_golden(root, args.golden, read_platform(root, args.golden, platform, key))
     except (FileNotFoundError, GoldenStoreError, ValueError) as exc:
         raise UnusableInput(str(exc)) from None

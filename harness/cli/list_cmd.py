@@ -70,6 +70,7 @@ def _read_stored(root, name: str, stored: list[str]) -> tuple[dict[str, str], di
     report as unusable) with why, and the described provenance of the others."""
     from harness.store import GoldenStoreError, read_golden
     from harness.store.provenance import describe
+    from harness.store.variants import manifest_key
 
     damaged, provenance = {}, {}
     for platform in stored:
@@ -79,10 +80,8 @@ def _read_stored(root, name: str, stored: list[str]) -> tuple[dict[str, str], di
             damaged[platform] = str(exc)
             continue
         provenance[platform] = describe(golden.provenance)
-        environment = golden.manifest.get("environment", {})
-        if environment.get("device") == "cpu":  # the machines it holds on (harness.store.variants)
-            numerics = environment.get("cpu_numerics")
-            provenance[platform]["cpu_numerics"] = numerics.get("key") if isinstance(numerics, dict) else None
+        if golden.manifest.get("environment", {}).get("device") == "cpu":  # the machines it holds on
+            provenance[platform]["cpu_numerics"] = manifest_key(golden.manifest)
     return damaged, provenance
 
 

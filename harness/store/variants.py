@@ -30,8 +30,8 @@ from pathlib import Path
 
 from harness.store import layout
 
-__all__ = ["SEPARATOR", "base_platform", "mismatch_note", "read_platform", "recorded_key", "unrecorded_note",
-           "variant", "write_platform"]
+__all__ = ["SEPARATOR", "base_platform", "manifest_key", "mismatch_note", "read_platform", "recorded_key",
+           "unrecorded_note", "variant", "write_platform"]
 
 SEPARATOR = "@"
 MAX_MANIFEST_BYTES = 8 << 20  # a golden manifest is a few KiB; the key is read, not the whole store
@@ -46,18 +46,24 @@ def base_platform(name: str) -> str:
     return name.split(SEPARATOR, 1)[0]
 
 
+def manifest_key(manifest: object) -> str | None:
+    """The CPU numerics key a manifest document records (``environment.cpu_numerics.key``);
+    None when it records none or the document is not shaped like a manifest."""
+    environment = manifest.get("environment") if isinstance(manifest, dict) else None
+    numerics = environment.get("cpu_numerics") if isinstance(environment, dict) else None
+    key = numerics.get("key") if isinstance(numerics, dict) else None
+    return key if isinstance(key, str) else None
+
+
 def recorded_key(root: str | Path, workload: str, platform: str) -> str | None:
     """The CPU numerics key the stored golden records; None when it records none, is absent or
     unreadable (reading the golden itself then says what is wrong with it)."""
     path = layout.golden_dir(root, workload, platform) / layout.MANIFEST
     try:
         with open(path, "rb") as fh:
-            doc = json.loads(fh.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES])
-        numerics = doc["environment"].get("cpu_numerics")
-        key = numerics.get("key") if isinstance(numerics, dict) else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return manifest_key(json.loads(fh.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES]))
+    except (OSError, ValueError):
         return None
-    return key if isinstance(key, str) else None
 
 
 def _exists(root: str | Path, workload: str, platform: str) -> bool:
