@@ -126,8 +126,11 @@ class PolicyGroup:
             if address:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False)
             else:
-                ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
-                         log_to_driver=False)  # "local": RAY_ADDRESS is not followed (see runner/session.py)
+                from harness.runner.ray_start import worker_exec_installed
+
+                with worker_exec_installed():  # "local": RAY_ADDRESS is not followed (see runner/session.py)
+                    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
+                             log_to_driver=False)
             self._started_ray = True
         env = {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", **(env_vars or {})}
         host = ray.util.get_node_ip_address() if placement is not None and placement.spans_nodes else None

@@ -52,7 +52,10 @@ def init_ray(spec: dict, address: str | None, **kwargs) -> None:
     if address is None:
         # address="local": always a fresh local instance. Without it ray.init follows
         # RAY_ADDRESS to an existing cluster and then refuses num_cpus.
-        ray.init(address="local", num_cpus=local_cpus(spec), include_dashboard=False, **kwargs)
+        from harness.runner.ray_start import worker_exec_installed
+
+        with worker_exec_installed():
+            ray.init(address="local", num_cpus=local_cpus(spec), include_dashboard=False, **kwargs)
     else:
         probe(address)
         try:

@@ -1,7 +1,7 @@
 """A fork server for Ray worker processes: torch and the harness's worker modules imported once.
 
 A Ray worker of a warm runtime normally starts as ``python default_worker.py ...``
-(through Ray's ``setup_worker.py`` when the actor has a ``runtime_env``) and then
+(through the raylet's setup script, ``harness.runner.worker_exec``) and then
 imports torch and the harness: about 1 s of CPU per process, paid by every
 policy rank and rollout actor (the flagship has nine). With a zygote, such a
 worker's ``runtime_env`` carries ``py_executable`` = :func:`worker_command`: Ray
