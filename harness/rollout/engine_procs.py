@@ -68,6 +68,9 @@ def engine_process_main(
     import torch
     import torch.distributed as dist
 
+    from harness.runner.process_state import freeze_heap
+
+    freeze_heap(collect=False)  # the fork server's preloads are never scanned again here
     torch.set_num_threads(1)
     worker = None
     try:

@@ -37,9 +37,11 @@ import, and ``harness.runner.warm.zygote_runtime_env`` forks only workers whose
 start-up variables are the runner's own. torch's default generator is
 untouched by the server (a fresh process's fixed seed). What differs: the
 Python hash seed is the server's (no surface depends on string hash order: a
-cold run's ranks each draw their own) and the preloads' module-level
-timestamps are the server's start. ``suites/integration/test_zygote.py``
-compares a forked worker with a fresh one.
+cold run's ranks each draw their own), the preloads' module-level
+timestamps are the server's start, and the preloads' objects are in the cyclic
+collector's permanent generation (``process_state.freeze_heap``, after the
+preloads; a flavour freezes its own too), so a child's collections never scan them.
+``suites/integration/test_zygote.py`` compares a forked worker with a fresh one.
 
 Flavours (:data:`FLAVOURS`): on a driver's request (:meth:`Zygote.flavour`)
 the server forks a child that listens on a socket of its own, answers, then
@@ -65,6 +67,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness.runner.process_state import freeze_heap
 from harness.runner.zygote_client import read_line
 
 ADDRESS_VAR = "GOLDEN_ZYGOTE_SOCKET"  # the client reads the server's socket path here
@@ -352,6 +355,7 @@ def _start_flavour(server: socket.socket, conn: socket.socket, request: dict, pa
         with warnings.catch_warnings():  # import-time notices (megatron-core's "Apex is not installed"):
             warnings.simplefilter("ignore")  # a fresh rank writes them to its own log, not the driver's
             _preload(FLAVOURS[name])
+        freeze_heap()
     except BaseException as exc:  # noqa: BLE001 - its queued clients see the socket close and run fresh
         print(f"harness.runner.zygote: flavour {name} not serving: {type(exc).__name__}: {exc}", file=sys.stderr)
         os._exit(1)
@@ -394,6 +398,7 @@ def serve(address: str, ready: str) -> None:
     _die_with_parent()
     server = _listen(address)
     _preload(PRELOAD)
+    freeze_heap()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     Path(ready).write_text(str(os.getpid()))
     _serve_loop(server)
