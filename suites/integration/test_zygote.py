@@ -47,6 +47,7 @@ class Probe:
     def info(self, preload: tuple[str, ...] = ()) -> dict:
         """What a workload could see of this process; ``preload``: import these first, as a rank's
         start-up does (``zygote.import_preloads``), to compare a fresh worker with a flavour's."""
+        import gc
         import signal
 
         import torch
@@ -66,7 +67,8 @@ class Probe:
                 "threads": (torch.get_num_threads(), torch.get_num_interop_threads()), "cwd": os.getcwd(),
                 "megatron": "megatron.core" in sys.modules,
                 "patched": len(getattr(sys.modules.get("harness.mutations"), "_applied", ())),
-                "settled": bool(getattr(torch.distributed.all_gather, "__harness_settled__", False))}
+                "settled": bool(getattr(torch.distributed.all_gather, "__harness_settled__", False)),
+                "frozen": gc.get_freeze_count()}
 
 
 def _alive(pid: int) -> bool:
@@ -134,6 +136,8 @@ def test_workers_fork_from_the_zygote_with_their_own_environment(monkeypatch):
         for key in ("argv0", "signals", "threads", "cwd"):
             assert infos[1][key] == fresh[key], f"a forked worker's {key} differs from a fresh one's"
         assert infos[1]["patched"] == 0
+        # the zygote froze its preloads (process_state.freeze_heap): its children never scan them
+        assert infos[1]["frozen"] > 100_000 and fresh["frozen"] == 0, (infos[1]["frozen"], fresh["frozen"])
 
         # a run with a setup hook: a fresh actor forked from the zygote runs it before its worker
         # starts; one that cannot be forked would not, so it is refused; pool processes never get it
