@@ -47,7 +47,7 @@ def ray_setup_worker() -> str:
     spec = importlib.util.find_spec("ray")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("worker_exec: the ray package is not importable")
-    return os.path.join(list(spec.submodule_search_locations)[0], "_private", "workers", "setup_worker.py")
+    return os.path.join(next(iter(spec.submodule_search_locations)), "_private", "workers", "setup_worker.py")
 
 
 def hand_to_ray(argv: list[str]) -> None:

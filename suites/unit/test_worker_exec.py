@@ -38,7 +38,7 @@ def _started(setup: Path, context: dict | None, tmp_path: Path, language: str = 
     if context is not None:
         argv.append(f"--serialized-runtime-env-context={json.dumps(context)}")
     argv.append(f"--language={language}")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST",)}
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     env.update(PROBE_OUT=str(out), GOLDEN_TEST_HOME="/home/x")
     subprocess.run(argv, env=env, cwd=tmp_path, check=True, timeout=60)
     return json.loads(out.read_text())
