@@ -302,6 +302,30 @@ def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     session.close_warm()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> None:
+    """A golden-only session with a goldens root starts its warm runtime while it collects
+    (``harness.pytest_prestart``; without a root every golden test fails before any run)."""
+    from harness import pytest_prestart
+    from harness.spec.errors import SpecError
+
+    try:
+        root_exists = _session_config(None).root.is_dir()
+    except (SpecError, OSError):
+        root_exists = False
+    if root_exists:
+        pytest_prestart.start(session.config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A prestarted runtime is never up while a test without the ``golden`` fixture runs."""
+    if "golden" not in getattr(item, "fixturenames", ()):
+        from harness import pytest_prestart
+
+        pytest_prestart.discard(item.config)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """The warm runtime (Ray + warm processes) lives across consecutive golden tests only:
@@ -334,8 +358,12 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
-    """On an xdist worker: hand the results (plain data) to the controller."""
+    """Close a prestarted runtime no test took; on an xdist worker: hand the results (plain
+    data) to the controller."""
     config = session.config
+    from harness import pytest_prestart
+
+    pytest_prestart.discard(config)
     config._golden_unused.update(unused_goldens())  # type: ignore[attr-defined]
     if hasattr(config, "workeroutput"):
         config.workeroutput["golden_results"] = list(getattr(config, "_golden_results", []))

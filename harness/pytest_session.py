@@ -44,6 +44,10 @@ class GoldenSession:
         if os.environ.get("GOLDEN_WARM", "1").strip() == "0":
             return None
         if self._warm is None:
+            from harness import pytest_prestart
+
+            self._warm = pytest_prestart.take(self.config)  # started while pytest collected, if it was
+        if self._warm is None:
             from harness.runner.warm import WarmRuntime  # ray is imported only when it starts
 
             self._warm = WarmRuntime()

@@ -285,6 +285,7 @@ class WarmRuntime:
         self.tainted_killed = 0  # processes killed because an undo failed
         self.dataplanes_started = 0  # data-plane processes started
         self.dataplanes_reused = 0   # data-plane acquisitions answered by an idle one
+        self._on_close: list[Callable[[], None]] = []  # run once by the next close()
 
     # -- Ray -------------------------------------------------------------------------------
     def ray_up(self) -> bool:
@@ -320,6 +321,25 @@ class WarmRuntime:
 
             set_warm_runtime_env(zygote_runtime_env)
             return True
+
+    def prestart(self, policy: int = 1, rollout: int = 1, dataplane: bool = True) -> None:
+        """Start Ray, the zygote and a first ``policy`` + ``rollout`` warm processes (and a
+        data-plane process) now, idle in the pool, before any workload asks: the pytest plugin
+        calls this on a thread of its own while pytest collects (``harness.pytest_prestart``),
+        so the start-up that the first workload would wait for runs on the core collection
+        leaves idle. The processes are the ones :meth:`acquire` would start (no setup hook runs
+        in a pooled process until it is acquired), so nothing a workload sees depends on it."""
+        self.ensure_ray()
+        with _lock:
+            for kind, n in (("policy", policy), ("rollout", rollout)):
+                if n > 0:
+                    self._idle[kind].extend(self._spawn(kind, n))
+        if dataplane and not self._idle_dataplanes:
+            self._idle_dataplanes.append(self.acquire_dataplane())  # a new one: no idle data plane yet
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, when :meth:`close` next shuts this runtime down."""
+        self._on_close.append(callback)
 
     def _start_zygote(self) -> None:
         """The fork server this runtime's workers start from (``harness.runner.zygote``); it
@@ -480,6 +500,9 @@ class WarmRuntime:
                 self._zygote.close()
                 self._zygote = None
             self._stop_reaper()
+            callbacks, self._on_close = self._on_close, []
+            for callback in callbacks:
+                callback()
             if _current is self:
                 _current = None
                 from harness.workerenv.select import set_warm_runtime_env

@@ -23,16 +23,15 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
-
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model
 from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from suites.local_world import checksums, spawn_world, with_layout
+from suites.optional import MEGATRON
 from suites.policy_jobs import curve_job
 
-pytestmark = [pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [MEGATRON, pytest.mark.megatron, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 

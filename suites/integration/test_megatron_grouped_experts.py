@@ -12,17 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
-
 import torch
 
 from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from suites.local_world import spawn_world, with_layout
+from suites.optional import MEGATRON
 from suites.policy_jobs import grouped_experts_job
 
-pytestmark = [pytest.mark.megatron]
+pytestmark = [MEGATRON, pytest.mark.megatron]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,9 +15,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
-
 import torch
 
 from harness.model.config import ModelConfig
@@ -25,9 +22,10 @@ from harness.model.qwen3_moe import build_reference_model, reference_state_dict
 from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from suites.local_world import spawn_world, with_layout
+from suites.optional import MEGATRON
 from suites.policy_jobs import reference_shortcut_job, warm_forward_job
 
-pytestmark = [pytest.mark.megatron]
+pytestmark = [MEGATRON, pytest.mark.megatron]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,12 +28,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
-
 from harness import flows
 from harness.dataplane.staging_db import StagingDB
+from suites.optional import MEGATRON
 
-pytestmark = [pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [MEGATRON, pytest.mark.megatron, pytest.mark.slow]
 
 WORKLOAD = "qwen3_moe_tiny_megatron_tp2pp2ep2"
 LOSS_ATOL, REL, LP_ATOL = 1e-5, 1e-4, 1e-5

@@ -11,14 +11,17 @@ import torch
 from harness import ops as Fn
 from harness.model.config import ModelConfig
 from harness.model.qwen3_moe import build_reference_model, hf_fused_state_dict
+from suites.optional import needs
 from suites.torch_state import torch_settings
 
-transformers = pytest.importorskip("transformers")
+pytestmark = needs("transformers", "transformers is not installed (the dev extra has it)")
 
 CFG = ModelConfig(layers=2)
 
 
 def _hf_model(ours):
+    import transformers  # imported when the test runs, not while pytest collects
+
     hf_cfg = transformers.Qwen3MoeConfig(**CFG.to_hf_dict())
     hf = transformers.Qwen3MoeForCausalLM(hf_cfg).to(torch.float32).eval()
     hf_params = dict(hf.named_parameters())

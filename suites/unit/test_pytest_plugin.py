@@ -21,6 +21,13 @@ pytest_plugins = ["pytester"]
 TEST_FILE = INNER_GOLDEN_TEST
 
 
+@pytest.fixture(autouse=True)
+def _no_prestart(monkeypatch):
+    """Most inner sessions here refuse their goldens before any workload starts: none starts a
+    warm runtime while it collects (harness.pytest_prestart), which it would shut down unused."""
+    monkeypatch.setenv("GOLDEN_PRESTART", "0")
+
+
 def _workload(root: Path, name: str, *, golden: bool, seed: int | None = None) -> None:
     """goldens/<name>/workload.yaml (the smoke spec renamed), with or without its cpu golden."""
     (root / name).mkdir(parents=True)

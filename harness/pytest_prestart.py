@@ -1,0 +1,122 @@
+"""The pytest plugin's warm-runtime start while pytest collects.
+
+A golden session's first workload used to begin by starting Ray, the zygote (which
+imports torch) and its first warm processes: about 4-6 s of wall time on the 2-core
+box, spent after collection, which itself runs on one core for several seconds with
+the other idle. When the session can only run golden tests (its ``-m`` expression
+selects tests marked ``golden`` and no unmarked test), :func:`start` begins that
+start-up on a thread of its own before collection (``WarmRuntime.prestart``), and
+the session's ``GoldenSession.warm_runtime`` takes the runtime over (:func:`take`),
+waiting for the thread first. Nothing a workload sees changes: it gets the same
+runtime, pool processes and Ray instance it would have started itself.
+
+Never prestarted: ``GOLDEN_PRESTART=0``, ``--collect-only``, ``GOLDEN_WARM=0`` (every workload cold),
+``--golden-ray-address`` (cold on a cluster), the pytest-xdist controller (it runs no
+test; each worker collects and prestarts its own), and any ``-m`` expression that may
+select a test without the ``golden`` mark. A prestarted runtime that no golden test
+takes is closed before the first test that does not use the ``golden`` fixture
+(:func:`discard`, as the plugin closes the session's runtime there) and at the end of
+the session. A failed prestart is dropped: the first workload starts the runtime
+itself and reports any error as it always did.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import pytest
+
+log = logging.getLogger(__name__)
+
+_KEY = "_golden_prestart"
+PRESTART_ENV = "GOLDEN_PRESTART"  # "0": the first workload starts the runtime, as before
+
+
+def wanted(config: pytest.Config) -> bool:
+    """Whether this session should start the warm runtime while it collects."""
+    if os.environ.get(PRESTART_ENV, "1").strip() == "0" or os.environ.get("GOLDEN_WARM", "1").strip() == "0":
+        return False
+    if config.getoption("collectonly", False) or config.getoption("--golden-ray-address", None):
+        return False
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return False  # the xdist controller
+    return golden_only(config.getoption("markexpr", "") or "")
+
+
+def golden_only(markexpr: str) -> bool:
+    """True when ``markexpr`` selects a test marked ``golden`` (and nothing else) and no unmarked
+    test: then every test of the session is a golden one."""
+    text = markexpr.strip()
+    if not text:
+        return False
+    try:
+        from _pytest.mark.expression import Expression  # pytest's own -m parser
+
+        expr = Expression.compile(text)
+        return bool(expr.evaluate(lambda name, **_: name == "golden")) and not expr.evaluate(lambda name, **_: False)
+    except Exception:  # noqa: BLE001 - another pytest's parser: only the plain spelling counts
+        return text == "golden"
+
+
+class Prestart:
+    """A warm runtime being started on a thread (:meth:`WarmRuntime.prestart`).
+
+    The thread lives until the runtime is closed: the zygote dies with the thread that
+    started it (``PR_SET_PDEATHSIG`` follows the creating thread, not the process), so a
+    thread that ended after the start would take the zygote, and every worker still to be
+    forked, with it."""
+
+    def __init__(self) -> None:
+        from harness.runner.warm import WarmRuntime
+
+        self.runtime = WarmRuntime()
+        self.error: BaseException | None = None
+        self.started = threading.Event()
+        self.closed = threading.Event()
+        self.runtime.on_close(self.closed.set)
+        self.thread = threading.Thread(target=self._run, name="golden-prestart", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.runtime.prestart()
+        except BaseException as exc:  # noqa: BLE001 - reported when taken; the session starts it again
+            self.error = exc
+        finally:
+            self.started.set()
+        self.closed.wait()  # the processes this thread started live as long as it does
+
+    def wait(self) -> Any:
+        """The runtime, once it started; None (runtime closed) when the prestart failed."""
+        self.started.wait()
+        if self.error is not None:
+            log.warning("golden: starting the warm runtime during collection failed (%s: %s); "
+                        "the first workload starts it", type(self.error).__name__, self.error)
+            self.runtime.close()
+            return None
+        return self.runtime
+
+
+def start(config: pytest.Config) -> None:
+    """Begin the prestart when :func:`wanted` (called before collection)."""
+    if getattr(config, _KEY, None) is None and wanted(config):
+        setattr(config, _KEY, Prestart())
+
+
+def take(config: pytest.Config) -> Any:
+    """The prestarted runtime (waited for), handed over once; None when there is none."""
+    prestart = getattr(config, _KEY, None)
+    if prestart is None:
+        return None
+    setattr(config, _KEY, None)
+    return prestart.wait()
+
+
+def discard(config: pytest.Config) -> None:
+    """Close a prestarted runtime no golden test took (a test without the fixture is next)."""
+    runtime = take(config)
+    if runtime is not None:
+        runtime.close()
