@@ -17,4 +17,8 @@ case "${1:-full}" in
     full)  "$VENV_PY" -m pip install -q 'torch==2.13.0' -e '.[workload,dev,megatron]' ;;
     *) echo "usage: ci/bootstrap.sh [full|light]" >&2; exit 2 ;;
 esac
+# The editable install leaves the checkout's modules uncompiled (pip compiles only what it copies
+# into site-packages); with PYTHONDONTWRITEBYTECODE=1 (set on the CI boxes) every process would
+# then parse the harness from source again: every engine process and fork server of a gate run.
+"$VENV_PY" -m compileall -q -j 0 harness suites benches >/dev/null
 echo "bootstrap: $("$VENV_PY" --version), harness installed in .venv"
