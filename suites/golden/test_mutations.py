@@ -5,7 +5,7 @@ async rollout engine, capture and both profilers on) is compared with runs that
 each carry one planted regression. Every run here is compared with the baseline,
 never with the stored golden, so all of them use a cheaper configuration of the
 same workload (``BASE``: 2 iterations, 2 prompts x 2 generations, 2 turns, 8 new
-tokens a turn: about half the run): what each test needs is still there (steps 1
+tokens a turn, the 4 samples in one micro-batch: about 0.4 of the run): what each test needs is still there (steps 1
 and 2, the retry prompt of a wrong first answer, both TP ranks, EP2, a step-2
 generation batch), and each test fails with its mutation removed.
 
@@ -46,7 +46,7 @@ from harness.parity.comparison import compare
 WORKLOAD = "qwen3_moe_tiny_multiturn"
 # The mutated runs are compared with a baseline of this same configuration, not with the golden.
 BASE = ("grpo.iterations=2", "grpo.prompts_per_step=2", "grpo.generations_per_prompt=2", "env.turns=2",
-        "rollout.max_new_tokens=8")
+        "rollout.max_new_tokens=8", "policy.micro_batch_size=4")
 
 pytestmark = [pytest.mark.slow, pytest.mark.golden]
 
