@@ -85,3 +85,28 @@ def test_zmq_timeouts_are_clear(tmp_path):
         receive_weights_zmq(address=address, state_dict_info={}, load_fn=lambda v: None, timeout_ms=200)
     with pytest.raises(TimeoutError, match="sender side"):
         send_weights_zmq([("a", torch.zeros(4))], address=address, buffer_size_bytes=1024, timeout_ms=200)
+
+
+def test_a_receiver_before_the_sender_retries_its_connect_at_once(tmp_path):
+    """The engine's receiver connects before policy rank 0 binds (it gathers the weights first):
+    its retry is scheduled about RECONNECT_IVL_MS later, not after ZMQ's default 100 ms (which every
+    refit stream waited once). The monitor's CONNECT_RETRIED event carries the interval."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    from harness.refit.zmq_common import RECONNECT_IVL_MS, make_socket
+
+    assert RECONNECT_IVL_MS < 10
+    address = ipc_address(str(tmp_path), "early")
+    receiver = make_socket(zmq.REP, address, 5_000, bind=False)  # nothing bound there yet
+    monitor = receiver.get_monitor_socket(zmq.EVENT_CONNECT_RETRIED)
+    monitor.setsockopt(zmq.RCVTIMEO, 5_000)
+    try:
+        event = recv_monitor_message(monitor)
+        # libzmq adds a random jitter below the interval itself (100-199 ms with its default)
+        assert event["event"] == zmq.EVENT_CONNECT_RETRIED
+        assert RECONNECT_IVL_MS <= event["value"] < 2 * RECONNECT_IVL_MS
+    finally:
+        receiver.disable_monitor()
+        monitor.close(linger=0)
+        receiver.close(linger=0)
