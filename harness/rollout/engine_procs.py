@@ -57,6 +57,16 @@ def _context() -> Any:
     return ctx
 
 
+def start_fork_server() -> None:
+    """Start this process's fork server now (it imports :data:`PRELOAD`), not on the first
+    engine: a warm rollout actor started ahead of any workload does this while nothing else
+    runs (``WarmRuntime.prestart``). The server is the one ``EngineProcesses.start`` uses."""
+    from multiprocessing import forkserver
+
+    _context()
+    forkserver.ensure_running()
+
+
 def engine_process_main(
     conn: Any, spec: dict, tp_rank: int, tp_size: int, port: int, profiler_rank: int, env: dict
 ) -> None:

@@ -366,6 +366,13 @@ class RolloutWorkerHost(WarmHost, RolloutWorker):
         RolloutWorker.__init__(self, *args, env_vars=env_vars, **kwargs)
         return self.ready()
 
+    def start_engine_server(self) -> None:
+        """Start the fork server of internal engine processes now (``engine_procs.start_fork_server``),
+        before a workload with an async or TP > 1 engine needs it."""
+        from harness.rollout.engine_procs import start_fork_server
+
+        start_fork_server()
+
     def retire(self) -> int:
         """Shut the engine down and forget it; returns this pid (raises if the shutdown failed)."""
         try:

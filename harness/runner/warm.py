@@ -324,7 +324,8 @@ class WarmRuntime:
 
     def prestart(self, policy: int = 1, rollout: int = 1, dataplane: bool = True) -> None:
         """Start Ray, the zygote and a first ``policy`` + ``rollout`` warm processes (and a
-        data-plane process) now, idle in the pool, before any workload asks: the pytest plugin
+        data-plane process, and each rollout process's fork server of internal engine processes)
+        now, idle in the pool, before any workload asks: the pytest plugin
         calls this on a thread of its own while pytest collects (``harness.pytest_prestart``),
         so the start-up that the first workload would wait for runs on the core collection
         leaves idle. The processes are the ones :meth:`acquire` would start (no setup hook runs
@@ -334,6 +335,8 @@ class WarmRuntime:
             for kind, n in (("policy", policy), ("rollout", rollout)):
                 if n > 0:
                     self._idle[kind].extend(self._spawn(kind, n))
+            for host in self._idle["rollout"]:  # queued before any workload's adopt (actor call order)
+                host.start_engine_server.remote()
         if dataplane and not self._idle_dataplanes:
             self._idle_dataplanes.append(self.acquire_dataplane())  # a new one: no idle data plane yet
 
