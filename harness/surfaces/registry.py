@@ -171,11 +171,20 @@ def _validator(name: str):
     return jsonschema.Draft202012Validator(schema_for(name))
 
 
+@cache
+def _fast_check(name: str):
+    from harness.surfaces.fastcheck import compile_schema
+
+    return compile_schema(schema_for(name))
+
+
 def validate_surface(doc: Any, *, name: str | None = None) -> list[tuple[str, str]]:
     """Schema errors of a surface document as ``(json_pointer, message)``, sorted by pointer.
 
     The surface is ``name`` if given, else ``doc["surface"]``. An unknown surface is
-    one error at ``/surface``.
+    one error at ``/surface``. A document the compiled check (``harness.surfaces.fastcheck``)
+    finds certainly valid has none; every other one is validated by ``jsonschema``, which
+    finds and words the errors.
     """
     from harness.surfaces.canonical import json_pointer
 
@@ -183,6 +192,9 @@ def validate_surface(doc: Any, *, name: str | None = None) -> list[tuple[str, st
         name = doc.get("surface") if isinstance(doc, Mapping) else None
     if name not in SURFACES:
         return [("/surface", f"unknown surface {name!r}; known: {', '.join(SURFACES)}")]
+    fast = _fast_check(name)
+    if fast is not None and fast(doc):
+        return []
     errors = [(json_pointer(list(e.absolute_path)), e.message) for e in _validator(name).iter_errors(doc)]
     return sorted(errors)
 
