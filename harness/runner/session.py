@@ -22,6 +22,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,19 @@ from harness.spec.typed import as_workload
 
 SHUTDOWN_TIMEOUT_S = 60
 
+
+
+def deterministic_driver() -> None:
+    """``torch.use_deterministic_algorithms(True)`` for the driver, without importing
+    ``torch._inductor``: the public call imports it (and dynamo with it) only to set inductor's
+    own ``deterministic`` option, 1-2 s of CPU on the 2-core box, in a process that compiles
+    nothing. The flag the kernels read is set the same way (``torch._C``); where torch lacks
+    that function, or inductor is already imported, the public call sets both."""
+    set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if set_flag is None or "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(True)
+    else:
+        set_flag(True, warn_only=False)
 
 class Session:
     def __init__(self, spec: dict, topology, run_dir: Path, env_vars: dict[str, str],
@@ -98,7 +112,7 @@ class Session:
         if not worker_env.in_worker_env("rollout"):  # else the rollout workers' environment answers for it
             rollout_registry.preflight(self.spec.rollout.backend)  # a clear error before any actor starts
         torch.set_num_threads(1)
-        torch.use_deterministic_algorithms(True)
+        deterministic_driver()
         from harness.runner import warm as warm_pool
 
         pool = None  # the warm processes this run's policy adopts (None: fresh ones)
