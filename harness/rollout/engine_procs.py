@@ -2,7 +2,8 @@
 
 ``EngineProcesses.start`` starts one process per TP rank, forked by this
 process's multiprocessing fork server (``forkserver`` context) with torch,
-``torch.distributed`` and ``torch._inductor.config`` preloaded (:data:`PRELOAD`):
+``torch.distributed``, ``torch._inductor.config`` and the engine's harness modules
+preloaded (:data:`PRELOAD`):
 the fork server (a fresh interpreter, no threads, started on the first engine
 of this process and kept for its life) imports them once, so an engine of TP n
 pays one torch import instead of n, and a warm rollout actor's later workloads
@@ -37,8 +38,12 @@ from typing import Any
 READY_TIMEOUT_S = 300.0
 # Imported once, in the fork server. ``torch._inductor.config`` is what
 # ``torch.use_deterministic_algorithms`` imports (it pulls in dynamo: about 0.8 s of CPU), and
-# every engine process calls it (``configure_determinism``) before it builds its engine.
-PRELOAD = ("torch", "torch.distributed", "torch._inductor.config")
+# every engine process calls it (``configure_determinism``) before it builds its engine. Then
+# the harness modules every engine process imports on its way to its first refit (the engine,
+# its tokenizer, its profiler, the refit receiver and pyzmq): the zygote preloads the same
+# modules (``harness.runner.zygote.PRELOAD``), none reads the environment at import.
+PRELOAD = ("torch", "torch.distributed", "torch._inductor.config", "harness.rollout.engine_worker",
+           "harness.envs.tokenizer", "harness.profiler.trace", "harness.refit.zmq_stream", "zmq")
 EXIT_TIMEOUT_S = 20.0
 
 
