@@ -58,6 +58,23 @@ def lora_job(engine, batch: Mapping[str, torch.Tensor], steps: int) -> dict[str,
             "optimized": optimized, "metrics": metrics}
 
 
+def export_job(engine, batch: Mapping[str, torch.Tensor], steps: int) -> dict[str, Any]:
+    """`steps` monolithic steps, then the refit export twice: ``hf_state_dict()`` (the one-gather
+    export on the CPU) and every parameter's own ``full_tensor()`` (``_full``). Rank 0 only."""
+    from harness.policy.dtensor.engine import hf_name
+
+    shard = shard_for_dp(batch, as_workload(engine.spec).policy.dp, engine.coords["dp"])
+    for _ in range(steps):
+        engine.train(shard)
+    exported = engine.hf_state_dict()
+    exported_again = engine.hf_state_dict()
+    one_by_one = {hf_name(n): engine._full(n) for n in engine.params}
+    if engine.rank != 0:
+        return {}
+    return {"exported": exported, "again": exported_again, "one_by_one": one_by_one,
+            "flat": type(engine._flat).__name__}
+
+
 def parity_job(engine, batch: Mapping[str, torch.Tensor], steps: int, chunks: int, ckpt_dir: str) -> dict[str, Any]:
     """Run `steps` monolithic steps, restore the initial checkpoint, then the
     same steps through the split API (`chunks` train_microbatch calls each).

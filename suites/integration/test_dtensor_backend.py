@@ -29,7 +29,7 @@ from harness.model.qwen3_moe import build_reference_model
 from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from suites.local_world import checksums, spawn_world, with_layout
-from suites.policy_jobs import curve_job, lora_job
+from suites.policy_jobs import curve_job, export_job, lora_job
 
 pytestmark = [pytest.mark.slow]
 
@@ -125,6 +125,20 @@ def test_lora_trains_adapters_only_and_exports_merged_weights():
             assert torch.equal(res["exported"][hf], t), hf
     assert moved == 4 * full_layers(spec)  # every B left zero: the adapters trained
     assert list(res["exported"]) == list(full)
+
+
+def test_the_one_gather_export_is_every_full_tensor_bit_for_bit():
+    """The refit export (harness.policy.dtensor.full_weights: one gather to rank 0, rebuilt by a
+    map DTensor made) equals each parameter's own full_tensor() after training, at the golden's
+    layout (dp 4 x tp 2: FSDP2's _StridedShard over tp's column shards, row shards, 1-D dp
+    meshes), on the first export and on a later one."""
+    spec = _spec("dtensor", **LAYOUTS["dp4_tp2"])
+    batch = synthetic_batch(spec, BATCH, seed=0)
+    res = spawn_world(spec, export_job, batch, 1, timeout_s=400.0)[0]
+    assert res["flat"] == "FlatGather"
+    assert list(res["exported"]) == list(build_reference_model(ModelConfig.from_spec(spec), spec["seed"]).state_dict())
+    for name, t in res["one_by_one"].items():
+        assert torch.equal(res["exported"][name], t) and torch.equal(res["again"][name], t), name
 
 
 def full_layers(spec) -> int:

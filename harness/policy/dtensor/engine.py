@@ -45,6 +45,7 @@ from harness.model.qwen3_moe import build_reference_model
 from harness.parallel import data as dp_data
 from harness.policy.checkpoint import ShardedCheckpoint
 from harness.policy.common import EngineCommon
+from harness.policy.dtensor import full_weights
 from harness.policy.dtensor import lora as lora_mod
 from harness.policy.seeding import seed_rank
 from harness.policy.train_step import TrainStep
@@ -159,6 +160,7 @@ class DTensorPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
                 m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM / AVG)
         self.model = model
         self.params = dict(model.named_parameters())
+        self._flat: full_weights.FlatGather | bool | None = None  # made on the first export (False: n/a)
         # `named`: what trains (optimizer, reference state, checkpoints); all weights without LoRA
         self.named = [(n, p) for n, p in self.params.items() if p.requires_grad]
         self._tp_summed = [p for n, p in self.named if n.endswith(("q_norm.weight", "k_norm.weight"))]
@@ -239,18 +241,40 @@ class DTensorPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         full = _wait(p.full_tensor()) if isinstance(p, DTensor) else p
         return moved(full, torch.device("cpu")).clone()
 
+    def _fulls(self) -> Mapping[str, torch.Tensor] | None:
+        """Every parameter's full tensor from one gather (``full_weights.FlatGather``, rank 0;
+        {} elsewhere), or None where that export does not apply (then `_full` per parameter)."""
+        if self._flat is False:
+            return None
+        if self._flat is None:
+            try:
+                self._flat = full_weights.FlatGather(self.params)
+            except full_weights.Unsupported:
+                self._flat = False
+                return None
+        return self._flat.full(self.params)
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Full HF-named tensors (LoRA: merged ``base + scale * B @ A``) on policy
         rank 0, in the reference model's order; collective over the world, {} elsewhere.
-        Every `full_tensor()` is waited on before the tensor is handed out."""
+        On the CPU one gather brings every rank's shards to rank 0 (``full_weights``: the
+        tensors `full_tensor()` returns, bit for bit); elsewhere every `full_tensor()` is
+        waited on before the tensor is handed out."""
+        fulls = self._fulls()
+        if fulls is not None:
+            if self.rank != 0:
+                return {}
+            full_of = fulls.__getitem__
+        else:
+            full_of = self._full
         out: dict[str, torch.Tensor] = {}
         for name in self.params:
             if ".lora_" in name:
                 continue
-            full = self._full(name)
+            full = full_of(name)
             if name.endswith(".base.weight"):
                 prefix = name[: -len("base.weight")]
-                a, b = self._full(prefix + "lora_A.weight"), self._full(prefix + "lora_B.weight")
+                a, b = full_of(prefix + "lora_A.weight"), full_of(prefix + "lora_B.weight")
                 full = lora_mod.merged_weight(full, a, b, self.lora["alpha"] / self.lora["rank"])
             out[hf_name(name)] = full
         if self.rank != 0:
