@@ -317,6 +317,13 @@ def pytest_collection(session: pytest.Session) -> None:
         pytest_prestart.start(session.config)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A prestarted runtime's zygote starts the flavours the selected golden workloads need."""
+    from harness import pytest_prestart
+
+    pytest_prestart.start_flavours(session.config, session.items)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A prestarted runtime is never up while a test without the ``golden`` fixture runs."""

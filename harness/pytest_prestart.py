@@ -2,13 +2,14 @@
 
 A golden session's first workload used to begin by starting Ray, the zygote (which
 imports torch) and its first warm processes: about 4-6 s of wall time on the 2-core
-box, spent after collection, which itself runs on one core for several seconds with
-the other idle. When the session can only run golden tests (its ``-m`` expression
-selects tests marked ``golden`` and no unmarked test), :func:`start` begins that
-start-up on a thread of its own before collection (``WarmRuntime.prestart``), and
+box, after collection. When the session can only run golden tests (its ``-m``
+expression selects tests marked ``golden`` and no unmarked test), :func:`start` begins
+that start-up on a thread of its own before collection (``WarmRuntime.prestart``), and
 the session's ``GoldenSession.warm_runtime`` takes the runtime over (:func:`take`),
-waiting for the thread first. Nothing a workload sees changes: it gets the same
-runtime, pool processes and Ray instance it would have started itself.
+waiting for the thread first. Once collection knows the selected workloads, the zygote
+also starts the flavours of their policy backends (megatron, dtensor:
+:func:`start_flavours`). Nothing a workload sees changes: it gets the same runtime,
+pool processes and Ray instance it would have started itself.
 
 Never prestarted: ``GOLDEN_PRESTART=0``, ``--collect-only``, ``GOLDEN_WARM=0`` (every workload cold),
 ``--golden-ray-address`` (cold on a cluster), the pytest-xdist controller (it runs no
@@ -89,6 +90,24 @@ class Prestart:
             self.started.set()
         self.closed.wait()  # the processes this thread started live as long as it does
 
+    def start_flavours(self, names: list[str]) -> None:
+        """On a thread of its own, once the runtime is up: start the zygote's flavours of these
+        policy backends (``WarmRuntime.start_flavours``), so the first megatron or dtensor
+        workload forks its fresh ranks from a flavour already importing its backend. A flavour
+        process is the zygote's child, so this thread may end before the runtime does."""
+        if not names:
+            return
+
+        def run() -> None:
+            self.started.wait()
+            if self.error is None:
+                try:
+                    self.runtime.start_flavours(names)
+                except Exception as exc:  # noqa: BLE001 - the backend's first rank starts it instead
+                    log.warning("golden: starting zygote flavours %s failed: %s", names, exc)
+
+        threading.Thread(target=run, name="golden-flavours", daemon=True).start()
+
     def wait(self) -> Any:
         """The runtime, once it started; None (runtime closed) when the prestart failed."""
         self.started.wait()
@@ -104,6 +123,30 @@ def start(config: pytest.Config) -> None:
     """Begin the prestart when :func:`wanted` (called before collection)."""
     if getattr(config, _KEY, None) is None and wanted(config):
         setattr(config, _KEY, Prestart())
+
+
+def start_flavours(config: pytest.Config, items: list) -> None:
+    """After collection: start the zygote flavours of the policy backends the selected golden
+    workloads use (a workload's spec names its backend)."""
+    prestart = getattr(config, _KEY, None)
+    if prestart is None:
+        return
+    from harness.runner.zygote import FLAVOURS
+    from harness.spec.load import load_spec
+
+    backends: list[str] = []
+    for item in items:
+        workload = getattr(getattr(item, "callspec", None), "params", {}).get("workload")
+        root = getattr(workload, "root", None)
+        if workload is None or root is None:
+            continue
+        try:
+            backend = load_spec(str(workload), goldens_root=root).policy.backend
+        except Exception:  # noqa: BLE001 - a spec that does not load fails its own tests
+            continue
+        if backend in FLAVOURS and backend not in backends:
+            backends.append(backend)
+    prestart.start_flavours(backends)
 
 
 def take(config: pytest.Config) -> Any:

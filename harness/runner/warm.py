@@ -308,15 +308,18 @@ class WarmRuntime:
             self._idle_dataplanes = []
             self._tainted = {}
             self._start_reaper()  # before ray.init: every process of this Ray inherits the token
+            self._start_zygote()  # after the reaper (it carries the token); imports torch while Ray starts
             try:
                 start_local_ray({"env_vars": dict(BASE_ENV)}, say)
             except BaseException:
+                if self._zygote is not None:
+                    self._zygote.close()
+                    self._zygote = None
                 self._stop_reaper()
                 raise
             self._owns_ray = True
             self.ray_starts += 1
             _current = self
-            self._start_zygote()
             from harness.workerenv.select import set_warm_runtime_env  # standard library only
 
             set_warm_runtime_env(zygote_runtime_env)
@@ -339,6 +342,16 @@ class WarmRuntime:
                 host.start_engine_server.remote()
         if dataplane and not self._idle_dataplanes:
             self._idle_dataplanes.append(self.acquire_dataplane())  # a new one: no idle data plane yet
+
+    def start_flavours(self, names: list[str]) -> list[str]:
+        """Have the zygote start these flavours now (``zygote.FLAVOURS``: a policy backend's
+        start-up imports, megatron-core's about 1.5 s of CPU), instead of when the backend's first
+        rank asks; returns those started. Waits for the zygote's preloads (call it off the
+        critical path: the plugin does it on a thread once it knows the session's workloads)."""
+        zygote = self._zygote
+        if zygote is None:
+            return []
+        return [name for name in names if zygote.flavour(name) is not None]
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, when :meth:`close` next shuts this runtime down."""
