@@ -333,7 +333,10 @@ class WarmRuntime:
         so the start-up that the first workload would wait for runs on the core collection
         leaves idle. The processes are the ones :meth:`acquire` would start (no setup hook runs
         in a pooled process until it is acquired), so nothing a workload sees depends on it."""
+        importer = threading.Thread(target=_import_actor_modules, name="golden-prestart-imports", daemon=True)
+        importer.start()  # torch and the actor classes' modules load while ray.init waits for Ray's processes
         self.ensure_ray()
+        importer.join()
         with _lock:
             for kind, n in (("policy", policy), ("rollout", rollout)):
                 if n > 0:
@@ -524,6 +527,18 @@ class WarmRuntime:
                 from harness.workerenv.select import set_warm_runtime_env
 
                 set_warm_runtime_env(None)
+
+
+def _import_actor_modules() -> None:
+    """Import the modules of the pool's actor classes (torch with them); errors are left to the
+    spawn that needs them."""
+    import importlib
+
+    for name in ("harness.policy.worker", "harness.rollout.worker", "harness.dataplane.actor"):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - WarmRuntime._spawn raises it where it matters
+            pass
 
 
 def _actor_id(handle) -> str:
