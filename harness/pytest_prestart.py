@@ -23,6 +23,7 @@ itself and reports any error as it always did.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -48,8 +49,9 @@ def wanted(config: pytest.Config) -> bool:
 
 
 def golden_only(markexpr: str) -> bool:
-    """True when ``markexpr`` selects a test marked ``golden`` (and nothing else) and no unmarked
-    test: then every test of the session is a golden one."""
+    """True when ``markexpr`` selects a test marked ``golden`` and no test without that mark,
+    whatever other marks the tests carry: the expression is evaluated under every assignment
+    of the other mark names it reads (found by evaluating it; more than eight: False)."""
     text = markexpr.strip()
     if not text:
         return False
@@ -57,9 +59,30 @@ def golden_only(markexpr: str) -> bool:
         from _pytest.mark.expression import Expression  # pytest's own -m parser
 
         expr = Expression.compile(text)
-        return bool(expr.evaluate(lambda name, **_: name == "golden")) and not expr.evaluate(lambda name, **_: False)
-    except Exception:  # noqa: BLE001 - another pytest's parser: only the plain spelling counts
-        return text == "golden"
+    except Exception:  # noqa: BLE001 - not an expression this pytest accepts
+        return False
+
+    def evaluate(assignment: dict[str, bool], asked: set[str]) -> bool:
+        def matcher(name: str, **_: object) -> bool:
+            asked.add(name)
+            return assignment.get(name, False)
+
+        return bool(expr.evaluate(matcher))
+
+    names: set[str] = {"golden"}
+    while True:  # every mark name the expression reads (a short-circuit may hide some at first)
+        known = set(names)
+        if len(known) > 9:
+            return False
+        for bits in itertools.product((False, True), repeat=len(known)):
+            evaluate(dict(zip(sorted(known), bits)), names)
+        if names == known:
+            break
+    others = sorted(names - {"golden"})
+    assignments = [dict(zip(others, bits)) for bits in itertools.product((False, True), repeat=len(others))]
+    if any(evaluate({**a, "golden": False}, set()) for a in assignments):
+        return False  # a test without the golden mark would be selected
+    return any(evaluate({**a, "golden": True}, set()) for a in assignments)
 
 
 class Prestart:

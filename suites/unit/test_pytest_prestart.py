@@ -19,6 +19,10 @@ from harness.pytest_prestart import golden_only
     ("golden or slow", False),      # selects slow tests without the golden mark
     ("not vllm", False),            # selects unmarked tests
     ("golden or not slow", False),
+    ("golden and slow", True),
+    ("(golden or slow) and not slow", True),
+    ("golden or (slow and not slow)", True),
+    ("slow and not slow", False),       # selects nothing at all
     ("golden and", False),          # not an expression pytest accepts
 ])
 def test_only_an_expression_that_selects_golden_tests_alone_prestarts(markexpr, expected):
