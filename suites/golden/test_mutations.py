@@ -1,11 +1,12 @@
 """The gate catches planted regressions, on the right surface, naming the rank.
 
 A baseline run of the multi-turn workload (2 policy ranks TP2/EP2 with SP,
-async rollout engine, capture and both profilers on) is compared with runs that
+rollout engine, capture and both profilers on) is compared with runs that
 each carry one planted regression. Every run here is compared with the baseline,
 never with the stored golden, so all of them use a cheaper configuration of the
 same workload (``BASE``: 2 iterations, 2 prompts x 2 generations, 2 turns, 8 new
-tokens a turn, the 4 samples in one micro-batch: about 0.4 of the run): what each test needs is still there (steps 1
+tokens a turn, the 4 samples in one micro-batch, the engine in the rollout actor
+instead of an internal engine process: about 0.3 of the run): what each test needs is still there (steps 1
 and 2, the retry prompt of a wrong first answer, both TP ranks, EP2, a step-2
 generation batch), and each test fails with its mutation removed.
 
@@ -46,7 +47,7 @@ from harness.parity.comparison import compare
 WORKLOAD = "qwen3_moe_tiny_multiturn"
 # The mutated runs are compared with a baseline of this same configuration, not with the golden.
 BASE = ("grpo.iterations=2", "grpo.prompts_per_step=2", "grpo.generations_per_prompt=2", "env.turns=2",
-        "rollout.max_new_tokens=8", "policy.micro_batch_size=4")
+        "rollout.max_new_tokens=8", "policy.micro_batch_size=4", "rollout.async=false")
 
 pytestmark = [pytest.mark.slow, pytest.mark.golden]
 
