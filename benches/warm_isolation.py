@@ -5,7 +5,9 @@
 The all-goldens version of ``suites/golden/test_cold_warm_isolation.py`` (which
 keeps a two-workload subset in CI). For each of two orders, the workloads in
 ``golden list`` order and reversed, one ``harness.runner.warm.WarmRuntime``
-(the pytest plugin's, with its fork server) runs every CPU golden one after
+(the pytest plugin's, prestarted as the plugin starts it: its first pool processes, their
+engine fork server and the zygote's megatron and dtensor flavours started before any workload;
+``--no-prestart``: on its first workload) runs every CPU golden one after
 the other, so each workload runs in processes that earlier workloads used (the
 first of one order is the last of the other) or, for a backend that is not
 pooled (``warm.cold_reason``), in fresh processes forked from the runtime's
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=None, help="comma-separated (default: every workload with a cpu golden)")
     ap.add_argument("--cold", action="store_true", help="also run each workload cold and compare it")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--no-prestart", action="store_true",
+                    help="start each runtime on its first workload, not ahead of it as the pytest plugin does")
     args = ap.parse_args(argv)
     workloads = args.workloads.split(",") if args.workloads else cpu_workloads()
     os.environ.setdefault("GOLDEN_PROGRESS", "off")
@@ -83,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         orders = [("forward", workloads), ("reverse", workloads[::-1])]
         for name, order in orders:
             runtime, seen = WarmRuntime(), set()
+            if not args.no_prestart:  # as the pytest plugin starts it (harness.pytest_prestart)
+                runtime.prestart()
+                runtime.start_flavours(["megatron", "dtensor"])
             try:
                 for w in order:
                     rows.append({"order": name, **run(w, run_root, runtime, seen)})
