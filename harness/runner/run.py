@@ -178,7 +178,10 @@ def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, re
         from harness.progress import phase
 
         phase(say, "loading torch and ray")
+        from harness.runner.process_state import freeze_driver_heap
         from harness.runner.session import Session  # torch + ray live behind this import
+
+        freeze_driver_heap()
 
         with Session(spec, topology, run_dir, env, say, resume=resume, warm=warm,
                      ray_address=ray_address) as session:
