@@ -4,8 +4,9 @@
 
 Each *setting* is a set of environment switches of the runner (docs/runner.md):
 ``GOLDEN_WORKER_EXEC=0`` (workers start through Ray's own setup_worker.py, which
-imports ray first) and ``GOLDEN_GC_FREEZE=0`` (no ``gc.freeze`` in the zygote, warm
-hosts and engine processes). For every round, each setting runs
+imports ray first), ``GOLDEN_GC_FREEZE=0`` (no ``gc.freeze`` in the zygote, warm
+hosts and engine processes) and ``GOLDEN_LEAN_HEAD=0`` (the head node starts Ray's
+autoscaler monitor and log monitor). For every round, each setting runs
 ``benches/golden_phases.py --mode warm`` over the same workloads in a process of its
 own (a fresh warm runtime: Ray, zygote and pool start inside it), one setting right
 after the other and in a rotated order each round, so a box whose speed drifts
@@ -30,6 +31,7 @@ SETTINGS = {
     "default": {},
     "GOLDEN_WORKER_EXEC=0": {"GOLDEN_WORKER_EXEC": "0"},
     "GOLDEN_GC_FREEZE=0": {"GOLDEN_GC_FREEZE": "0"},
+    "GOLDEN_LEAN_HEAD=0": {"GOLDEN_LEAN_HEAD": "0"},
     "both off": {"GOLDEN_WORKER_EXEC": "0", "GOLDEN_GC_FREEZE": "0"},
 }
 PHASES_SHOWN = ("policy", "steps")

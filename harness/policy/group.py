@@ -126,9 +126,9 @@ class PolicyGroup:
             if address:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False)
             else:
-                from harness.runner.ray_start import worker_exec_installed
+                from harness.runner.ray_start import local_start
 
-                with worker_exec_installed():  # "local": RAY_ADDRESS is not followed (see runner/session.py)
+                with local_start(log_to_driver=False):  # "local": RAY_ADDRESS is not followed (see runner/session.py)
                     ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
                              log_to_driver=False)
             self._started_ray = True

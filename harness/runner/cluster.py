@@ -52,9 +52,9 @@ def init_ray(spec: dict, address: str | None, **kwargs) -> None:
     if address is None:
         # address="local": always a fresh local instance. Without it ray.init follows
         # RAY_ADDRESS to an existing cluster and then refuses num_cpus.
-        from harness.runner.ray_start import worker_exec_installed
+        from harness.runner.ray_start import local_start
 
-        with worker_exec_installed():
+        with local_start(bool(kwargs.get("log_to_driver", True))):
             ray.init(address="local", num_cpus=local_cpus(spec), include_dashboard=False, **kwargs)
     else:
         probe(address)

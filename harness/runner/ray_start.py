@@ -10,7 +10,16 @@ command and environment without importing ray first. ``GOLDEN_WORKER_EXEC=0``
 keeps Ray's script; so does a ray without that constant. Joining an existing
 cluster changes nothing (its raylets were started elsewhere).
 
-Imports ray inside :func:`worker_exec_installed` only.
+:func:`lean_head_installed`, entered around the same ``ray.init``, leaves out two of the
+head node's Python processes that a private one-node instance never uses: the autoscaler's
+monitor (nothing autoscales a fixed local node; it also ignores SIGTERM, so ``ray.shutdown``
+waited its full second on it every time) and, when no worker output goes to the driver
+(``log_to_driver=False``), the log monitor that would publish it. About 1.1 s of CPU less at
+every start on the 2-core box, and 1 s less at every shutdown. ``GOLDEN_LEAN_HEAD=0`` keeps
+them; so does a ray whose ``Node`` does not take its parameters the way this expects (the
+start is then Ray's own).
+
+Imports ray inside the context managers only.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from pathlib import Path
 
 WORKER_EXEC_ENV = "GOLDEN_WORKER_EXEC"  # "0": workers start through Ray's own setup_worker.py
 WORKER_EXEC = Path(__file__).resolve().with_name("worker_exec.py")
+LEAN_HEAD_ENV = "GOLDEN_LEAN_HEAD"  # "0": the head node starts every process Ray starts by default
 
 
 @contextlib.contextmanager
@@ -42,3 +52,42 @@ def worker_exec_installed() -> Iterator[bool]:
         yield True
     finally:
         ray_constants.SETUP_WORKER_FILENAME = old
+
+
+@contextlib.contextmanager
+def lean_head_installed(log_to_driver: bool) -> Iterator[bool]:
+    """Enter around a ``ray.init`` that starts a local instance; yields whether its head node
+    leaves out the autoscaler monitor (and, unless ``log_to_driver``, the log monitor). Only a
+    head node is changed, so joining a cluster is not; Ray's ``Node.__init__`` is put back on exit."""
+    if os.environ.get(LEAN_HEAD_ENV, "1").strip() == "0":
+        yield False
+        return
+    import inspect
+
+    from ray._private import node, parameter
+
+    if not {"no_monitor", "include_log_monitor"} <= set(inspect.signature(parameter.RayParams).parameters):
+        yield False
+        return
+    original = node.Node.__init__
+
+    def lean_init(self, ray_params, *args, **kwargs):
+        head = kwargs.get("head", args[0] if args else False)
+        if head:
+            ray_params.no_monitor = True
+            if not log_to_driver and ray_params.include_log_monitor is None:
+                ray_params.include_log_monitor = False  # Node fills in True only where it is None
+        original(self, ray_params, *args, **kwargs)
+
+    node.Node.__init__ = lean_init
+    try:
+        yield True
+    finally:
+        node.Node.__init__ = original
+
+
+@contextlib.contextmanager
+def local_start(log_to_driver: bool) -> Iterator[None]:
+    """Both of this module's changes, around a ``ray.init`` that starts a local instance."""
+    with worker_exec_installed(), lean_head_installed(log_to_driver):
+        yield

@@ -256,11 +256,12 @@ def start_local_ray(runtime_env: dict, say: Callable[[str], None] | None = None)
     if os.environ.get("RAY_ADDRESS") and say is not None:
         say(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is ignored: a golden run starts its own "
             "local Ray instance (no shared cluster, no other jobs' actors)")
-    from harness.runner.ray_start import worker_exec_installed
+    from harness.runner.ray_start import local_start
 
-    with worker_exec_installed():
+    log_to_driver = bool(os.environ.get("GOLDEN_WORKER_LOGS"))
+    with local_start(log_to_driver):
         ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
-                 log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")), runtime_env=runtime_env,
+                 log_to_driver=log_to_driver, runtime_env=runtime_env,
                  _system_config=dict(FORKED_WORKERS_RAY_CONFIG) if os.environ.get(ZYGOTE_ENV, "1").strip() != "0"
                  else {"worker_maximum_startup_concurrency": STARTUP_CONCURRENCY})
     if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins
