@@ -52,6 +52,7 @@ from harness.policy.megatron.model import (
     is_tp_sharded,
 )
 from harness.policy.seeding import seed_rank
+from harness.policy.shard_gather import gather_tagged
 from harness.policy.train_step import TrainStep
 from harness.spec.typed import as_workload
 
@@ -332,7 +333,8 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
 
         ``on_device`` (the CUDA IPC refit's source, ``PolicyWorker.stream_weights``): in a
         1-rank world the tensors are built from the parameters on their device, without a
-        host copy or ``gather_object``; with more ranks the host path is used."""
+        host copy or gather; with more ranks the host path is used (host copies, one gather:
+        ``harness.policy.shard_gather``)."""
         c = self.coords
         world = dist.get_world_size()
         if on_device and world == 1:
@@ -341,8 +343,7 @@ class MegatronPolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         else:
             mine = [(n, c["tp"], c["ep"], self.layer_offset, p.detach().cpu().clone())
                     for n, p in self.named if self._owns(n)]
-            gathered = [None] * world if self.rank == 0 else None
-            dist.gather_object(mine, gathered, dst=0)
+            gathered = gather_tagged(mine, dst=0)
         if self.rank != 0:
             return {}
         shards: dict[tuple[str, int, int], dict[int, torch.Tensor]] = {}

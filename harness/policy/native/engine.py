@@ -51,6 +51,7 @@ from harness.policy.checkpoint import ShardedCheckpoint
 from harness.policy.common import EngineCommon
 from harness.policy.native.parallel_model import ParallelQwen3Moe
 from harness.policy.seeding import seed_rank
+from harness.policy.shard_gather import gather_tagged
 from harness.policy.train_step import TrainStep
 
 
@@ -178,8 +179,9 @@ class NativePolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         """Full HF-named tensors, assembled on policy rank 0 (collective over the
         world; other ranks return {}). Order = the reference model's order.
 
-        Default: host copies, gathered with ``gather_object`` (the CPU path, and
-        what checksums and checkpoints read). ``on_device``: the tensors stay on
+        Default: host copies, gathered in one tensor gather
+        (``harness.policy.shard_gather.gather_tagged``: the CPU path, and what
+        checksums and checkpoints read). ``on_device``: the tensors stay on
         the policy's device and are not copied where no assembly is needed -- a
         1-rank world returns the detached parameters themselves (valid until the
         next optimizer step); with more ranks only the shards' (name, shape,
@@ -187,9 +189,7 @@ class NativePolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
         point-to-point ``send``/``recv`` on the device (NCCL on cuda). This is
         the refit's source for CUDA IPC staging (``stream_weights``)."""
         if not on_device:
-            mine = self._owned_shards()
-            gathered: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
-            dist.gather_object(mine, gathered, dst=0)
+            gathered = gather_tagged(self._owned_shards(), dst=0)
             if self.rank != 0:
                 return {}
             return self._assemble(gathered)  # type: ignore[arg-type]
