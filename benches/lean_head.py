@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 SETTINGS = {"lean (default)": {}, "GOLDEN_LEAN_HEAD=0": {"GOLDEN_LEAN_HEAD": "0"}}
 

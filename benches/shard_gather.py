@@ -35,7 +35,7 @@ def _rank(rank: int, world: int, port: int, tensors: int, repeats: int) -> None:
         dist.gather_object(mine, out, dst=0)
 
     ways = {"gather_object": with_gather_object, "gather_tagged": lambda: gather_tagged(mine, dst=0)}
-    totals = {name: 0.0 for name in ways}
+    totals = dict.fromkeys(ways, 0.0)
     for _ in range(2):
         for name, fn in ways.items():
             dist.barrier()
