@@ -15,7 +15,11 @@ longest rank's total), as float64 (exact below 2**53), wraps the tags in a DTens
 parameter's own mesh, placements, shape and stride, and calls ``full_tensor()`` on it:
 DTensor's own redistribution (``Shard``, FSDP2's ``_StridedShard``, ``Replicate``, uneven
 chunks) puts every tag where its value goes, so no placement rule is re-implemented here.
-Made once per engine, on the first export. Local shards of more than one dtype, or not
+Parameters of one global layout (mesh, placements, shape, contiguous stride: every layer's
+copy of a weight) are tagged as one stack, a DTensor with a new leading dim and each shard
+dim one further, so one ``full_tensor()`` maps them all (the 8-rank golden's 135 parameters
+in 9 redistributions instead of 135, with LoRA 14 instead of 167); a redistribution moves each slice of the stack as it
+would move that tensor alone. Made once per engine, on the first export. Local shards of more than one dtype, or not
 on the CPU (gloo's ``gather``), are :class:`Unsupported` (raised before any collective,
 alike on every rank: the caller keeps ``full_tensor()``); a parameter whose mesh,
 placements, shape, stride or local size changed after the map was made is an error
@@ -32,6 +36,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
 
 TAG_DTYPE = torch.float64  # integers are exact below 2**53
 
@@ -42,6 +47,35 @@ class Unsupported(ValueError):
 
 class LayoutChanged(RuntimeError):
     """A parameter no longer has the layout the map was made for."""
+
+
+def _alike(shards: list[DTensor]) -> list[list[int]]:
+    """The parameters' indices grouped by global layout (mesh, placements, shape, stride), in order
+    of first appearance; the same groups on every rank (nothing rank-local decides them), and
+    within a group every rank's local shards have one shape. Only a contiguous global layout
+    groups (a stack of them is one contiguous tensor); any other parameter stands alone."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(shards):
+        contiguous = tuple(p.stride()) == tuple(torch.empty(tuple(p.shape), device="meta").stride())
+        key = (p.device_mesh, tuple(p.placements), tuple(p.shape), tuple(p.stride())) if contiguous else ("alone", i)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _stacked_placements(p: DTensor) -> tuple | None:
+    """``p``'s placements for a stack of such tensors (a new leading dim): each shard dim one
+    further; None for a placement this does not shift (then each parameter gathers alone)."""
+    out = []
+    for placement in p.placements:
+        if isinstance(placement, _StridedShard):
+            out.append(_StridedShard(placement.dim % p.ndim + 1, split_factor=placement.split_factor))
+        elif isinstance(placement, Shard):
+            out.append(Shard(placement.dim % p.ndim + 1))
+        elif isinstance(placement, Replicate):
+            out.append(placement)
+        else:
+            return None
+    return tuple(out)
 
 
 def _layout(p: DTensor) -> tuple:
@@ -72,14 +106,23 @@ class FlatGather:
         self.length = max(int(n.sum()) for n in every)  # L: the longest rank's shards
         mine = torch.cumsum(local, 0) - local  # where each shard starts within this rank's part
         self.index: dict[str, torch.Tensor] = {}
-        for i, (name, p) in enumerate(zip(self.names, shards)):
-            start = self.rank * self.length + int(mine[i])
-            tags = torch.arange(start, start + int(local[i]), dtype=TAG_DTYPE).view(p._local_tensor.shape)
-            tagged = DTensor.from_local(tags, p.device_mesh, p.placements, run_check=False,
-                                        shape=p.shape, stride=p.stride())
-            full = tagged.full_tensor()
+        for members in _alike(shards):
+            first = shards[members[0]]
+            tags = [torch.arange(start, start + int(local[i]), dtype=TAG_DTYPE).view(shards[i]._local_tensor.shape)
+                    for i in members for start in [self.rank * self.length + int(mine[i])]]
+            stacked = _stacked_placements(first) if len(members) > 1 else None
+            if stacked is None:  # one parameter (or placements this does not stack): its own full_tensor()
+                fulls = [DTensor.from_local(t, shards[i].device_mesh, shards[i].placements, run_check=False,
+                                            shape=shards[i].shape, stride=shards[i].stride()).full_tensor()
+                         for i, t in zip(members, tags)]
+            else:
+                shape = (len(members), *first.shape)
+                tagged = DTensor.from_local(torch.stack(tags), first.device_mesh, stacked, run_check=False,
+                                            shape=shape, stride=torch.empty(shape, device="meta").stride())
+                fulls = list(tagged.full_tensor().unbind(0))
             if self.rank == 0:
-                self.index[name] = full.reshape(-1).to(torch.int64)
+                for i, full in zip(members, fulls):
+                    self.index[self.names[i]] = full.reshape(-1).to(torch.int64)
 
     def full(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every parameter's full tensor on rank 0 (CPU, a new tensor each), ``{}`` elsewhere."""
