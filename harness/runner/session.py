@@ -45,7 +45,6 @@ from harness.spec.typed import as_workload
 SHUTDOWN_TIMEOUT_S = 60
 
 
-
 def deterministic_driver() -> None:
     """``torch.use_deterministic_algorithms(True)`` for the driver, without importing
     ``torch._inductor``: the public call imports it (and dynamo with it) only to set inductor's
@@ -57,6 +56,7 @@ def deterministic_driver() -> None:
         torch.use_deterministic_algorithms(True)
     else:
         set_flag(True, warn_only=False)
+
 
 class Session:
     def __init__(self, spec: dict, topology, run_dir: Path, env_vars: dict[str, str],

@@ -18,12 +18,13 @@ chunks) puts every tag where its value goes, so no placement rule is re-implemen
 Parameters of one global layout (mesh, placements, shape, contiguous stride: every layer's
 copy of a weight) are tagged as one stack, a DTensor with a new leading dim and each shard
 dim one further, so one ``full_tensor()`` maps them all (the 8-rank golden's 135 parameters
-in 9 redistributions instead of 135, with LoRA 14 instead of 167); a redistribution moves each slice of the stack as it
-would move that tensor alone. Made once per engine, on the first export. Local shards of more than one dtype, or not
-on the CPU (gloo's ``gather``), are :class:`Unsupported` (raised before any collective,
-alike on every rank: the caller keeps ``full_tensor()``); a parameter whose mesh,
-placements, shape, stride or local size changed after the map was made is an error
-(:class:`LayoutChanged`), never a silently wrong tensor.
+in 9 redistributions instead of 135, with LoRA 14 instead of 167); a redistribution moves
+each slice of the stack as it would move that tensor alone. Made once per engine, on the
+first export. Local shards of more than one dtype, or not on the CPU (gloo's ``gather``),
+are :class:`Unsupported` (raised before any collective, alike on every rank: the caller
+keeps ``full_tensor()``); a parameter whose mesh, placements, shape, stride or local size
+changed after the map was made is an error (:class:`LayoutChanged`), never a silently
+wrong tensor.
 
 Collective over the default group: every rank calls :meth:`FlatGather.full` for the same
 parameters; only rank 0 gets tensors (``{}`` elsewhere).
@@ -106,10 +107,15 @@ class FlatGather:
         self.length = max(int(n.sum()) for n in every)  # L: the longest rank's shards
         mine = torch.cumsum(local, 0) - local  # where each shard starts within this rank's part
         self.index: dict[str, torch.Tensor] = {}
+
+        def tags_of(i: int) -> torch.Tensor:
+            """Parameter ``i``'s local elements tagged with their place in the gather buffer."""
+            start = self.rank * self.length + int(mine[i])
+            return torch.arange(start, start + int(local[i]), dtype=TAG_DTYPE).view(shards[i]._local_tensor.shape)
+
         for members in _alike(shards):
             first = shards[members[0]]
-            tags = [torch.arange(start, start + int(local[i]), dtype=TAG_DTYPE).view(shards[i]._local_tensor.shape)
-                    for i in members for start in [self.rank * self.length + int(mine[i])]]
+            tags = [tags_of(i) for i in members]
             stacked = _stacked_placements(first) if len(members) > 1 else None
             if stacked is None:  # one parameter (or placements this does not stack): its own full_tensor()
                 fulls = [DTensor.from_local(t, shards[i].device_mesh, shards[i].placements, run_check=False,
