@@ -72,13 +72,57 @@ def platform_of(spec: Workload, platform: str | None = None) -> str:
 
 
 def numerics_key_of(spec: Workload) -> str | None:
-    """This machine's CPU numerics key when ``spec`` runs on the CPU (``harness.numerics``), else None."""
+    """The CPU numerics key a run of ``spec`` on this machine has (``harness.numerics``): under
+    the pins when the run will be pinned (``harness.portable.pins.wanted_for``), else None for
+    a run off the CPU."""
     if spec.platform.device != "cpu":
         return None
     from harness.numerics import cpu_numerics
+    from harness.portable import pins
 
-    numerics = cpu_numerics()
+    environ = dict(os.environ)
+    if pins.wanted_for(spec.platform.device, spec.rollout.backend):
+        pins.apply_to_environ(environ)
+    numerics = cpu_numerics(environ=environ)
     return numerics["key"] if numerics else None
+
+
+_canary_checked: set[tuple[str, str]] = set()  # (goldens root, pin set) whose canary this process checked
+
+
+def pin_numerics(spec: Workload, goldens_root: Path | None, canary: str = "check",
+                 say: Say | None = None) -> bool:
+    """Pin this process's CPU numerics for a run of ``spec`` (``harness.portable.pins``; its
+    children inherit them) and, once per process and goldens root, hold this machine to the
+    numerics canary stored there (``harness.portable.drift``). ``canary="store"`` (capture,
+    refresh) stores one where the root has none or one of another pin set. Returns whether the
+    run is pinned. Raises ``drift.Drift`` (no verdict) when the machine's bits moved."""
+    from harness.portable import drift, pins
+    from harness.spec.load import default_goldens_root
+
+    if not pins.wanted_for(spec.platform.device, spec.rollout.backend):
+        return False
+    pins.apply_to_environ()
+    root = Path(goldens_root) if goldens_root is not None else default_goldens_root()
+    memo = (str(root.resolve()), pins.pin_set_id())
+    if memo in _canary_checked:
+        return True
+    t = time.perf_counter()
+    stored = drift.read(root)
+    if canary == "store" and (stored is None or stored["pin_set"] != pins.pin_set_id()):
+        from harness.numerics import cpu_numerics
+
+        measured = drift.measure()
+        machine = cpu_numerics() or {}
+        file = drift.store(root, measured, {"model_name": machine.get("model_name"), "vendor": machine.get("vendor"),
+                                            "torch": measured.get("state", {}).get("torch")})
+        line = f"numerics canary: stored {file} ({len(measured['ops'])} ops)"
+    else:
+        line = drift.check(root)
+    _canary_checked.add(memo)
+    if say is not None:
+        (getattr(say, "note", None) or say)(f"{line} ({time.perf_counter() - t:.1f}s)")
+    return True
 
 
 def stored_platform(spec: Workload, platform: str, goldens_root: Path, *, write: bool = False,
@@ -126,14 +170,15 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
 
 def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,
             goldens_root: Path | None = None, say: Say | None = None, platform: str | None = None,
-            warm=None, ray_address: str | None = None) -> Execution:
+            warm=None, ray_address: str | None = None, canary: str = "check") -> Execution:
     """Run + postflight (on ``platform``'s device, see :func:`spec_for_platform`).
     Raises only for unusable input (spec/topology errors, a Ray cluster that cannot
     hold the plan: ``ClusterRefused``, checked before anything starts). ``warm``: a
     ``harness.runner.warm.WarmRuntime`` to reuse Ray and warm worker processes from
     (docs/runner.md); None: a cold run with its own Ray instance. ``ray_address``
     (else the spec's ``platform.ray_address``): join that Ray cluster, cold
-    (docs/cluster.md)."""
+    (docs/cluster.md). ``canary``: what :func:`pin_numerics` does with the numerics canary of
+    a pinned CPU run ("check", or "store" for capture and refresh)."""
     from harness.runner.run import run_workload
     from harness.spec.load import check_runnable
     from harness.spec.topology import plan
@@ -143,6 +188,7 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
     _refuse_unplaceable(spec, topology, address)
+    pin_numerics(spec, goldens_root, canary, say)  # drift.Drift: this machine's pinned bits moved (no verdict)
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)

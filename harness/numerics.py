@@ -16,6 +16,13 @@ that happen to agree get different keys (and each its own golden), never one
 key for two code paths, as far as vendor and model decide them.
 ``harness.store.variants`` stores one CPU golden per key.
 
+Under the pins (``harness.portable.pins``: ATen's AVX2 kernels, MKL's
+COMPATIBLE branch, the portable kernels) every x86-64 machine computes the
+same bits, so a pinned process's key is the pin set's (``x86_64-pins1-...``),
+whatever the machine; vendor, family and model are still recorded. An unpinned
+process (``GOLDEN_CPU_PINS=0``, an aarch64 machine, a vLLM run) keeps the
+machine's key, so a golden captured pinned is never compared with it.
+
 Pure standard library, bounded reads: the gate half computes it before a run.
 """
 
@@ -26,6 +33,8 @@ import json
 import os
 from collections.abc import Mapping
 from typing import Any
+
+from harness.portable import pins
 
 __all__ = ["OVERRIDES", "cpu_numerics", "numerics_key"]
 
@@ -87,8 +96,16 @@ def cpu_numerics(cpuinfo: str = CPUINFO, environ: Mapping[str, str] | None = Non
         base = f"arm-i{implementer:x}p{part:x}"
     else:
         return None
+    key = numerics_key(base, overrides)
+    pinned = False
+    if pins.in_force(environ) and pins.applies(environ):
+        # every x86-64 machine under the pins runs one set of code paths: one key for all of them;
+        # a variable beyond the pins that changes kernels still splits it
+        extra = {k: v for k, v in overrides.items() if k not in pins.PINS}
+        key, pinned = numerics_key(pins.pin_set_id(), extra), True
     return {
-        "key": numerics_key(base, overrides),
+        "key": key,
+        "pinned": pinned,
         "vendor": vendor_id,
         "family": family,
         "model": model,

@@ -118,7 +118,22 @@ def pytest_configure(config: pytest.Config) -> None:
                             capture_missing=bool(config.getoption("--golden-capture-missing")))
     for key in _SESSION_GOLDENS:
         _SESSION_GOLDENS[key] = set()
+    _pin_cpu_session(config)
     _group_workloads_under_xdist(config)
+
+
+def _pin_cpu_session(config: pytest.Config) -> None:
+    """A session whose goldens run on the CPU pins its CPU code paths now, before any torch
+    kernel runs or any warm process starts, so the whole session (its workers, and tests that
+    compare in-process math with them) computes one machine-independent set of bits
+    (``harness.portable.pins``; ``GOLDEN_CPU_PINS=0`` leaves it unpinned). A cuda or
+    ``cpu-vllm`` session is left as it is."""
+    from harness.portable import pins
+    from harness.store.variants import base_platform
+
+    platform = config.getoption("--golden-platform") or os.environ.get("GOLDEN_PLATFORM") or "cpu"
+    if base_platform(platform) in ("cpu", "cpu-cluster"):
+        pins.apply_to_environ()
 
 
 def _group_workloads_under_xdist(config: pytest.Config) -> None:

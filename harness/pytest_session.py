@@ -160,7 +160,8 @@ class GoldenSession:
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
                                       platform=self.platform_opt, say=progress, ray_address=self.ray_address,
-                                      warm=self.warm_runtime())  # with an address: cold, the reason said
+                                      warm=self.warm_runtime(),  # with an address: cold, the reason said
+                                      canary="store" if self.refresh or self.capture_missing else "check")
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
         finally:

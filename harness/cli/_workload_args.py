@@ -248,6 +248,7 @@ def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = Non
     printed), 130 when it was interrupted (Ctrl-C, SIGTERM)."""
     from harness import flows
     from harness.cli import EXIT_NO_VERDICT, EXIT_USAGE
+    from harness.portable.drift import Drift
     from harness.spec.errors import SpecError
 
     try:
@@ -260,7 +261,12 @@ def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = Non
     try:
         execution = flows.execute(args.workload, overrides=tuple(args.overrides), run_dir=prepared.run_dir,
                                   goldens_root=args.goldens, say=say, platform=getattr(args, "platform", None),
-                                  ray_address=getattr(args, "ray_address", None))
+                                  ray_address=getattr(args, "ray_address", None),
+                                  canary="store" if args.command in ("capture", "refresh") else "check")
+    except Drift as exc:
+        say.close()
+        print(f"golden {args.command}: {exc}", file=sys.stderr)
+        return None, EXIT_NO_VERDICT
     except SpecError as exc:
         say.close()
         print(f"golden {args.command}: {exc}", file=sys.stderr)
