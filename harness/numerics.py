@@ -98,7 +98,7 @@ def cpu_numerics(cpuinfo: str = CPUINFO, environ: Mapping[str, str] | None = Non
         return None
     key = numerics_key(base, overrides)
     pinned = False
-    if pins.in_force(environ) and pins.applies(environ):
+    if fields.get("vendor_id") is not None and pins.in_force(environ) and environ.get(pins.OFF_VAR) != "0":
         # every x86-64 machine under the pins runs one set of code paths: one key for all of them;
         # a variable beyond the pins that changes kernels still splits it
         extra = {k: v for k, v in overrides.items() if k not in pins.PINS}

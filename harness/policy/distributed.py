@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from harness.devices import local_device
 from harness.parallel import settle
-from harness.portable import enter_process
 from harness.parallel.rendezvous import join_rendezvous
+from harness.portable import enter_process
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
