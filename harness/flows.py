@@ -72,9 +72,14 @@ def platform_of(spec: Workload, platform: str | None = None) -> str:
 
 
 def numerics_key_of(spec: Workload) -> str | None:
-    """The CPU numerics key a run of ``spec`` on this machine has (``harness.numerics``): under
-    the pins when the run will be pinned (``harness.portable.pins.wanted_for``), else None for
-    a run off the CPU."""
+    """The numerics key a run of ``spec`` on this machine has (``harness.numerics``): on the CPU,
+    under the pins when the run will be pinned (``harness.portable.pins.wanted_for``); on cuda,
+    the GPU architecture and library versions (``cuda_numerics``); None elsewhere."""
+    if spec.platform.device == "cuda":
+        from harness.numerics import cuda_numerics
+
+        found = cuda_numerics()
+        return found["key"] if found else None
     if spec.platform.device != "cpu":
         return None
     from harness.numerics import cpu_numerics

@@ -31,12 +31,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+import subprocess
+from collections.abc import Callable, Mapping
+from importlib import metadata
 from typing import Any
 
 from harness.portable import pins
 
-__all__ = ["OVERRIDES", "cpu_numerics", "numerics_key"]
+__all__ = ["OVERRIDES", "cpu_numerics", "cuda_numerics", "numerics_key"]
 
 CPUINFO = "/proc/cpuinfo"
 MAX_CPUINFO_BYTES = 1 << 20  # one processor's block is a few KiB; never read more than this
@@ -120,3 +122,52 @@ def numerics_key(base: str, overrides: Mapping[str, str]) -> str:
         return base
     digest = hashlib.sha256(json.dumps(dict(sorted(overrides.items()))).encode()).hexdigest()[:8]
     return f"{base}-env{digest}"
+
+
+# What decides a cuda run's bits: the GPU architecture (compute capability: kernels are built and
+# chosen per architecture) and the libraries that pick them (torch's build, with its cuBLAS), never
+# the card's name: an H100 and an H200 are both sm_90 and share a key (and so a golden).
+CUBLAS_DISTRIBUTIONS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
+NVIDIA_SMI_TIMEOUT_S = 10
+
+
+def _nvidia_smi() -> str | None:
+    """``name, compute_cap, driver_version`` of the first visible GPU (nvidia-smi), or None."""
+    visible = (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0].strip()
+    cmd = ["nvidia-smi", "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
+    if visible:
+        cmd.insert(1, f"--id={visible}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def cuda_numerics(query: Callable[[], str | None] = _nvidia_smi) -> dict[str, Any] | None:
+    """This machine's cuda numerics: ``{"key", "device_name", "capability", "torch", "cublas",
+    "driver"}``, keyed ``sm<major><minor>-torch<version>[-cublas<version>]``; None when no GPU
+    answers (then cuda goldens are not split, as before the key existed). Standard library:
+    nvidia-smi and installed distributions' metadata."""
+    line = query()
+    if not line:
+        return None
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) < 3 or not parts[1].replace(".", "").isdigit():
+        return None
+    name, capability, driver = parts[0], parts[1], parts[2]
+    torch_version, cublas = _dist_version("torch"), _dist_version(*CUBLAS_DISTRIBUTIONS)
+    key = f"sm{capability.replace('.', '')}-torch{torch_version or 'none'}"
+    if cublas:
+        key += f"-cublas{cublas}"
+    return {"key": "".join(c if c.isalnum() or c in "._-" else "_" for c in key), "device_name": name,
+            "capability": capability, "torch": torch_version, "cublas": cublas, "driver": driver}
