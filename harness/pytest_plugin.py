@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +100,51 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--golden-ray-address", default=None, metavar="ADDR",
                     help="run every golden on this Ray cluster (cold, placed from the plan; docs/cluster.md) "
                          "instead of the warm local runtime")
+
+
+# The plugin's options that take a value. pytest finds its rootdir and configfile before it loads
+# any plugin, so in the space form (``--goldens-root DIR``) it reads DIR as a path argument
+# (pytest-dev/pytest#8846); the plugin then gets the value right, but pytest's setup may be off.
+VALUE_OPTIONS = ("--goldens-root", "--golden-platform", "--golden-reason", "--golden-summary", "--golden-ray-address")
+
+
+def space_form_values(args: list[str]) -> list[tuple[str, str]]:
+    """``(option, value)`` for each of :data:`VALUE_OPTIONS` given as two words in ``args``."""
+    return [(a, args[i + 1]) for i, a in enumerate(args[:-1]) if a in VALUE_OPTIONS and not args[i + 1].startswith("-")]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """Both spellings (``--goldens-root DIR`` and ``--goldens-root=DIR``) work, except where the
+    space form changed pytest's rootdir or configfile (a value that is an existing path outside the
+    project, read as a test path before this plugin was loaded): then a usage error names the
+    ``=`` spelling, instead of a session run from the wrong rootdir without its configfile."""
+    given = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *map(str, early_config.invocation_params.args)]
+    spaced = space_form_values(given)
+    if not spaced:
+        return
+    try:
+        import copy
+        import inspect
+
+        from _pytest.config.findpaths import determine_setup
+
+        ns = early_config._parser.parse_known_args(given, namespace=copy.copy(early_config.option))
+        wanted = dict(inifile=ns.inifilename, override_ini=getattr(ns, "override_ini", None), args=ns.file_or_dir,
+                      rootdir_cmd_arg=ns.rootdir or None, invocation_dir=early_config.invocation_params.dir)
+        params = inspect.signature(determine_setup).parameters
+        setup = determine_setup(**{k: v for k, v in wanted.items() if k in params})
+    except Exception:  # noqa: BLE001 - a pytest whose internals differ: leave its setup as it is
+        return
+    rootpath, inipath = Path(setup[0]), (Path(setup[1]) if setup[1] else None)
+    if rootpath == early_config.rootpath and inipath == early_config.inipath:
+        return
+    fix = " ".join(f"{option}={shlex.quote(value)}" for option, value in spaced)
+    raise pytest.UsageError(
+        f"{' '.join(f'{o} {shlex.quote(v)}' for o, v in spaced)}: pytest read the value as a test path before the "
+        f"golden plugin was loaded, so its rootdir became {early_config.rootpath} (configfile "
+        f"{early_config.inipath or 'none'}) instead of {rootpath} (configfile {inipath or 'none'}); "
+        f"write it with '=': {fix}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

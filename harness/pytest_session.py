@@ -258,8 +258,8 @@ def capture_missing_hint(workload: str, platform: str | None, root: Path | None)
 
     parts = ["pytest", "-m", "golden", "-k", workload, "--golden-capture-missing"]
     if platform:
-        parts += ["--golden-platform", platform]
+        parts += [f"--golden-platform={platform}"]
     chosen = root_if_chosen(root)
     if chosen is not None:
-        parts += ["--goldens-root", str(chosen)]
+        parts += [f"--goldens-root={chosen}"]
     return " ".join(shlex.quote(p) for p in parts)
