@@ -240,11 +240,13 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
     The run's documents are read back through ``harness.postflight.read.load_run``
     (manifest validated first, paths confined, complete runs only: ``RunRefused``
     otherwise). Records which golden was compared in ``execution.golden_seen``."""
+    from harness.parity.spec_check import run_against_golden
     from harness.postflight.read import load_run
     from harness.store.atomic import GoldenStoreError, golden_digest
 
     root = Path(goldens_root or default_goldens_root())
-    actual = load_run(execution.run_dir).surfaces
+    documents = load_run(execution.run_dir)
+    actual = documents.surfaces
     execution.golden_seen_known = True
     try:
         golden, table, deterministic = load_golden(root, execution.spec.name, platform)
@@ -255,7 +257,19 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
         execution.golden_seen = golden_digest(root, execution.spec.name, platform)
         raise
     execution.golden_seen = golden.digest
-    return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+    verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+    verdict.spec = run_against_golden(documents.manifest, (documents.run or {}).get("spec"), golden.manifest,
+                                      golden.provenance)
+    return verdict
+
+
+def spec_difference(spec: Workload, golden) -> object | None:
+    """``harness.parity.spec_check.SpecDifference`` of the spec a run would use against ``golden``
+    (a ``harness.store.golden.Golden``), or None when they are the same: decided before the run."""
+    from harness.parity.spec_check import before_run
+    from harness.spec.load import spec_digest
+
+    return before_run(spec.to_dict(), spec_digest(spec), golden.manifest, golden.provenance)
 
 
 def remember_golden(execution: Execution, digest: str | None) -> None:
@@ -304,7 +318,7 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     manifest = load_manifest(execution.run_dir / "manifest.json")
     provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
                                 environment=collect_environment(spec), repository=repository_state(root),
-                                versions=package_versions())
+                                versions=package_versions(), spec=spec.to_dict())
     tolerances = None
     old_tol = target / "tolerances.yaml"
     if not old_tol.exists():  # a new CPU-numerics variant declares the bands of the golden it sits beside

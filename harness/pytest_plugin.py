@@ -350,17 +350,20 @@ def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection(session: pytest.Session) -> None:
-    """A golden-only session with a goldens root starts its warm runtime while it collects
-    (``harness.pytest_prestart``; without a root every golden test fails before any run)."""
+    """A golden-only session starts its warm runtime while it collects when one of the workloads
+    its goldens root schedules would run (``harness.pytest_prestart``: never for verdicts decided
+    from files, such as a missing root, golden or spec, or a spec the golden's differs from)."""
     from harness import pytest_prestart
     from harness.spec.errors import SpecError
+    from harness.spec.load import list_workloads
 
     try:
-        root_exists = _session_config(None).root.is_dir()
+        cfg = _session_config(None)
+        root = cfg.root.resolve()
+        names = list(cfg.workloads) if cfg.workloads else (list_workloads(root) if root.is_dir() else [])
     except (SpecError, OSError):
-        root_exists = False
-    if root_exists:
-        pytest_prestart.start(session.config)
+        return
+    pytest_prestart.start(session.config, [(name, root) for name in names])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -141,11 +141,18 @@ class GoldenSession:
                 replaces = golden_digest(root, spec.name, store)
             else:
                 try:
-                    flows.load_golden(root, spec.name, platform)  # refuse before running, not after
+                    golden, _, deterministic = flows.load_golden(root, spec.name, platform)  # refuse before running
                 except flows.GoldenMissing:
                     if not self.capture_missing:
                         raise
                     create = True
+                else:
+                    changed = flows.spec_difference(spec, golden)
+                    if changed is not None and changed.gating:  # decided before Ray starts: the spec is what changed
+                        from harness.parity.findings import Verdict
+
+                        return platform, ("compared", "", None,
+                                          Verdict(deterministic=deterministic, surfaces={}, spec=changed))
         except flows.GoldenMissing as exc:
             from harness.store.variants import base_platform
 
@@ -217,21 +224,29 @@ class GoldenSession:
             self.stored_by_current_test = outcome  # read by pytest_runtest_makereport: "CREATED" / "REFRESHED"
             return
         result = verdict.surfaces.get(surface)
-        if result is None or result.status == "parity":
+        if not (verdict.spec is not None and verdict.spec.gating) and (result is None or result.status == "parity"):
             return
+        from harness import flows
         from harness.parity.findings import Verdict
         from harness.parity.render.terminal import render_terminal
-
-        one = Verdict(deterministic=verdict.deterministic, surfaces={surface: result})
-        from harness import flows
         from harness.store.variants import unrecorded_note
 
-        platform = flows.platform_of(execution.spec, self.platform_opt)
         root = self.root_of(workload)
+        if execution is None:  # refused before the run: the spec differs from the golden's
+            from harness.store.variants import base_platform
+
+            stored = self._compared.get((str(root), str(workload))) or self.platform_opt
+            platform = base_platform(stored) if stored else stored
+            pytest.fail(f"{workload}/{surface}: fail before any run\n" + "\n".join(verdict.spec.lines())
+                        + "\n" + refresh_hint_text(workload, platform, root), pytrace=False)
+        surfaces = {surface: result} if result is not None else {}
+        one = Verdict(deterministic=verdict.deterministic, surfaces=surfaces, spec=verdict.spec)
+        platform = flows.platform_of(execution.spec, self.platform_opt)
         stored = self._compared.get((str(root), str(workload))) or platform
         note = unrecorded_note(root, workload, stored, flows.numerics_key_of(execution.spec))
+        status = result.status if result is not None and result.status != "parity" else "fail"
         pytest.fail(
-            f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"
+            f"{workload}/{surface}: {status} (run dir {execution.run_dir})\n"
             + render_terminal(one, title=f"{workload}/{surface}", color=False)
             + "\n" + refresh_hint_text(workload, platform, root) + (f"\n{note}" if note else ""),
             pytrace=False,
