@@ -34,7 +34,8 @@ Every marker the plugin puts on a test (``golden``, ``megatron``, ``vllm``,
 Where the goldens live (``harness.spec.roots``, the same order as the ``golden``
 command): ``--goldens-root DIR``, else ``$GOLDEN_ROOT``, else ``goldens-root`` of
 a ``[tool.golden]`` table in the nearest ``pyproject.toml`` above the invocation
-directory (or pytest's rootdir), else the harness checkout's own ``goldens/``.
+directory (or pytest's rootdir), else the harness checkout's own ``goldens/`` (a
+source checkout only), else ``./goldens``.
 ``[tool.golden] workloads = [...]`` selects workloads, which may be built-in ones
 the root has no spec for yet; without it every workload under the root is
 scheduled on the session's platform.
@@ -331,6 +332,22 @@ def golden_params(goldens_root: str | Path | None = None, platform: str | None =
     return params
 
 
+def _nothing_scheduled_goldens() -> None:
+    """When no test called ``golden_params`` (no golden test collected), every stored golden of the
+    session's goldens root on the session's platform is unused: fill the tables from the root."""
+    if _SESSION_GOLDENS["platforms"] or _SESSION_GOLDENS["scheduled"]:
+        return
+    from harness.spec.errors import SpecError
+
+    try:
+        root = _session_config(None).root.resolve()
+    except (SpecError, OSError):
+        return
+    platform = _SESSION_OPTIONS["platform"] or os.environ.get("GOLDEN_PLATFORM") or "cpu"
+    _SESSION_GOLDENS["platforms"].add((str(root), platform))
+    _SESSION_GOLDENS["present"].update(_stored_goldens(root))
+
+
 def unused_goldens() -> list[str]:
     """Stored goldens of this session's platforms that no collected test targets, as ``root/workload/platform``."""
     platforms = _SESSION_GOLDENS["platforms"]
@@ -420,13 +437,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     from harness import pytest_prestart
 
     pytest_prestart.discard(config)
+    if config.getoption("--golden-strict-unused"):
+        _nothing_scheduled_goldens()  # no golden test collected: the root's goldens are all unused
     config._golden_unused.update(unused_goldens())  # type: ignore[attr-defined]
     if hasattr(config, "workeroutput"):
         config.workeroutput["golden_results"] = list(getattr(config, "_golden_results", []))
         config.workeroutput["golden_unused"] = sorted(config._golden_unused)  # type: ignore[attr-defined]
         return
-    if config._golden_unused and config.getoption("--golden-strict-unused") and session.exitstatus == 0:  # type: ignore[attr-defined]
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    strict_fail = config._golden_unused and config.getoption("--golden-strict-unused")  # type: ignore[attr-defined]
+    if strict_fail and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # (no test collected: they are named, not exit 5)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -459,6 +479,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         tr.write_line(f"{r['workload']:<36} {r['platform'] or '-':<{width}} {r['status']:<10} {r['wall_s']:>7.1f}s")
         total += r["wall_s"]
     tr.write_line(f"golden wall time: {total:.1f}s")
+    refreshed = [r for r in results if r["status"] == "refreshed" and r.get("changes")]
+    if refreshed:
+        tr.section("golden refresh: what changed (review before committing)")
+        for r in refreshed:
+            for line in r["changes"].rstrip().splitlines():
+                tr.write_line(line)
     created = [r for r in results if r["status"] == "created"]
     if created:
         tr.write_line(f"{len(created)} golden(s) created by --golden-capture-missing: review and commit them "

@@ -35,6 +35,7 @@ class GoldenSession:
         self._cache: dict[tuple[str, str], tuple] = {}
         self._compared: dict[tuple[str, str], str | None] = {}  # the stored golden each run was compared with
         self.stored_by_current_test: str | None = None
+        self._refresh_changes: str | None = None  # what the last refresh changed (the summary shows it)
         self._progress_stream = None
         self._warm = None  # harness.runner.warm.WarmRuntime, created on the first workload
 
@@ -84,10 +85,11 @@ class GoldenSession:
             from harness.parity.render.markdown import render_markdown
 
             markdown = render_markdown(verdict)
+        changes, self._refresh_changes = self._refresh_changes, None
         self.config._golden_results.append(  # type: ignore[attr-defined]
             {"workload": key[1], "platform": platform, "outcome": entry[0],
              "status": verdict.status if verdict is not None else entry[0],
-             "wall_s": round(wall_s, 1), "markdown": markdown})
+             "wall_s": round(wall_s, 1), "markdown": markdown, "changes": changes})
 
     def adopt_run(self, workload: str, execution) -> bool:
         """Answer ``workload``'s surface checks from ``execution`` (a ``harness.flows.Execution``
@@ -177,7 +179,8 @@ class GoldenSession:
                               + "\n  ".join(execution.problems()), execution, None)
         try:
             if self.refresh:
-                flows.remember_golden(execution, replaces)
+                self._refresh_changes = self._what_changed(execution, store, root, replaces)
+                flows.remember_golden(execution, replaces)  # after the comparison: the golden seen before the run
                 flows.store_golden(execution, store, reason=self.reason, goldens_root=root,
                                    command="pytest --golden-refresh", allow_replace=True)
                 return store, ("refreshed", f"golden {workload}/{store} rewritten", execution, None)
@@ -192,6 +195,23 @@ class GoldenSession:
             return platform, ("missing", str(exc), execution, None)
         except (GoldenStoreError, ToleranceFileError, ValueError, OSError) as exc:
             return platform, ("error", f"{workload}/{platform}: {type(exc).__name__}: {exc}", execution, None)
+
+    def _what_changed(self, execution, store: str, root: Path, replaces: str | None) -> str:
+        """The report of the run against the golden a refresh replaces (so a refresh is reviewed,
+        not blind); read before the golden is rewritten."""
+        from harness import flows
+        from harness.parity.render.terminal import render_terminal
+
+        if replaces is None:
+            return f"{execution.spec.name}/{store}: no golden was there; the refresh created it"
+        try:
+            verdict = flows.compare_with_golden(execution, store, root)
+        except Exception as exc:  # noqa: BLE001 - the refresh itself decides; the review says why it has none
+            return f"{execution.spec.name}/{store}: not compared with the replaced golden ({type(exc).__name__}: {exc})"
+        if verdict.ok and verdict.spec is None:
+            return f"{execution.spec.name}/{store}: no gated change (the refresh rewrote its provenance)"
+        return render_terminal(verdict, title=f"{execution.spec.name}/{store}: replaced golden -> this run",
+                               color=False, limit=5)
 
     def _progress(self, workload: str):
         """Progress lines with a heartbeat (``harness.progress``) for one workload's run, on the

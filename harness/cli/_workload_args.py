@@ -267,8 +267,9 @@ def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = Non
         return None, EXIT_USAGE
     except ModuleNotFoundError as exc:
         say.close()
-        print(f"golden {args.command}: the workload half is not installed ({exc}); run ci/bootstrap.sh",
-              file=sys.stderr)
+        print(f"golden {args.command}: the workload half is not installed ({exc}); install the harness with its "
+              "workload extra, torch pinned to the CPU build: pip install 'torch==2.13.0' "
+              "'grpo-golden-harness[workload]' (a harness checkout: ci/bootstrap.sh)", file=sys.stderr)
         return None, EXIT_NO_VERDICT
     except BaseException:
         say.close()
