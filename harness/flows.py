@@ -94,8 +94,25 @@ def stored_platform(spec: Workload, platform: str, goldens_root: Path, *, write:
     return variants.read_platform(goldens_root, spec.name, platform, key)
 
 
+RUNS_ENV = "GOLDEN_RUNS"
+
+
+def runs_root() -> Path:
+    """Where run directories go unless ``--run-dir`` names one: ``$GOLDEN_RUNS``, else
+    ``$XDG_CACHE_HOME/grpo-golden-harness/runs`` (``~/.cache/grpo-golden-harness/runs``): one
+    place outside any source tree, never the working directory (a consumer's checkout). Absolute.
+    The pytest plugin puts its runs under pytest's own temporary root instead."""
+    configured = os.environ.get(RUNS_ENV, "").strip()
+    if configured:
+        return Path(configured).expanduser().absolute()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache"
+    return (base / "grpo-golden-harness" / "runs").absolute()
+
+
 def default_run_dir(workload: str, root: Path | None = None) -> Path:
-    root = root or Path(os.environ.get("GOLDEN_RUNS", "runs"))
+    """``<root or runs_root()>/<workload>-<time>-<pid>``."""
+    root = root or runs_root()
     return root / f"{workload}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 

@@ -99,3 +99,20 @@ def test_pytest_refresh_shows_what_changed(pytester: pytest.Pytester, monkeypatc
     assert "training" in section and "FAIL" in section
     provenance = json.loads(next((root / SMOKE).glob("cpu*/PROVENANCE.json")).read_text())
     assert provenance["reason"] == "seed moved" and provenance["spec"]["seed"] == 1235
+
+
+def test_run_directories_go_to_one_place_outside_the_working_directory(monkeypatch, tmp_path: Path):
+    """``runs_root()``: ``$GOLDEN_RUNS``, else ``$XDG_CACHE_HOME/grpo-golden-harness/runs``, else
+    ``~/.cache/grpo-golden-harness/runs``; never relative to the working directory (it was
+    ``runs/`` in the cwd, a consumer's checkout)."""
+    from harness import flows
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GOLDEN_RUNS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert flows.runs_root() == tmp_path / "cache" / "grpo-golden-harness" / "runs"
+    assert flows.default_run_dir("w").parent == flows.runs_root()
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert flows.runs_root() == Path.home() / ".cache" / "grpo-golden-harness" / "runs"
+    monkeypatch.setenv("GOLDEN_RUNS", "mine")
+    assert flows.runs_root() == tmp_path / "mine"  # configured: made absolute, announced as such
