@@ -32,6 +32,9 @@ __all__ = ["ABSENT", "SpecDifference", "before_run", "compare_specs", "golden_sp
 
 ABSENT = "(absent)"
 SHOWN_IN_HEADLINE = 4
+# Fields that do not change what a run on one platform does: prose, and the list of platforms the
+# workload is scheduled on (a consumer drops "cuda" from it after a CPU capture; its golden holds).
+NOT_RUN_FIELDS = ("description", "platform.platforms")
 
 
 def _text(value: Any) -> str:
@@ -108,7 +111,10 @@ def compare_specs(golden_digest: str | None, golden_spec: Mapping[str, Any] | No
         return None
     changes: tuple[str, ...] = ()
     if isinstance(golden_spec, Mapping) and isinstance(run_spec, Mapping):
-        changes = tuple(spec_changes(golden_spec, run_spec))
+        changes = tuple(line for line in spec_changes(golden_spec, run_spec)
+                        if line.split(": ", 1)[0] not in NOT_RUN_FIELDS)
+        if not changes:
+            return None  # only prose or scheduling differ: the same run
     return SpecDifference(golden_digest=golden_digest, run_digest=run_digest, changes=changes)
 
 

@@ -64,6 +64,9 @@ def test_changed_fields_are_named_and_only_a_change_of_a_known_field_gates():
     digest_only = compare_specs("a" * 64, None, "b" * 64, run)
     assert not digest_only.gating and "records only the digest" in digest_only.headline
     assert compare_specs(None, golden, "b" * 64, run) is None
+    scheduling = compare_specs("a" * 64, {"platform": {"platforms": ["cpu", "cuda"]}, "description": "x"},
+                               "b" * 64, {"platform": {"platforms": ["cpu"]}, "description": "y"})
+    assert scheduling is None  # prose and the scheduled platforms do not change a run
 
 
 def _verdict_with_a_surface_finding(spec) -> Verdict:
