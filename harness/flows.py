@@ -143,8 +143,25 @@ def stored_platform(spec: Workload, platform: str, goldens_root: Path, *, write:
     return variants.read_platform(goldens_root, spec.name, platform, key)
 
 
+RUNS_ENV = "GOLDEN_RUNS"
+
+
+def runs_root() -> Path:
+    """Where run directories go unless ``--run-dir`` names one: ``$GOLDEN_RUNS``, else
+    ``$XDG_CACHE_HOME/grpo-golden-harness/runs`` (``~/.cache/grpo-golden-harness/runs``): one
+    place outside any source tree, never the working directory (a consumer's checkout). Absolute.
+    The pytest plugin puts its runs under pytest's own temporary root instead."""
+    configured = os.environ.get(RUNS_ENV, "").strip()
+    if configured:
+        return Path(configured).expanduser().absolute()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache"
+    return (base / "grpo-golden-harness" / "runs").absolute()
+
+
 def default_run_dir(workload: str, root: Path | None = None) -> Path:
-    root = root or Path(os.environ.get("GOLDEN_RUNS", "runs"))
+    """``<root or runs_root()>/<workload>-<time>-<pid>``."""
+    root = root or runs_root()
     return root / f"{workload}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
@@ -291,11 +308,13 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
     The run's documents are read back through ``harness.postflight.read.load_run``
     (manifest validated first, paths confined, complete runs only: ``RunRefused``
     otherwise). Records which golden was compared in ``execution.golden_seen``."""
+    from harness.parity.spec_check import run_against_golden
     from harness.postflight.read import load_run
     from harness.store.atomic import GoldenStoreError, golden_digest
 
     root = Path(goldens_root or default_goldens_root())
-    actual = load_run(execution.run_dir).surfaces
+    documents = load_run(execution.run_dir)
+    actual = documents.surfaces
     execution.golden_seen_known = True
     try:
         golden, table, deterministic = load_golden(root, execution.spec.name, platform)
@@ -306,7 +325,19 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
         execution.golden_seen = golden_digest(root, execution.spec.name, platform)
         raise
     execution.golden_seen = golden.digest
-    return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+    verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+    verdict.spec = run_against_golden(documents.manifest, (documents.run or {}).get("spec"), golden.manifest,
+                                      golden.provenance)
+    return verdict
+
+
+def spec_difference(spec: Workload, golden) -> object | None:
+    """``harness.parity.spec_check.SpecDifference`` of the spec a run would use against ``golden``
+    (a ``harness.store.golden.Golden``), or None when they are the same: decided before the run."""
+    from harness.parity.spec_check import before_run
+    from harness.spec.load import spec_digest
+
+    return before_run(spec.to_dict(), spec_digest(spec), golden.manifest, golden.provenance)
 
 
 def remember_golden(execution: Execution, digest: str | None) -> None:
@@ -355,7 +386,7 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     manifest = load_manifest(execution.run_dir / "manifest.json")
     provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
                                 environment=collect_environment(spec), repository=repository_state(root),
-                                versions=package_versions())
+                                versions=package_versions(), spec=spec.to_dict())
     tolerances = None
     old_tol = target / "tolerances.yaml"
     if not old_tol.exists():  # a new CPU-numerics variant declares the bands of the golden it sits beside

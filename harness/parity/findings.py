@@ -123,6 +123,9 @@ class Verdict:
     deterministic: bool
     surfaces: dict[str, SurfaceResult]
     divergences: list[Divergence] = field(default_factory=list)
+    # harness.parity.spec_check.SpecDifference: the run's workload spec is not the golden's. The
+    # first finding every renderer shows (before the surfaces); fails the verdict when it gates.
+    spec: Any = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -131,7 +134,7 @@ class Verdict:
     @property
     def status(self) -> str:
         statuses = {s.status for s in self.surfaces.values()}
-        if "fail" in statuses:
+        if "fail" in statuses or (self.spec is not None and self.spec.gating):
             return "fail"
         if "stale" in statuses:
             return "stale"
@@ -149,6 +152,7 @@ class Verdict:
 
     def to_dict(self) -> dict:
         return {"status": self.status, "deterministic": self.deterministic, "counts": self.counts(),
+                "spec": self.spec.to_dict() if self.spec is not None else None,
                 "first_divergence": [d.to_dict() for d in self.divergences],
                 "surfaces": {name: self.surfaces[name].to_dict() for name in sorted(self.surfaces)}}
 
