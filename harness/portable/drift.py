@@ -122,6 +122,7 @@ def check(goldens_root: str | Path, environ: dict[str, str] | None = None) -> st
 def store(goldens_root: str | Path, measured: dict, captured_on: dict) -> Path:
     """Write the canary (atomically: a sibling file renamed over it)."""
     file = path(goldens_root)
+    file.parent.mkdir(parents=True, exist_ok=True)  # a first capture may create the goldens root
     doc = {"schema": SCHEMA, "pin_set": pins.pin_set_id(), "ops": measured["ops"], "captured_on": captured_on}
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
