@@ -78,3 +78,25 @@ def test_the_environment_of_this_session_is_pinned():
     if not pins.applies() or os.environ.get("GOLDEN_PLATFORM", "cpu").split("@")[0] not in ("cpu", "cpu-cluster"):
         pytest.skip("not a pinned CPU session")
     assert pins.in_force() and pins.pinned_by_harness()
+
+
+def test_a_pinned_drivers_workers_get_the_pins_in_their_runtime_env(monkeypatch, tmp_path):
+    """Ray workers on another node of a cluster inherit nothing from the driver: the pins travel
+    in every worker's runtime environment (runner.run.worker_env)."""
+    from harness.runner.run import worker_env
+    from harness.spec.load import load_spec
+
+    spec = load_spec("qwen3_moe_tiny_smoke")
+    monkeypatch.setenv(pins.MARK_VAR, "1")
+    env = worker_env(spec, tmp_path, "run-1")
+    assert all(env[k] == v for k, v in pins.PINS.items()) and env[pins.MARK_VAR] == "1"
+    monkeypatch.delenv(pins.MARK_VAR)
+    assert pins.MARK_VAR not in worker_env(spec, tmp_path, "run-1")
+
+
+def test_plugins_env_may_not_name_a_pin():
+    from harness.spec.errors import SpecError
+    from harness.spec.load import load_spec
+
+    with pytest.raises(SpecError, match="plugins.env"):
+        load_spec("qwen3_moe_tiny_smoke", ("plugins.env={ATEN_CPU_CAPABILITY: avx512}",))
