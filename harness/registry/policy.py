@@ -69,7 +69,6 @@ class PolicyBackend:
     engine: str  # "module:Class", imported by engine_class()
     # Policy fields this backend runs at one value only (spec rules; docs/dtensor.md).
     fixed: Mapping[str, Any] = field(default_factory=dict)
-    kv_split_only: bool = False  # shards kv heads over tp and cannot replicate them (tp > kv_heads)
     lora: bool = False  # trains LoRA adapters (policy.lora.enabled)
     cp_needs_cuda: bool = False  # policy.cp > 1 needs platform.device: cuda (Transformer Engine)
     # Why it runs in fresh worker processes, never the warm pool's ("": it may run warm).
@@ -85,7 +84,7 @@ POLICY_BACKENDS: dict[str, PolicyBackend] = {b.name: b for b in (
                                        "pip install 'grpo-golden-harness[megatron]' (in a checkout: pip install -e "
                                        "'.[megatron]')", "megatron")),
     PolicyBackend("dtensor", "harness.policy.dtensor.engine:DTensorPolicyEngine",
-                  fixed={"pp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False}, kv_split_only=True, lora=True),
+                  fixed={"pp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False}, lora=True),
 )}
 
 

@@ -33,8 +33,6 @@ Spec = dict[str, Any]
 # Policy fields a backend runs at one value only (docs/dtensor.md):
 # the dtensor backend is FSDP2 over dp x tensor parallel over tp, no sequence parallel.
 POLICY_BACKEND_FIXED: dict[str, dict[str, Any]] = {n: dict(b.fixed) for n, b in POLICY_BACKENDS.items() if b.fixed}
-# Policy backends that shard kv heads over tp and cannot replicate them (tp > kv_heads).
-KV_SPLIT_ONLY_BACKENDS = tuple(n for n, b in POLICY_BACKENDS.items() if b.kv_split_only)
 # Policy backends that train LoRA adapters (policy.lora.enabled).
 LORA_BACKENDS = tuple(n for n, b in POLICY_BACKENDS.items() if b.lora)
 
@@ -111,9 +109,11 @@ def _pp_layout_ok(spec: Spec) -> bool:
 
 
 def _seq_divisor(spec: Spec) -> int:
+    """Load-balanced context-parallel chunks (2*cp when cp > 1), each split over tp: every backend
+    splits the sequence over tp (sequence parallel, or dtensor's tensor-parallel plans)."""
     p = spec["policy"]
     chunks = 2 * p["cp"] if p["cp"] > 1 else 1
-    return chunks * (p["tp"] if p["sp"] else 1)
+    return chunks * p["tp"]
 
 
 def _has_rollout_profiler(spec: Spec) -> bool:
@@ -167,15 +167,20 @@ RULES: tuple[Rule, ...] = (
     Rule("policy.tp", "model.heads % policy.tp == 0",
          lambda s: _m(s)["heads"] % _p(s)["tp"] == 0,
          lambda s: f"{_m(s)['heads']} attention heads cannot be split over tp={_p(s)['tp']}"),
-    Rule("policy.tp", "model.kv_heads % policy.tp == 0 or policy.tp % model.kv_heads == 0",
-         lambda s: _m(s)["kv_heads"] % _p(s)["tp"] == 0 or _p(s)["tp"] % _m(s)["kv_heads"] == 0,
-         lambda s: f"kv_heads={_m(s)['kv_heads']} can be neither split over nor replicated across tp={_p(s)['tp']}"),
+    # every policy backend shards whole kv heads over tp (harness.parallel.groups.validate_policy_layout)
+    Rule("policy.tp", "model.kv_heads % policy.tp == 0",
+         lambda s: _m(s)["kv_heads"] % _p(s)["tp"] == 0,
+         lambda s: (f"kv_heads={_m(s)['kv_heads']} is not divisible by tp={_p(s)['tp']} (the policy shards whole "
+                    "kv heads over tp: no KV replication)")),
     Rule("policy.tp", "model.hidden % policy.tp == 0",
          lambda s: _m(s)["hidden"] % _p(s)["tp"] == 0,
          lambda s: f"hidden={_m(s)['hidden']} is not divisible by tp={_p(s)['tp']}"),
     Rule("policy.tp", "model.vocab % policy.tp == 0",
          lambda s: _m(s)["vocab"] % _p(s)["tp"] == 0,
          lambda s: f"vocab={_m(s)['vocab']} is not divisible by tp={_p(s)['tp']} (vocab-parallel embedding and head)"),
+    Rule("policy.etp", "policy.etp == 1",
+         lambda s: _p(s)["etp"] == 1,
+         lambda s: f"policy.etp={_p(s)['etp']}: only expert tensor parallel size 1 is implemented"),
     Rule("policy.etp", "model.moe_intermediate % policy.etp == 0",
          lambda s: _m(s)["moe_intermediate"] % _p(s)["etp"] == 0,
          lambda s: f"moe_intermediate={_m(s)['moe_intermediate']} is not divisible by etp={_p(s)['etp']}"),
@@ -191,10 +196,18 @@ RULES: tuple[Rule, ...] = (
          lambda s: (f"pp_layout {_p(s)['pp_layout']} does not split {_m(s)['layers']} layers into pp={_p(s)['pp']} "
                     "stages (first, equal middles, last)")),
     Rule("policy.seq_len",
-         "policy.seq_len % ((2*policy.cp if policy.cp > 1 else 1) * (policy.tp if policy.sp else 1)) == 0",
+         "policy.seq_len % ((2*policy.cp if policy.cp > 1 else 1) * policy.tp) == 0",
          lambda s: _p(s)["seq_len"] % _seq_divisor(s) == 0,
          lambda s: (f"seq_len={_p(s)['seq_len']} must be a multiple of {_seq_divisor(s)} "
-                    "(2*cp load-balanced chunks when cp > 1, each split over tp under sequence parallel)")),
+                    "(2*cp load-balanced chunks when cp > 1, each split over tp)")),
+    Rule("rollout.max_new_tokens", "rollout.max_new_tokens < policy.seq_len",
+         lambda s: _r(s)["max_new_tokens"] < _p(s)["seq_len"],
+         lambda s: (f"a sample that generates max_new_tokens={_r(s)['max_new_tokens']} tokens after its prompt "
+                    f"never fits policy.seq_len={_p(s)['seq_len']}: the trainer would refuse it (SequenceTooLong)")),
+    Rule("seed", "seed * 1000 + policy_world < 2**63",
+         lambda s: s["seed"] * 1000 + policy_world(s) < 2**63,
+         lambda s: (f"seed={s['seed']} is too large: each policy rank seeds its generators with seed*1000 + rank, "
+                    "which must fit torch's signed 64-bit seed")),
     Rule("policy.seq_len", "policy.seq_len <= model.max_position",
          lambda s: _p(s)["seq_len"] <= _m(s)["max_position"],
          lambda s: f"seq_len={_p(s)['seq_len']} exceeds max_position={_m(s)['max_position']}"),
@@ -216,10 +229,6 @@ RULES: tuple[Rule, ...] = (
                     "(megatron-core context parallelism is TEDotProductAttention only), which needs "
                     "platform.device: cuda; set policy.cp: 1 or policy.backend: native")),
     *(_fixed_rule(f) for f in ("pp", "cp", "ep", "etp", "sp")),
-    Rule("policy.tp", "policy.backend not in KV_SPLIT_ONLY_BACKENDS or model.kv_heads % policy.tp == 0",
-         lambda s: _p(s)["backend"] not in KV_SPLIT_ONLY_BACKENDS or _m(s)["kv_heads"] % _p(s)["tp"] == 0,
-         lambda s: (f"kv_heads={_m(s)['kv_heads']} is not divisible by tp={_p(s)['tp']} "
-                    f"(policy.backend {_p(s)['backend']} shards kv heads column-wise, no replication)")),
     Rule("policy.lora.enabled", "not policy.lora.enabled or policy.backend in LORA_BACKENDS",
          lambda s: not _lora_enabled(s) or _p(s)["backend"] in LORA_BACKENDS,
          lambda s: (f"the {_p(s)['backend']} policy backend has no LoRA "

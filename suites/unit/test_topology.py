@@ -40,9 +40,17 @@ def test_layout_a_tp2_pp2_cp2_ep2_etp1():
 
 
 def test_layout_b_etp2():
-    t = _layout(2, 2, 2, 1, 2, 2)
-    g = t.policy.groups
-    assert t.policy.sizes["edp"] == 1
+    """Megatron's expert grid with etp 2 (the rank layout alone: ``plan`` refuses etp > 1, which
+    no policy backend implements)."""
+    from harness.spec.topology import plan_policy_role
+
+    spec = make_spec({"tp": 2, "pp": 2, "cp": 2, "dp": 1, "ep": 2, "etp": 2})
+    with pytest.raises(TopologyError) as refused:
+        plan(spec)
+    assert refused.value.rule == "policy.etp == 1"
+    role = plan_policy_role(spec, 8, 0)
+    g = role.groups
+    assert role.sizes["edp"] == 1
     assert g["etp"][0] == [0, 1]
     assert g["ep"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert g["tp_ep"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -147,12 +155,20 @@ def test_uneven_pipeline_layout():
     assert info.value.field == "policy.pp_layout"
 
 
-def test_kv_head_replication_is_allowed():
-    t = plan(make_spec({"tp": 4}, model={"kv_heads": 2}))  # tp % kv_heads == 0
-    assert t.policy.world == 4
+def test_kv_head_replication_is_refused_as_the_policy_group_refuses_it():
+    from harness.parallel.groups import validate_policy_layout
+    from harness.spec.typed import as_workload
+
+    spec = make_spec({"tp": 4}, model={"kv_heads": 2})  # tp % kv_heads == 0: replication, which no backend does
+    with pytest.raises(TopologyError) as info:
+        plan(spec)
+    assert info.value.rule == "model.kv_heads % policy.tp == 0"
+    typed = as_workload(spec)
+    with pytest.raises(ValueError, match="no KV replication"):  # what the workers would say after Ray started
+        validate_policy_layout(typed.policy, typed.model)
     with pytest.raises(TopologyError) as info:
         plan(make_spec({"tp": 4}, model={"heads": 12, "kv_heads": 6, "hidden": 96}))
-    assert info.value.rule == "model.kv_heads % policy.tp == 0 or policy.tp % model.kv_heads == 0"
+    assert info.value.rule == "model.kv_heads % policy.tp == 0"
 
 
 def test_to_dict_is_json_and_complete():
