@@ -226,12 +226,15 @@ def load_golden(goldens_root: Path, workload: str, platform: str):
             f"no golden for workload {workload!r} on platform {platform!r}"
             f"{mismatch_note(goldens_root, workload, platform)} (create it with: {hint})"
         ) from exc
-    overrides, deterministic = (), True
+    overrides, deterministic, lane_source = (), True, ""
     if golden.tolerances_path is not None:
         tol = load_tolerances(golden.tolerances_path)
         overrides = tol.rules
         deterministic = True if tol.deterministic is None else tol.deterministic
-    return golden, ToleranceTable(overrides), deterministic
+        lane_source = tol.deterministic_origin if tol.deterministic is False else ""
+    table = ToleranceTable(overrides)
+    table.lane_source = lane_source  # what compare_with_golden's verdict header names
+    return golden, table, deterministic
 
 
 def compare_with_golden(execution: Execution, platform: str, goldens_root: Path | None = None) -> Verdict:
@@ -255,7 +258,8 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
         execution.golden_seen = golden_digest(root, execution.spec.name, platform)
         raise
     execution.golden_seen = golden.digest
-    return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+    return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic,
+                   lane_source=table.lane_source)
 
 
 def remember_golden(execution: Execution, digest: str | None) -> None:
@@ -302,10 +306,7 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     if target.exists() and not allow_replace:
         raise FileExistsError(f"{target} exists; use golden refresh {spec.name} --reason TEXT")
     manifest = load_manifest(execution.run_dir / "manifest.json")
-    provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
-                                environment=collect_environment(spec), repository=repository_state(root),
-                                versions=package_versions())
-    tolerances = None
+    tolerances, evidence = None, None
     old_tol = target / "tolerances.yaml"
     if not old_tol.exists():  # a new CPU-numerics variant declares the bands of the golden it sits beside
         old_tol = golden_dir(root, spec.name, base_platform(platform)) / "tolerances.yaml"
@@ -313,10 +314,29 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
         from harness.spec.yaml_io import read_yaml_text
 
         tolerances = read_yaml_text(old_tol)
+        evidence = _tolerance_evidence(old_tol.parent)  # and so do their evidence and waivers (issue 41)
+    provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
+                                environment=collect_environment(spec), repository=repository_state(root),
+                                versions=package_versions(), tolerance_evidence=evidence)
     expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec.name)
     return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,
                         provenance, tolerances=tolerances, expect=expect)
+
+
+def _tolerance_evidence(golden: Path) -> dict | None:
+    """``tolerance_evidence`` of the golden whose tolerances.yaml a capture/refresh keeps
+    (its waivers admit the file's rules), None when unreadable or absent: the write then
+    refuses a rule that needs a waiver, naming it."""
+    from harness.docio import read_json
+    from harness.surfaces.canonical import StrictJSONError
+
+    try:
+        doc = read_json(golden / "PROVENANCE.json", what="provenance")
+    except (OSError, StrictJSONError):
+        return None
+    value = doc.get("tolerance_evidence") if isinstance(doc, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 def vendor_builtin_spec(root: Path, workload: str) -> Path | None:

@@ -222,7 +222,7 @@ class GoldenSession:
         from harness.parity.findings import Verdict
         from harness.parity.render.terminal import render_terminal
 
-        one = Verdict(deterministic=verdict.deterministic, surfaces={surface: result})
+        one = Verdict(deterministic=verdict.deterministic, surfaces={surface: result}, lane_source=verdict.lane_source)
         from harness import flows
         from harness.store.variants import unrecorded_note
 

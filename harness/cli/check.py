@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"golden check: {exc}", file=sys.stderr)
             return exc.code
         say.phase("compare")
-        verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+        verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic,
+                          lane_source=table.lane_source)
     curves = {}
     if args.format == "html":  # the HTML report plots golden vs actual training curves
         curves = {"surfaces_actual": actual, "surfaces_golden": golden.surfaces,

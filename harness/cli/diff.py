@@ -148,16 +148,18 @@ def run(args: argparse.Namespace) -> int:
     actual = documents.surfaces
     try:
         golden = _golden(args, documents)
-        overrides, deterministic = (), True
+        overrides, deterministic, lane_source = (), True, ""
         if golden.tolerances_path is not None:
             tol = load_tolerances(golden.tolerances_path)
             overrides = tol.rules
             deterministic = tol.deterministic if tol.deterministic is not None else True
+            lane_source = tol.deterministic_origin if tol.deterministic is False else ""
         if args.nondeterministic:
-            deterministic = False
+            deterministic, lane_source = False, "--nondeterministic"
         elif args.deterministic:
-            deterministic = True
-        verdict = compare(golden.surfaces, actual, tolerances=ToleranceTable(overrides), deterministic=deterministic)
+            deterministic, lane_source = True, ""
+        verdict = compare(golden.surfaces, actual, tolerances=ToleranceTable(overrides), deterministic=deterministic,
+                          lane_source=lane_source)
     except (UnusableInput, ToleranceFileError, NonFiniteError, ValueError) as exc:
         print(f"golden diff: unusable input: {exc}", file=sys.stderr)
         return 2

@@ -150,7 +150,7 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
     whatever is stored.
     """
     target = layout.golden_dir(root, workload, platform)
-    files = golden_files(workload, manifest, surfaces, provenance, tolerances)
+    files = golden_files(workload, manifest, surfaces, provenance, tolerances, platform=platform)
     workload_dir = target.parent
     _refuse_symlinked_workload(workload_dir)
     with workload_lock(workload_dir):

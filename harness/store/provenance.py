@@ -19,6 +19,11 @@ lack them and still read; they are never rewritten to add them):
 * ``versions``: ``{"harness", "python", "torch", "megatron-core", "vllm"}``,
   each a version string or null when the package was absent.
 
+Since issue 41, a golden with a ``tolerances.yaml`` records its digest here,
+``tolerances: {"sha256": hex, "bytes": n}`` (written by the store, never by hand), and
+``tolerance_evidence.waivers`` admits what the tolerance policy refuses otherwise
+(``harness.parity.tolerances.policy_problems``).
+
 ``describe(doc)`` gives the display form the reports and ``golden list`` use
 (older goldens: versions from ``environment``, repository "not recorded").
 Collecting versions reads installed distributions (importlib.metadata): it
@@ -39,7 +44,7 @@ __all__ = ["OPTIONAL_FIELDS", "PROVENANCE_FIELDS", "VERSION_KEYS", "describe", "
            "versions_text"]
 
 PROVENANCE_FIELDS = ("commit", "date", "reason", "command", "environment", "tolerance_evidence")
-OPTIONAL_FIELDS = ("repository", "versions")
+OPTIONAL_FIELDS = ("repository", "versions", "tolerances")
 VERSION_KEYS = ("harness", "python", "torch", "megatron-core", "vllm")
 _GIT_TIMEOUT_S = 20
 
@@ -196,6 +201,22 @@ def provenance_errors(doc: Any) -> list[str]:
             errors.append(f"date: must be an ISO 8601 timestamp with a time zone, got {doc['date']!r}")
     errors += _repository_errors(doc)
     errors += _versions_errors(doc)
+    errors += _tolerances_errors(doc)
+    return errors
+
+
+def _tolerances_errors(doc: dict) -> list[str]:
+    if "tolerances" not in doc:
+        return []
+    record = doc["tolerances"]
+    if not isinstance(record, dict) or set(record) != {"sha256", "bytes"}:
+        return ["tolerances: must be an object {sha256, bytes} (the digest of the golden's tolerances.yaml)"]
+    errors = []
+    sha = record["sha256"]
+    if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+        errors.append("tolerances.sha256: must be 64 lowercase hex digits")
+    if type(record["bytes"]) is not int or record["bytes"] < 0:
+        errors.append("tolerances.bytes: must be an integer >= 0")
     return errors
 
 

@@ -35,6 +35,7 @@ from harness.parity.render.common import (
     location,
     number_cell,
     position_text,
+    rules_applied_lines,
     segments,
     summary_line,
 )
@@ -308,6 +309,12 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
                    f'<td class="st">{_e(shown)}</td><td class="num">{s.sections_compared}</td>'
                    f'<td class="num">{s.sections_differing}</td><td class="num">{len(s.findings)}</td></tr>')
     out.append("</tbody></table></section>")
+    applied = rules_applied_lines(verdict)
+    if applied:
+        out.append('<section id="tolerances-applied"><h2>Tolerance rules that changed the verdict</h2><ul>')
+        out.extend(f'<li class="{"absorbed" if line.startswith("  ") else "rule"}"><code>{_e(line.strip())}</code></li>'
+                   for line in applied)
+        out.append("</ul></section>")
     out.extend(_step_times_section(step_times))
     anchors = {id(f): f"f-{_anchor(name)[len('surface-'):]}-{i}"
                for name in names for i, f in enumerate(verdict.surfaces[name].findings[:limit])}

@@ -15,6 +15,7 @@ from harness.parity.render.common import (
     finding_row,
     location,
     position_text,
+    rules_applied_lines,
     summary_line,
     value_text,
 )
@@ -47,6 +48,10 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
         s = verdict.surfaces[name]
         lines.append(_row([name, "yes" if s.gated else "info", f"**{s.status}**" if s.status != "parity" else s.status,
                            str(s.sections_compared), str(s.sections_differing), str(len(s.findings))]))
+    applied = rules_applied_lines(verdict)
+    if applied:
+        lines += ["", "#### Tolerance rules that changed the verdict", ""]
+        lines += [("  - " if line.startswith("  ") else "- ") + _code(line.strip()) for line in applied]
     if step_times is not None:
         rows = table_rows(step_times)
         summary = "step times, seconds (golden -> this run; informational, not gated)"

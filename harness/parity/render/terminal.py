@@ -19,6 +19,7 @@ from harness.parity.render.common import (
     location,
     number_cell,
     position_text,
+    rules_applied_lines,
     summary_line,
     value_text,
 )
@@ -88,6 +89,9 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
     table = _table(surface_rows)
     lines.append(table[0])
     lines.extend(paint(row, status) for row, status in zip(table[1:], statuses))
+    applied = rules_applied_lines(verdict)
+    if applied:
+        lines += ["", "tolerance rules that changed the verdict:"] + ["  " + line for line in applied]
     if step_times is not None:
         lines += ["", "step times, seconds (golden -> this run; informational, not gated):"]
         lines += ["  " + row for row in _table(table_rows(step_times))]
