@@ -8,7 +8,9 @@ so a ``ValueError``) whose message is ``FILE#POINTER: what (near 'excerpt')``:
 
 * strict: UTF-8 only (a BOM, UTF-16 and invalid bytes are refused), RFC 8259 JSON;
   the ``NaN``/``Infinity``/``-Infinity`` tokens, numbers that overflow to inf
-  (``1e999``), lone UTF-16 surrogate escapes and duplicate object keys are refused;
+  (``1e999``), integers outside 64 bits (``harness.surfaces.canonical.INT_MIN..INT_MAX``,
+  the gate's numeric domain), lone UTF-16 surrogate escapes and duplicate object keys
+  are refused;
 * bounded: ``Limits.max_bytes`` (file size, checked with ``fstat`` before any byte
   is read and again while reading, so a growing file or a device is cut off),
   ``Limits.max_depth`` (nesting of arrays/objects), and ``Limits.max_memory``, an
@@ -41,7 +43,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from harness.surfaces.canonical import StrictJSONError, json_pointer
+from harness.surfaces.canonical import StrictJSONError, domain_problem, json_pointer
 
 __all__ = ["DocumentError", "Limits", "read_json", "read_bytes", "parse_json", "short", "estimate_memory",
            "max_depth_of", "EXCERPT"]
@@ -270,6 +272,9 @@ def _parse(box: list, source: str, limits: Limits) -> Any:
         _raise_located(text, source, limits, fallback=fallback, pos=pos)
     if _SURROGATE_ESCAPE.search(text):
         _raise_located(text, source, limits, fallback=None)  # raises only for a lone surrogate
+    problem = domain_problem(value, text=text)  # integers within 64 bits (floats: _finite_float)
+    if problem is not None:
+        raise DocumentError(problem[1], source=source, pointer=problem[0])
     return value
 
 

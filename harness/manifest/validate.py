@@ -33,7 +33,7 @@ from typing import Any
 from harness.docio import read_json, short
 from harness.manifest.build import SCHEMA_VERSION, sha256_file
 from harness.manifest.confine import PathEscape, confined, path_problem
-from harness.surfaces.canonical import StrictJSONError, find_non_finite, json_pointer
+from harness.surfaces.canonical import StrictJSONError, domain_problem, json_pointer
 
 __all__ = ["ManifestError", "ManifestInvalid", "validate_manifest", "load_manifest", "manifest_schema"]
 
@@ -135,12 +135,13 @@ def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
                 f"schema_version {found!r} is not supported; this harness reads schema_version {SCHEMA_VERSION}",
             )
         ]
-    non_finite = find_non_finite(doc)
-    if non_finite is not None:
-        path, value = non_finite
-        return [ManifestError(json_pointer(path), f"non-finite number {value!r} (NaN/inf are refused)")]
+    problem = domain_problem(doc)  # finite floats, integers within 64 bits (the reader's domain)
+    if problem is not None and "non-finite" in problem[1]:
+        return [ManifestError(*problem)]
 
-    errors = _schema_errors(doc)
+    errors = _schema_errors(doc)  # the schema bounds every integer field to 64 bits
+    if problem is not None and not any(problem[0].startswith(e.pointer) for e in errors):
+        errors.append(ManifestError(*problem))  # an integer outside 64 bits where the schema allows any value
 
     seen_paths: dict[str, int] = {}
     for kind in ("artifacts", "surfaces"):

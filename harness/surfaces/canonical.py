@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,11 @@ __all__ = [
     "StrictJSONError",
     "canonical_bytes",
     "surface_file_bytes",
+    "INT_MAX",
+    "INT_MIN",
+    "domain_problem",
     "find_non_finite",
+    "find_out_of_domain",
     "json_pointer",
     "loads_strict",
     "load_strict",
@@ -79,6 +84,56 @@ def find_non_finite(value: Any, _path: tuple = ()) -> tuple[tuple, float] | None
             for index in range(len(node) - 1, -1, -1):
                 stack.append((path + (index,), node[index]))
     return None
+
+
+# The gate's numeric domain (issue 41), the same for every document it reads or validates
+# (manifests, surfaces, provenance, run.json): integers within 64 bits, finite floats.
+# Anything else is refused before it reaches a comparison that could not compare it.
+INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
+_LONG_DIGITS = re.compile(r"[0-9]{19}")  # every integer outside 64 bits has at least 19 digits
+
+
+def find_out_of_domain(value: Any, _path: tuple = ()) -> tuple[tuple, Any] | None:
+    """Path and value of the first number outside the gate's domain (an int outside
+    ``INT_MIN..INT_MAX``, a NaN/inf float; depth first, keys sorted), or None."""
+    stack: list[tuple[tuple, Any]] = [(_path, value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, float):
+            if not math.isfinite(node):
+                return path, node
+        elif isinstance(node, int) and not isinstance(node, bool):
+            if not INT_MIN <= node <= INT_MAX:
+                return path, node
+        elif isinstance(node, dict):
+            for key in sorted(node, reverse=True):
+                stack.append((path + (key,), node[key]))
+        elif isinstance(node, (list, tuple)):
+            for index in range(len(node) - 1, -1, -1):
+                stack.append((path + (index,), node[index]))
+    return None
+
+
+def domain_problem(value: Any, *, text: str | None = None) -> tuple[str, str] | None:
+    """``(json_pointer, message)`` of the first number outside the domain, or None.
+    ``text`` (the document's JSON text, when the caller has it) makes the common case a
+    regex scan: only a text holding 19 consecutive digits is walked."""
+    if text is None:
+        try:
+            text = json.dumps(value, allow_nan=True, default=str)
+        except (TypeError, ValueError):
+            text = None
+    if text is not None and _LONG_DIGITS.search(text) is None and "NaN" not in text and "Infinity" not in text:
+        return None
+    found = find_out_of_domain(value)
+    if found is None:
+        return None
+    path, number = found
+    if isinstance(number, float):
+        return json_pointer(path), f"non-finite number {number!r} (NaN/inf are refused)"
+    digits = len(str(abs(number))) if abs(number) < 10 ** 4000 else "over 4000"
+    return json_pointer(path), (f"integer of {digits} digits is outside the 64-bit range "
+                                "(-2**63 .. 2**63-1) the gate compares")
 
 
 def canonical_bytes(doc: Any) -> bytes:

@@ -204,6 +204,11 @@ def validate_surface(doc: Any, *, name: str | None = None) -> list[tuple[str, st
         name = doc.get("surface") if isinstance(doc, Mapping) else None
     if name not in SURFACES:
         return [("/surface", f"unknown surface {name!r}; known: {', '.join(SURFACES)}")]
+    from harness.surfaces.canonical import domain_problem
+
+    problem = domain_problem(doc)  # finite floats, integers within 64 bits: what the comparison can compare
+    if problem is not None:
+        return [problem]
     fast = _fast_check(name)
     if fast is not None and fast(doc):
         return []

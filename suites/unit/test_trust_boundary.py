@@ -171,3 +171,67 @@ def test_a_capture_keeps_the_waivers_of_the_tolerances_it_keeps(world):
     tmp_path, _, docs = world
     golden = store(tmp_path, docs, tolerances=WIDE, evidence=WAIVER)
     assert _tolerance_evidence(golden) == WAIVER
+
+
+# --- 2. numbers outside the gate's domain: 10**400 crashed _classify (OverflowError, exit 3) ----
+
+def _plant_big_int(run: Path, surface: str, value: int) -> None:
+    from suites.unit.test_fail_closed import rehash
+
+    doc = json.loads((run / "surfaces" / f"{surface}.json").read_text())
+    section = next(iter(doc["sections"].values()))
+    phase = next(iter(section["phases"].values()))
+    phase[next(iter(phase))] = value  # memory: {key: number}
+    (run / "surfaces" / f"{surface}.json").write_text(json.dumps(doc))  # json.dumps: 10**400 is 401 digits
+    rehash(run, surface)
+
+
+@pytest.mark.parametrize("value", [10 ** 400, 2 ** 63, -(2 ** 63) - 1], ids=["10**400", "2**63", "-2**63-1"])
+def test_a_surface_integer_outside_64_bits_is_refused_by_every_command(world, capsys, value):
+    tmp_path, run, docs = world
+    golden = store(tmp_path, docs)
+    _plant_big_int(run, "memory", value)
+    assert main(["diff", str(run), str(golden)]) == 2  # main: OverflowError traceback, exit 3
+    err = capsys.readouterr().err
+    assert "memory.json#/sections/" in err and "outside the 64-bit range" in err
+    assert "Traceback" not in err
+    assert main(["validate", str(run)]) == 1  # main: 0, valid
+    captured = capsys.readouterr()
+    assert "outside the 64-bit range" in captured.out + captured.err
+
+
+def test_the_largest_64_bit_integers_are_read():
+    from harness.docio import parse_json
+
+    assert parse_json(b'{"a": [9223372036854775807, -9223372036854775808, 1.5]}') == {
+        "a": [2 ** 63 - 1, -(2 ** 63), 1.5]}
+
+
+def test_manifest_iterations_of_2_64_is_refused(world, capsys):
+    from suites.run_dirs import write_manifest
+
+    tmp_path, run, docs = world
+    golden = store(tmp_path, docs)
+    manifest = read_manifest(run)
+    manifest["iterations"] = 2 ** 64
+    write_manifest(run, manifest)
+    assert main(["diff", str(run), str(golden)]) == 2  # main: 1 (the drift) -- iterations accepted
+    assert "manifest.json#/iterations" in capsys.readouterr().err
+    from harness.manifest import validate_manifest
+
+    errors = validate_manifest(manifest, check_artifact_files=False)
+    assert [e.pointer for e in errors] == ["/iterations"]
+
+
+def test_compare_of_in_memory_documents_with_huge_integers_does_not_crash():
+    from harness.parity import compare
+
+    docs = synthetic_surfaces("w", seed=5)
+    big = copy.deepcopy(docs)
+    section = next(iter(big["memory"]["sections"].values()))
+    phase = next(iter(section["phases"].values()))
+    key = next(iter(phase))
+    phase[key] = 10 ** 400
+    verdict = compare(docs, big)  # main: OverflowError in _classify
+    (finding,) = verdict.surfaces["memory"].findings
+    assert finding.abs_err is None and finding.status == "info"
