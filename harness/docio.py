@@ -43,7 +43,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from harness.surfaces.canonical import StrictJSONError, domain_problem, json_pointer
+from harness.surfaces.canonical import INT_MAX, INT_MIN, StrictJSONError, json_pointer, out_of_range_message
 
 __all__ = ["DocumentError", "Limits", "read_json", "read_bytes", "parse_json", "short", "estimate_memory",
            "max_depth_of", "EXCERPT"]
@@ -191,6 +191,15 @@ def _no_constant(token: str) -> Any:
     raise _Stop(token)
 
 
+def _bounded_int(text: str) -> int:
+    """An integer token within the gate's 64-bit domain (a 19-digit token is the shortest
+    that can fall outside it)."""
+    value = int(text)
+    if len(text) > 18 and not INT_MIN <= value <= INT_MAX:
+        raise _Stop(text)
+    return value
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -263,7 +272,7 @@ def _parse(box: list, source: str, limits: Limits) -> Any:
     if depth > limits.max_depth:
         _raise_located(text, source, limits, fallback=f"nested deeper than {limits.max_depth} levels")
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float,
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int,
                            object_pairs_hook=_unique_pairs)
     except (_Stop, ValueError, RecursionError) as exc:
         fallback = f"not valid JSON: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else \
@@ -272,9 +281,6 @@ def _parse(box: list, source: str, limits: Limits) -> Any:
         _raise_located(text, source, limits, fallback=fallback, pos=pos)
     if _SURROGATE_ESCAPE.search(text):
         _raise_located(text, source, limits, fallback=None)  # raises only for a lone surrogate
-    problem = domain_problem(value, text=text)  # integers within 64 bits (floats: _finite_float)
-    if problem is not None:
-        raise DocumentError(problem[1], source=source, pointer=problem[0])
     return value
 
 
@@ -352,6 +358,8 @@ def _scan(text: str, limits: Limits) -> None:
                     raise _Found(pointer(), f"number {short(token, 30)} overflows to infinity", pos)
             elif len(token.lstrip("-")) > 4300:
                 raise _Found(pointer(), f"integer with {len(token)} digits (more than 4300)", pos)
+            elif len(token) > 18 and not INT_MIN <= int(token) <= INT_MAX:
+                raise _Found(pointer(), out_of_range_message(token), pos)
             return m.end()
         m = _LITERAL.match(text, pos)
         if m:

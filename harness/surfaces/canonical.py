@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ __all__ = [
     "INT_MAX",
     "INT_MIN",
     "domain_problem",
+    "out_of_range_message",
     "find_non_finite",
     "find_out_of_domain",
     "json_pointer",
@@ -90,7 +90,6 @@ def find_non_finite(value: Any, _path: tuple = ()) -> tuple[tuple, float] | None
 # (manifests, surfaces, provenance, run.json): integers within 64 bits, finite floats.
 # Anything else is refused before it reaches a comparison that could not compare it.
 INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
-_LONG_DIGITS = re.compile(r"[0-9]{19}")  # every integer outside 64 bits has at least 19 digits
 
 
 def find_out_of_domain(value: Any, _path: tuple = ()) -> tuple[tuple, Any] | None:
@@ -114,26 +113,22 @@ def find_out_of_domain(value: Any, _path: tuple = ()) -> tuple[tuple, Any] | Non
     return None
 
 
-def domain_problem(value: Any, *, text: str | None = None) -> tuple[str, str] | None:
-    """``(json_pointer, message)`` of the first number outside the domain, or None.
-    ``text`` (the document's JSON text, when the caller has it) makes the common case a
-    regex scan: only a text holding 19 consecutive digits is walked."""
-    if text is None:
-        try:
-            text = json.dumps(value, allow_nan=True, default=str)
-        except (TypeError, ValueError):
-            text = None
-    if text is not None and _LONG_DIGITS.search(text) is None and "NaN" not in text and "Infinity" not in text:
-        return None
+def domain_problem(value: Any) -> tuple[str, str] | None:
+    """``(json_pointer, message)`` of the first number outside the domain, or None (a walk of
+    the value: about as fast as serialising it, whatever its strings hold)."""
     found = find_out_of_domain(value)
     if found is None:
         return None
     path, number = found
     if isinstance(number, float):
         return json_pointer(path), f"non-finite number {number!r} (NaN/inf are refused)"
-    digits = len(str(abs(number))) if abs(number) < 10 ** 4000 else "over 4000"
-    return json_pointer(path), (f"integer of {digits} digits is outside the 64-bit range "
-                                "(-2**63 .. 2**63-1) the gate compares")
+    return json_pointer(path), out_of_range_message(number)
+
+
+def out_of_range_message(number: int | str) -> str:
+    """Why an integer (or its JSON token) outside the domain is refused."""
+    digits = len(str(number).lstrip("-")) if isinstance(number, str) or abs(number) < 10 ** 4000 else "over 4000"
+    return f"integer of {digits} digits is outside the 64-bit range (-2**63 .. 2**63-1) the gate compares"
 
 
 def canonical_bytes(doc: Any) -> bytes:

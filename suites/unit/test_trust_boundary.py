@@ -235,3 +235,68 @@ def test_compare_of_in_memory_documents_with_huge_integers_does_not_crash():
     verdict = compare(docs, big)  # main: OverflowError in _classify
     (finding,) = verdict.surfaces["memory"].findings
     assert finding.abs_err is None and finding.status == "info"
+
+
+# --- 3. rendering was unbounded: a 4 MiB op name took 7.3 s and printed 9 MB --------------------
+
+def _huge_run(tmp_path: Path, docs: dict, *, value_mib: int, key_mib: int) -> Path:
+    run_docs = copy.deepcopy(docs)
+    section = next(iter(run_docs["rollouts"]["sections"].values()))
+    section["sample_digest"] = "x" * (value_mib << 20)
+    op_section = next(iter(run_docs["operators"]["sections"].values()))
+    counts = next(iter(op_section["phases"].values()))["operators"]
+    counts["aten::" + "y" * (key_mib << 20)] = 1
+    return make_run(tmp_path / f"huge-{value_mib}-{key_mib}", run_docs)
+
+
+def test_a_120_mib_value_and_a_4_mib_key_render_bounded_in_every_format(world, capsys):
+    import time
+
+    from harness.parity import compare
+    from harness.parity.render import FORMATS, render
+    from harness.postflight.read import load_run
+
+    tmp_path, _, docs = world
+    golden = store(tmp_path, docs)
+    run = _huge_run(tmp_path, docs, value_mib=120, key_mib=4)
+    start = time.perf_counter()
+    assert main(["diff", str(run), str(golden)]) == 1  # end to end: read, compare, render
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert elapsed < 20, elapsed  # reading and hashing 124 MiB dominates (~3 s here); main: > 120 s
+    assert len(out) < 50_000, len(out)  # main: the whole value, 120+ MB
+    actual = load_run(run).surfaces
+    verdict = compare(docs, actual)
+    whole = {"value": f"[cut: {120 << 20} chars, {120 << 20} bytes, sha256 ",
+             "key": f"[cut: {(4 << 20) + len('/operators/aten::')} chars"}
+    for fmt in FORMATS:
+        start = time.perf_counter()
+        report = render(verdict, fmt, surfaces_actual=actual, surfaces_golden=docs)
+        assert time.perf_counter() - start < 5, fmt
+        assert len(report) < 200_000, (fmt, len(report))
+        assert whole["value"] in report and whole["key"] in report, fmt
+
+
+def test_two_long_keys_with_one_prefix_stay_apart_when_cut():
+    from harness.parity.render.bounded import KEY_CHARS, cut
+
+    a, b = "k" * 10_000 + "a", "k" * 10_000 + "b"
+    assert cut(a, KEY_CHARS) != cut(b, KEY_CHARS)
+    assert len(cut(a, KEY_CHARS)) == KEY_CHARS
+    assert cut(cut(a)) == cut(a)  # idempotent
+
+
+def test_nfc_and_nfd_spellings_of_a_key_are_printed_apart(world, capsys):
+    tmp_path, _, docs = world
+    nfc, nfd = "aten::caf\u00e9", "aten::cafe\u0301"
+    golden_docs, run_docs = copy.deepcopy(docs), copy.deepcopy(docs)
+    for side, name in ((golden_docs, nfc), (run_docs, nfd)):
+        section = next(iter(side["operators"]["sections"].values()))
+        next(iter(section["phases"].values()))["operators"][name] = 7
+    golden = store(tmp_path, golden_docs)
+    run = make_run(tmp_path / "nfd", run_docs)
+    assert main(["diff", str(run), str(golden)]) == 1
+    out = capsys.readouterr().out
+    # main: "/operators/aten::café: removed" and "/operators/aten::café: added", identical on screen
+    assert "/operators/aten::caf\\xe9: removed" in out
+    assert "/operators/aten::cafe\\u0301: added" in out

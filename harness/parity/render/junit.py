@@ -13,6 +13,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from harness.parity.findings import Verdict
+from harness.parity.render.bounded import bounded_document, bounded_verdict
 from harness.parity.render.common import (
     HEADER,
     consequences_text,
@@ -41,6 +42,7 @@ def _cause_lines(verdict: Verdict) -> str:
 
 
 def render_junit(verdict: Verdict, *, title: str = "golden parity", provenance: dict | None = None) -> str:
+    verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
     cases = sorted(verdict.surfaces)
     failures = sum(verdict.surfaces[n].status != "parity" for n in cases)
     suite = ET.Element("testsuite", name=title, tests=str(len(cases)), failures=str(failures), errors="0", skipped="0")

@@ -8,6 +8,7 @@ shows a window around the element that differs, in bold.
 from __future__ import annotations
 
 from harness.parity.findings import Verdict
+from harness.parity.render.bounded import bounded_document, bounded_verdict
 from harness.parity.render.common import (
     HEADER,
     STATUS_WORD,
@@ -41,6 +42,7 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
                     provenance: dict | None = None, step_times: StepTimes | None = None) -> str:
     """The verdict as Markdown; ``step_times`` (golden beside run, informational) adds a
     collapsed table below the surface table."""
+    verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
     lines = [f"### {title}", "", f"**{summary_line(verdict)}**", "",
              _row(["surface", "gated", "status", "sections", "differing", "findings"]),
              _row(["---"] * 6)]

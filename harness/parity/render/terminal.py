@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 from harness.parity.findings import Finding, Verdict
+from harness.parity.render.bounded import bounded_document, bounded_verdict
 from harness.parity.render.common import (
     STATUS_WORD,
     consequences_text,
@@ -73,6 +74,7 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
     beside run, informational) when given, then the causes (up to ``limit``), then findings
     per surface; a surface whose findings are all informational (not gated: memory, timings)
     is summarised in one line unless ``show_info``."""
+    verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
     color = use_color() if color is None else color
 
     def paint(text: str, status: str) -> str:
