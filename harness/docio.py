@@ -67,13 +67,16 @@ class Limits:
     max_bytes: int = 128 * MiB
     max_depth: int = 64
     max_memory: int = 768 * MiB
+    # the sum of the documents one golden, or one run, may have read (issue 41): checked from
+    # the listing (sizes from lstat) before any of them is read
+    max_total: int = 512 * MiB
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> Limits:
         env = os.environ if environ is None else environ
         values = {}
         for field, var in (("max_bytes", "GOLDEN_DOC_MAX_BYTES"), ("max_depth", "GOLDEN_DOC_MAX_DEPTH"),
-                           ("max_memory", "GOLDEN_DOC_MAX_MEMORY")):
+                           ("max_memory", "GOLDEN_DOC_MAX_MEMORY"), ("max_total", "GOLDEN_READ_BUDGET")):
             raw = env.get(var)
             if raw:
                 try:

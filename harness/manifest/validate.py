@@ -24,6 +24,7 @@ empty list means valid. It never raises on bad *content*. Checks, in order:
 from __future__ import annotations
 
 import json
+import posixpath
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -143,7 +144,7 @@ def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
     if problem is not None and not any(problem[0].startswith(e.pointer) for e in errors):
         errors.append(ManifestError(*problem))  # an integer outside 64 bits where the schema allows any value
 
-    seen_paths: dict[str, int] = {}
+    seen_paths: dict[str, str] = {}
     for kind in ("artifacts", "surfaces"):
         entries = doc.get(kind)
         if not isinstance(entries, list):
@@ -158,10 +159,12 @@ def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
                 problem = path_problem(path)
                 if problem:
                     errors.append(ManifestError(f"{pointer}/path", problem))
-                elif path in seen_paths:
-                    errors.append(ManifestError(f"{pointer}/path", f"path {path!r} is listed twice"))
+                elif posixpath.normpath(path) in seen_paths:  # ./surfaces//x.json is surfaces/x.json (issue 41)
+                    first = seen_paths[posixpath.normpath(path)]
+                    errors.append(ManifestError(f"{pointer}/path", f"path {short(path, 200)!r} is listed twice "
+                                                f"(the same file as {first})"))
                 else:
-                    seen_paths[path] = index
+                    seen_paths[posixpath.normpath(path)] = pointer
             name = entry.get("name")
             if kind == "surfaces" and isinstance(name, str):
                 if name in seen_names:

@@ -24,8 +24,8 @@ from harness.surfaces.digest import sha256_hex
 from harness.surfaces.portability import absolute_paths, describe
 from harness.surfaces.registry import GATED_SURFACES, SURFACES, validate_surface
 
-__all__ = ["golden_files", "golden_problems", "load_strict_bytes", "stored_golden_problems", "tolerance_file_problems",
-           "unknown_files"]
+__all__ = ["golden_files", "golden_problems", "listed_surfaces", "load_strict_bytes", "stored_golden_problems",
+           "tolerance_file_problems", "unknown_files"]
 
 KNOWN_FILES = (layout.MANIFEST, layout.PROVENANCE, layout.TOLERANCES)
 
@@ -208,6 +208,15 @@ def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) ->
         rel = entry.get("path") if isinstance(entry, dict) else None
         if not isinstance(rel, str):
             raise GoldenStoreError(f"{where}#/surfaces/{i}/path: missing")
+        name = entry.get("name")
+        if not isinstance(name, str):
+            raise GoldenStoreError(f"{where}#/surfaces/{i}/name: {short(repr(name), 80)} is not a surface name")
+        expected = f"{layout.SURFACES_DIR}/{name}.json"
+        if rel != expected:  # the store writes surface N to surfaces/N.json, nowhere else (issue 41)
+            raise GoldenStoreError(f"{where}#/surfaces/{i}/path: {short(repr(rel), 200)} for surface "
+                                   f"{short(repr(name), 80)}; the store keeps it at {short(expected, 200)!r}")
+        if rel in listed:
+            raise GoldenStoreError(f"{where}#/surfaces/{i}/path: {short(repr(rel), 200)} is listed twice")
         listed.add(rel)
         if rel not in files:
             raise GoldenStoreError(f"{target / short(rel, 200)}: missing (listed in {where}#/surfaces/{i})")
@@ -218,6 +227,22 @@ def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) ->
     for rel in files:
         if rel.startswith(layout.SURFACES_DIR + "/") and rel not in listed:
             raise GoldenStoreError(f"{target / rel}: not listed in {where}#/surfaces")
+
+
+def listed_surfaces(target: Path, manifest: Any, files: Mapping[str, bytes], limits: Limits | None = None) -> dict:
+    """Surface name -> parsed document, keyed by the manifest's ``surfaces[].name`` (the one
+    reading of a manifest ``golden validate`` makes too), each read from the path its entry
+    lists; entries that are not well formed or whose file is missing are left to
+    ``golden_problems``, which names them."""
+    out: dict[str, Any] = {}
+    entries = manifest.get("surfaces") if isinstance(manifest, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        name, rel = entry.get("name"), entry.get("path")
+        if isinstance(name, str) and isinstance(rel, str) and rel in files and name not in out:
+            out[name] = load_strict_bytes(files, rel, target, limits)
+    return out
 
 
 def load_strict_bytes(files: Mapping[str, bytes], rel: str, base: Path, limits: Limits | None = None) -> Any:

@@ -300,3 +300,106 @@ def test_nfc_and_nfd_spellings_of_a_key_are_printed_apart(world, capsys):
     # main: "/operators/aten::café: removed" and "/operators/aten::café: added", identical on screen
     assert "/operators/aten::caf\\xe9: removed" in out
     assert "/operators/aten::cafe\\u0301: added" in out
+
+
+# --- 4. reading a golden had no total bound: ten sparse 127 MiB files cost 1.4 GB RSS ----------
+
+def _peak_rss_mib(args: list[str], env: dict | None = None) -> tuple[int, float, str]:
+    """(exit code, peak RSS in MiB, stderr+stdout) of ``golden ARGS`` in a fresh interpreter."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    code = ("import resource, sys\nfrom harness.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+    rss = next(int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("RSS_KB"))
+    del resource
+    return proc.returncode, rss / 1024, proc.stderr + proc.stdout
+
+
+def _sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+
+
+@pytest.mark.parametrize("where", ["surfaces/extra{}.json", "notes{}.bin"])
+def test_unlisted_sparse_files_in_a_golden_are_never_read(world, where):
+    tmp_path, run, docs = world
+    golden = store(tmp_path, docs)
+    for i in range(10):
+        _sparse(golden / where.format(i), 127 << 20)
+    rc, rss, out = _peak_rss_mib(["diff", str(run), str(golden)])
+    assert rc == 2, out
+    assert rss < 200, rss  # main: 1.4 GB (every file read before checking the listing)
+    assert "not listed in" in out or "not a file a golden holds" in out
+    (tmp_path / "goldens" / "w" / "workload.yaml").write_text("name: w\n")
+    rc, rss, out = _peak_rss_mib(["lint", "--goldens-root", str(tmp_path / "goldens")])
+    assert rc == 1 and rss < 200, (rss, out)
+    assert "damaged_golden" in out
+
+
+def test_a_golden_over_the_read_budget_is_refused_before_reading(world, monkeypatch, capsys):
+    from suites.run_dirs import OpenLog
+
+    tmp_path, _, docs = world
+    golden = store(tmp_path, docs)
+    budget = sum(p.stat().st_size for p in golden.rglob("*") if p.is_file()) - 1
+    monkeypatch.setenv("GOLDEN_READ_BUDGET", str(budget))
+    refused = pytest.raises(GoldenStoreError, match=f"over the read budget of {budget} bytes for one golden")
+    with OpenLog() as log, refused:
+        read_golden_dir(golden)  # main: read
+    assert not log.opened(golden / "surfaces" / "training.json")  # refused from the listing's sizes
+    (tmp_path / "goldens" / "w" / "workload.yaml").write_text("name: w\n")
+    main(["lint", "--goldens-root", str(tmp_path / "goldens")])
+    assert "over the read budget" in capsys.readouterr().out
+
+
+def test_a_run_over_the_read_budget_is_refused_before_its_surfaces_are_read(world, monkeypatch, capsys):
+    tmp_path, run, docs = world
+    golden = store(tmp_path, docs)
+    monkeypatch.setenv("GOLDEN_READ_BUDGET", str((run / "manifest.json").stat().st_size + 10))
+    assert main(["diff", str(run), str(golden)]) == 2  # main: 1 (read and compared)
+    assert "over the read budget" in capsys.readouterr().err
+
+
+# --- 5. one reading of a manifest; aliases; a killed run ------------------------------------------
+
+def test_a_golden_whose_surface_entries_point_at_each_others_files_is_refused(world, capsys):
+    tmp_path, _, docs = world
+    golden = store(tmp_path, docs)
+    manifest = json.loads((golden / "manifest.json").read_text())
+    by_name = {e["name"]: e for e in manifest["surfaces"]}
+    for a, b in (("training", "operators"), ("operators", "training")):
+        by_name[a]["path"], by_name[a]["sha256"] = f"surfaces/{b}.json", by_name[b]["sha256"]
+    swapped = {n: dict(e) for n, e in by_name.items()}
+    manifest["surfaces"] = [swapped[e["name"]] for e in manifest["surfaces"]]
+    (golden / "manifest.json").write_bytes(surface_file_bytes(manifest))
+    clean = make_run(tmp_path / "clean", docs)
+    assert main(["diff", str(clean), str(golden)]) == 2  # main: 0, PARITY (validate: 12 errors)
+    err = capsys.readouterr().err
+    assert "the store keeps it at 'surfaces/" in err
+
+
+def test_a_path_listed_twice_under_another_spelling_is_refused():
+    from harness.manifest import validate_manifest
+    from harness.parity.synthetic import synthetic_manifest
+
+    manifest = synthetic_manifest("w")
+    manifest["surfaces"] = [{"name": "training", "path": "surfaces/training.json", "sha256": "0" * 64}]
+    manifest["artifacts"] = [{"path": "./surfaces//training.json", "role": "policy", "rank": 0,
+                              "sha256": "0" * 64, "bytes": 1}]
+    errors = validate_manifest(manifest, check_artifact_files=False)
+    assert [(e.pointer, "listed twice" in e.message) for e in errors] == [("/surfaces/0/path", True)]
+
+
+def test_a_killed_run_without_a_manifest_is_no_verdict(world, capsys):
+    tmp_path, run, docs = world
+    golden = store(tmp_path, docs)
+    (run / "manifest.json").unlink()
+    (run / "run.json").write_text(json.dumps({"status": "running", "error": None}))
+    assert main(["diff", str(run), str(golden)]) == 3  # main: 2
+    err = capsys.readouterr().err
+    assert "no verdict" in err and "run.json#/status: 'running'" in err
