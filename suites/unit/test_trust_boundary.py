@@ -307,16 +307,16 @@ def test_nfc_and_nfd_spellings_of_a_key_are_printed_apart(world, capsys):
 def _peak_rss_mib(args: list[str], env: dict | None = None) -> tuple[int, float, str]:
     """(exit code, peak RSS in MiB, stderr+stdout) of ``golden ARGS`` in a fresh interpreter."""
     import os
-    import resource
     import subprocess
     import sys
 
-    code = ("import resource, sys\nfrom harness.cli import main\nrc = main(sys.argv[1:])\n"
-            "print('RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(rc)")
+    # VmHWM, not ru_maxrss: the latter survives exec, so it would report this (pytest) process's peak
+    code = ("import sys\nfrom harness.cli import main\nrc = main(sys.argv[1:])\n"
+            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
+            "print('RSS_KB', hwm, file=sys.stderr)\nsys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
     rss = next(int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("RSS_KB"))
-    del resource
     return proc.returncode, rss / 1024, proc.stderr + proc.stdout
 
 
