@@ -294,12 +294,21 @@ def unused_goldens() -> list[str]:
 
 @pytest.fixture(scope="session")
 def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GoldenSession]:
-    """The session-wide golden runner (see module docstring)."""
+    """The session-wide golden runner (see module docstring). While it lives, SIGTERM ends
+    the session as Ctrl-C does (``harness.interrupts``): the running workload is stopped and
+    marked interrupted, no further workload runs, and pytest exits 143 (130 for Ctrl-C)."""
+    from harness import interrupts
+
     session = GoldenSession(request.config, tmp_path_factory.mktemp("golden-runs"),
                             session_root=lambda: _session_config(None).root.resolve())
     request.config._golden_session = session  # type: ignore[attr-defined]
-    yield session
-    session.close_warm()
+    interrupts.reset()
+    previous = interrupts.install()
+    try:
+        yield session
+    finally:
+        session.close_warm()
+        interrupts.restore(previous)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -378,6 +387,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         return
     if config._golden_unused and config.getoption("--golden-strict-unused") and session.exitstatus == 0:  # type: ignore[attr-defined]
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    from harness import interrupts
+
+    if interrupts.last() is not None and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        session.exitstatus = interrupts.exit_code()  # 143 SIGTERM, 130 Ctrl-C (issue 41)
 
 
 @pytest.hookimpl(optionalhook=True)

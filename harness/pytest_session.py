@@ -165,6 +165,10 @@ class GoldenSession:
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
         finally:
             progress.close()
+        from harness import interrupts
+
+        if interrupts.last() is not None:
+            raise KeyboardInterrupt  # SIGTERM / Ctrl-C stopped this run: the session ends, nothing else runs
         if not execution.ok:
             return platform, ("incomplete", f"run incomplete (run dir {execution.run_dir}):\n  "
                               + "\n  ".join(execution.problems()), execution, None)
