@@ -272,7 +272,7 @@ def remember_golden(execution: Execution, digest: str | None) -> None:
 
 
 def store_golden(execution: Execution, platform: str, *, reason: str, goldens_root: Path | None = None,
-                 command: str, allow_replace: bool) -> Path:
+                 command: str, allow_replace: bool, allow_dirty: bool = False) -> Path:
     """Write the run as the golden of (workload, platform), atomically, with provenance.
 
     Provenance records the harness commit, the consumer repository holding
@@ -283,7 +283,9 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     capture) when a golden already exists. After ``compare_with_golden`` the write
     is a compare-and-swap on the golden compared against (``GoldenChanged`` when a
     concurrent capture/refresh replaced it); a capture requires that none exists,
-    checked again under the store's lock.
+    checked again under the store's lock. Uncommitted changes in the repository holding
+    ``goldens_root`` outside the goldens root refuse the write (``provenance.uncommitted_changes``)
+    unless ``allow_dirty``; then the provenance records their digest (``repository.uncommitted``).
     """
     from harness.manifest.validate import load_manifest
     from harness.runner.environment import collect_environment
@@ -306,6 +308,14 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     if target.exists() and not allow_replace:
         raise FileExistsError(f"{target} exists; use golden refresh {spec.name} --reason TEXT")
     manifest = load_manifest(execution.run_dir / "manifest.json")
+    from harness.store.provenance import dirty_refusal, uncommitted_changes
+
+    changes = uncommitted_changes(root)
+    if changes is not None and not allow_dirty:
+        raise ValueError(dirty_refusal(changes))
+    repository = repository_state(root)
+    if changes is not None and isinstance(repository, dict):
+        repository["uncommitted"] = {"diff_sha256": changes["diff_sha256"], "paths": len(changes["paths"])}
     tolerances, evidence = None, None
     old_tol = target / "tolerances.yaml"
     if not old_tol.exists():  # a new CPU-numerics variant declares the bands of the golden it sits beside
@@ -316,7 +326,7 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
         tolerances = read_yaml_text(old_tol)
         evidence = _tolerance_evidence(old_tol.parent)  # and so do their evidence and waivers (issue 41)
     provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
-                                environment=collect_environment(spec), repository=repository_state(root),
+                                environment=collect_environment(spec), repository=repository,
                                 versions=package_versions(), tolerance_evidence=evidence)
     expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec.name)

@@ -87,6 +87,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--golden-root", dest="golden_root_old_spelling", default=None, help=argparse.SUPPRESS)
     group.addoption("--golden-capture-missing", action="store_true", default=False,
                     help="run and store the goldens that are missing (first capture); their tests pass as created")
+    group.addoption("--golden-allow-dirty", action="store_true", default=False,
+                    help="--golden-refresh / --golden-capture-missing store even with uncommitted changes outside "
+                         "the goldens root (their digest is recorded); refused otherwise")
     group.addoption("--golden-strict-unused", action="store_true", default=False,
                     help="fail the session when a stored golden of the session's platforms is used by no test")
     group.addoption("--golden-refresh", action="store_true", default=False,

@@ -32,6 +32,7 @@ class GoldenSession:
         self.refresh = bool(config.getoption("--golden-refresh"))
         self.capture_missing = bool(config.getoption("--golden-capture-missing"))
         self.reason = config.getoption("--golden-reason")
+        self.allow_dirty = bool(config.getoption("--golden-allow-dirty"))
         self._cache: dict[tuple[str, str], tuple] = {}
         self._compared: dict[tuple[str, str], str | None] = {}  # the stored golden each run was compared with
         self.stored_by_current_test: str | None = None
@@ -156,6 +157,12 @@ class GoldenSession:
             return platform, ("error", f"golden {workload}/{platform} is unusable: {exc}", None, None)
         except Exception as exc:  # noqa: BLE001 - a bad spec becomes each surface's failure
             return platform, ("error", f"workload {workload}: {type(exc).__name__}: {exc}", None, None)
+        if (self.refresh or create) and not self.allow_dirty:  # refused before the run, as golden refresh does
+            from harness.store.provenance import dirty_refusal, uncommitted_changes
+
+            changes = uncommitted_changes(root)
+            if changes is not None:
+                return platform, ("error", f"cannot store {workload}: {dirty_refusal(changes)}", None, None)
         progress = self._progress(workload)
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
@@ -176,12 +183,13 @@ class GoldenSession:
             if self.refresh:
                 flows.remember_golden(execution, replaces)
                 flows.store_golden(execution, store, reason=self.reason, goldens_root=root,
-                                   command="pytest --golden-refresh", allow_replace=True)
+                                   command="pytest --golden-refresh", allow_replace=True,
+                                   allow_dirty=self.allow_dirty)
                 return store, ("refreshed", f"golden {workload}/{store} rewritten", execution, None)
             if create:
                 path = flows.store_golden(execution, store, goldens_root=root, allow_replace=False,
                                           reason="first capture (pytest --golden-capture-missing)",
-                                          command="pytest --golden-capture-missing")
+                                          command="pytest --golden-capture-missing", allow_dirty=self.allow_dirty)
                 return store, ("created", f"golden {workload}/{store} created at {path}", execution, None)
             verdict = flows.compare_with_golden(execution, platform, root)
             return platform, ("compared", "", execution, verdict)

@@ -403,3 +403,65 @@ def test_a_killed_run_without_a_manifest_is_no_verdict(world, capsys):
     assert main(["diff", str(run), str(golden)]) == 3  # main: 2
     err = capsys.readouterr().err
     assert "no verdict" in err and "run.json#/status: 'running'" in err
+
+
+# --- 7. capture/refresh from a dirty tree: the recorded commit does not name the code -----------
+
+def _git_repo(path: Path) -> Path:
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", "-C", str(path), *args], check=True)
+    (path / "code.py").write_text("x = 1\n")
+    (path / "goldens").mkdir()
+    (path / "goldens" / "README").write_text("goldens\n")
+    subprocess.run(["git", "-C", str(path), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(path), "commit", "-qm", "init"], check=True)
+    return path
+
+
+def test_uncommitted_code_outside_the_goldens_root_is_named_and_digested(tmp_path):
+    from harness.store.provenance import dirty_refusal, uncommitted_changes
+
+    repo = _git_repo(tmp_path / "repo")
+    assert uncommitted_changes(repo / "goldens") is None
+    (repo / "goldens" / "new-golden.json").write_text("{}")  # goldens are what capture writes: not dirt
+    assert uncommitted_changes(repo / "goldens") is None
+    (repo / "code.py").write_text("x = 2\n")
+    first = uncommitted_changes(repo / "goldens")
+    assert first is not None and first["paths"] == ["code.py"]
+    assert "code.py" in dirty_refusal(first) and "--allow-dirty" in dirty_refusal(first)
+    (repo / "code.py").write_text("x = 3\n")
+    assert uncommitted_changes(repo / "goldens")["diff_sha256"] != first["diff_sha256"]
+    (repo / "untracked.py").write_text("y = 1\n")
+    assert "untracked.py" in uncommitted_changes(repo / "goldens")["paths"]
+
+
+def test_capture_and_refresh_refuse_a_dirty_tree_before_the_run(tmp_path, capsys):
+    repo = _git_repo(tmp_path / "repo")
+    shutil_copy = __import__("shutil").copy
+    (repo / "goldens" / "qwen3_moe_tiny_smoke").mkdir()
+    shutil_copy(Path(__file__).resolve().parents[2] / "goldens" / "qwen3_moe_tiny_smoke" / "workload.yaml",
+                repo / "goldens" / "qwen3_moe_tiny_smoke" / "workload.yaml")
+    import subprocess
+
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "commit", "-qm", "workload"], check=True)
+    (repo / "code.py").write_text("x = 2\n")
+    for command in (["capture"], ["refresh", "--reason", "r"]):
+        rc = main([*command, "qwen3_moe_tiny_smoke", "--platform", "cpu", "--goldens-root", str(repo / "goldens"),
+                   "--run-dir", str(tmp_path / f"run-{command[0]}")])
+        err = capsys.readouterr().err
+        assert rc == 2, err  # main: the run starts (and the golden is stored from the dirty tree)
+        assert "uncommitted changes outside the goldens root (code.py)" in err
+        assert not (tmp_path / f"run-{command[0]}").exists()  # refused before the run
+
+
+def test_a_provenance_with_an_uncommitted_digest_is_valid():
+    from harness.store.provenance import provenance_errors
+
+    doc = provenance()
+    doc["repository"] = {"commit": "a" * 40, "dirty": True, "goldens_root": "goldens",
+                         "uncommitted": {"diff_sha256": "b" * 64, "paths": 2}}
+    assert provenance_errors(doc) == []
