@@ -465,3 +465,12 @@ def test_a_provenance_with_an_uncommitted_digest_is_valid():
     doc["repository"] = {"commit": "a" * 40, "dirty": True, "goldens_root": "goldens",
                          "uncommitted": {"diff_sha256": "b" * 64, "paths": 2}}
     assert provenance_errors(doc) == []
+
+
+def test_validate_of_a_golden_refuses_a_dropped_in_tolerances_file(world, capsys):
+    tmp_path, _, docs = world
+    golden = store(tmp_path, docs)
+    (golden / "tolerances.yaml").write_text(HOSTILE)
+    assert main(["validate", str(golden)]) == 1  # main: 0, "is valid"
+    captured = capsys.readouterr()
+    assert "not covered by PROVENANCE.json#/tolerances" in captured.err + captured.out
