@@ -424,6 +424,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     width = max([8] + [len(r["platform"] or "-") for r in results])  # a CPU-numerics variant is longer
     for r in results:
         tr.write_line(f"{r['workload']:<36} {r['platform'] or '-':<{width}} {r['status']:<10} {r['wall_s']:>7.1f}s")
+        for line in (r.get("rules_applied") or [])[:20]:  # tolerance rules that changed its verdict (issue 41)
+            tr.write_line(f"    {line}", yellow=True)
         total += r["wall_s"]
     tr.write_line(f"golden wall time: {total:.1f}s")
     created = [r for r in results if r["status"] == "created"]

@@ -80,15 +80,20 @@ class GoldenSession:
         self._cache[key] = entry
         self._compared[key] = platform
         verdict = entry[3]
-        markdown = None
-        if verdict is not None and not verdict.ok:
+        markdown, rules = None, []
+        if verdict is not None:
+            from harness.parity.render.bounded import bounded_verdict
+            from harness.parity.render.common import rules_applied_lines
+
+            rules = rules_applied_lines(bounded_verdict(verdict))  # a passing verdict names its rules too
+        if verdict is not None and (not verdict.ok or rules):
             from harness.parity.render.markdown import render_markdown
 
             markdown = render_markdown(verdict)
         self.config._golden_results.append(  # type: ignore[attr-defined]
             {"workload": key[1], "platform": platform, "outcome": entry[0],
              "status": verdict.status if verdict is not None else entry[0],
-             "wall_s": round(wall_s, 1), "markdown": markdown})
+             "wall_s": round(wall_s, 1), "markdown": markdown, "rules_applied": rules})
 
     def adopt_run(self, workload: str, execution) -> bool:
         """Answer ``workload``'s surface checks from ``execution`` (a ``harness.flows.Execution``
