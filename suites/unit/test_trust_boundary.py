@@ -474,3 +474,16 @@ def test_validate_of_a_golden_refuses_a_dropped_in_tolerances_file(world, capsys
     assert main(["validate", str(golden)]) == 1  # main: 0, "is valid"
     captured = capsys.readouterr()
     assert "not covered by PROVENANCE.json#/tolerances" in captured.err + captured.out
+
+
+@pytest.mark.parametrize("fmt", ["terminal", "markdown", "json", "html"])
+def test_a_4_mib_step_phase_name_is_cut_in_the_step_times(tmp_path, capsys, fmt):
+    docs = synthetic_surfaces("w", seed=5)
+    docs["timings"]["sections"]["driver"] = {"coords": {}, "phases": {
+        "step0001/generation": {"wall_s": 1.0}, "step0001/" + "q" * (4 << 20): {"wall_s": 2.0}}}
+    golden = store(tmp_path, docs)
+    run = make_run(tmp_path / "run", docs)
+    assert main(["diff", str(run), str(golden), "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    assert len(out) < 100_000, len(out)  # main: 4.2 MB (json 8.4 MB)
+    assert f"[cut: {4 << 20} chars" in out

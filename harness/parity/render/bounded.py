@@ -35,8 +35,8 @@ from typing import Any
 
 from harness.parity.findings import Divergence, Finding, Verdict
 
-__all__ = ["KEY_CHARS", "VALUE_CHARS", "VALUE_JSON_CHARS", "bounded_document", "bounded_value", "bounded_verdict",
-           "cut"]
+__all__ = ["KEY_CHARS", "VALUE_CHARS", "VALUE_JSON_CHARS", "bounded_document", "bounded_step_times", "bounded_value",
+           "bounded_verdict", "cut"]
 
 VALUE_CHARS = 2000        # a string value (or a string inside one) longer than this is cut
 KEY_CHARS = 300           # a key pointer, section id, phase, path part or dict key longer than this is cut
@@ -154,6 +154,16 @@ def bounded_verdict(verdict: Verdict) -> Verdict:
                    for d in verdict.divergences]
     return dataclasses.replace(verdict, surfaces=surfaces, divergences=divergences,
                                lane_source=cut(verdict.lane_source, VALUE_CHARS))
+
+
+def bounded_step_times(times: Any) -> Any:
+    """Step times (``harness.parity.step_times.StepTimes``) with every phase name cut as a key."""
+    if times is None or all(len(p) <= KEY_CHARS for p in times.phases):
+        return times
+    name = {p: cut(p, KEY_CHARS) for p in times.phases}
+    return dataclasses.replace(times, phases=tuple(name[p] for p in times.phases),
+                               golden={(name.get(p, cut(p, KEY_CHARS)), s): v for (p, s), v in times.golden.items()},
+                               actual={(name.get(p, cut(p, KEY_CHARS)), s): v for (p, s), v in times.actual.items()})
 
 
 def bounded_document(doc: Any) -> Any:

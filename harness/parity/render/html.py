@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.parity.findings import Finding, Verdict
-from harness.parity.render.bounded import bounded_document, bounded_verdict
+from harness.parity.render.bounded import bounded_document, bounded_step_times, bounded_verdict
 from harness.parity.render.common import (
     STATUS_WORD,
     VERDICT_WORD,
@@ -274,6 +274,7 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
     shown near the top (``html_provenance.provenance_block``); ``step_times`` (informational)
     is a table below the surface table."""
     verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
+    step_times = bounded_step_times(step_times)
     status = verdict.status
     counts = verdict.counts()
     names = sorted(verdict.surfaces)

@@ -8,7 +8,7 @@ shows a window around the element that differs, in bold.
 from __future__ import annotations
 
 from harness.parity.findings import Verdict
-from harness.parity.render.bounded import bounded_document, bounded_verdict
+from harness.parity.render.bounded import bounded_document, bounded_step_times, bounded_verdict
 from harness.parity.render.common import (
     HEADER,
     STATUS_WORD,
@@ -43,6 +43,7 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
     """The verdict as Markdown; ``step_times`` (golden beside run, informational) adds a
     collapsed table below the surface table."""
     verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
+    step_times = bounded_step_times(step_times)
     lines = [f"### {title}", "", f"**{summary_line(verdict)}**", "",
              _row(["surface", "gated", "status", "sections", "differing", "findings"]),
              _row(["---"] * 6)]

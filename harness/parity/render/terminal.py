@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 from harness.parity.findings import Finding, Verdict
-from harness.parity.render.bounded import bounded_document, bounded_verdict
+from harness.parity.render.bounded import bounded_document, bounded_step_times, bounded_verdict
 from harness.parity.render.common import (
     STATUS_WORD,
     consequences_text,
@@ -75,6 +75,7 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
     per surface; a surface whose findings are all informational (not gated: memory, timings)
     is summarised in one line unless ``show_info``."""
     verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
+    step_times = bounded_step_times(step_times)
     color = use_color() if color is None else color
 
     def paint(text: str, status: str) -> str:
