@@ -211,7 +211,7 @@ def resumed_spec(run_dir: Path):
 
 def load_golden(goldens_root: Path, workload: str, platform: str):
     """The stored golden and its tolerance table; GoldenMissing if absent."""
-    from harness.parity.tolerances import ToleranceTable, load_tolerances
+    from harness.parity.tolerances import ToleranceTable, golden_tolerances
     from harness.store.atomic import read_golden
 
     try:
@@ -228,7 +228,7 @@ def load_golden(goldens_root: Path, workload: str, platform: str):
         ) from exc
     overrides, deterministic, lane_source = (), True, ""
     if golden.tolerances_path is not None:
-        tol = load_tolerances(golden.tolerances_path)
+        tol = golden_tolerances(golden)  # the bytes the digest covered
         overrides = tol.rules
         deterministic = True if tol.deterministic is None else tol.deterministic
         lane_source = tol.deterministic_origin if tol.deterministic is False else ""

@@ -38,8 +38,8 @@ from typing import Any
 from harness.surfaces.registry import SURFACES, ToleranceRule
 
 __all__ = ["CEILINGS", "ToleranceTable", "TolerancesFile", "ToleranceFileError", "coverage_problems",
-           "deterministic_platform", "load_tolerances", "parse_tolerances", "parse_tolerances_bytes",
-           "policy_problems", "tolerances_record"]
+           "deterministic_platform", "golden_tolerances", "load_tolerances", "parse_tolerances",
+           "parse_tolerances_bytes", "policy_problems", "tolerances_record"]
 
 # The widest band a tolerances.yaml rule may declare on a gated surface without a waiver:
 # surface -> (abs, rel). Structure and counts (topology, lifecycle, operators, collectives)
@@ -177,6 +177,17 @@ def parse_tolerances_bytes(data: bytes, *, source: str = "tolerances.yaml") -> T
     except SpecError as exc:
         raise ToleranceFileError(f"not valid YAML: {exc}") from None
     return parse_tolerances(doc, source=source)
+
+
+def golden_tolerances(golden: Any) -> TolerancesFile | None:
+    """The tolerances of a golden as ``read_golden`` read them (``Golden.files``: the bytes its
+    PROVENANCE.json digest was checked against, never the file read again), None without one."""
+    if golden.tolerances_path is None:
+        return None
+    data = golden.files.get("tolerances.yaml") if golden.files else None
+    if data is None:
+        return load_tolerances(golden.tolerances_path)
+    return parse_tolerances_bytes(bytes(data), source=str(golden.tolerances_path))
 
 
 def load_tolerances(path: str | Path) -> TolerancesFile:

@@ -487,3 +487,14 @@ def test_a_4_mib_step_phase_name_is_cut_in_the_step_times(tmp_path, capsys, fmt)
     out = capsys.readouterr().out
     assert len(out) < 100_000, len(out)  # main: 4.2 MB (json 8.4 MB)
     assert f"[cut: {4 << 20} chars" in out
+
+
+def test_the_tolerances_compared_with_are_the_bytes_the_digest_covered(world):
+    from harness.parity.tolerances import golden_tolerances
+
+    tmp_path, _, docs = world
+    golden_dir = store(tmp_path, docs, tolerances=WIDE, evidence=WAIVER)
+    golden = read_golden_dir(golden_dir)
+    (golden_dir / "tolerances.yaml").write_text(HOSTILE)  # swapped after the checks, before the comparison
+    tol = golden_tolerances(golden)  # main: flows/diff read the file again and got the hostile rules
+    assert [(r.surface, r.rel) for r in tol.rules] == [("training", 1.0)] and tol.deterministic is None
