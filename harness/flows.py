@@ -72,13 +72,62 @@ def platform_of(spec: Workload, platform: str | None = None) -> str:
 
 
 def numerics_key_of(spec: Workload) -> str | None:
-    """This machine's CPU numerics key when ``spec`` runs on the CPU (``harness.numerics``), else None."""
+    """The numerics key a run of ``spec`` on this machine has (``harness.numerics``): on the CPU,
+    under the pins when the run will be pinned (``harness.portable.pins.wanted_for``); on cuda,
+    the GPU architecture and library versions (``cuda_numerics``); None elsewhere."""
+    if spec.platform.device == "cuda":
+        from harness.numerics import cuda_numerics
+
+        found = cuda_numerics()
+        return found["key"] if found else None
     if spec.platform.device != "cpu":
         return None
     from harness.numerics import cpu_numerics
+    from harness.portable import pins
 
-    numerics = cpu_numerics()
+    environ = dict(os.environ)
+    if pins.wanted_for(spec.platform.device, spec.rollout.backend):
+        pins.apply_to_environ(environ)
+    numerics = cpu_numerics(environ=environ)
     return numerics["key"] if numerics else None
+
+
+_canary_checked: set[tuple[str, str]] = set()  # (goldens root, pin set) whose canary this process checked
+
+
+def pin_numerics(spec: Workload, goldens_root: Path | None, canary: str = "check",
+                 say: Say | None = None) -> bool:
+    """Pin this process's CPU numerics for a run of ``spec`` (``harness.portable.pins``; its
+    children inherit them) and, once per process and goldens root, hold this machine to the
+    numerics canary stored there (``harness.portable.drift``). ``canary="store"`` (capture,
+    refresh) stores one where the root has none or one of another pin set. Returns whether the
+    run is pinned. Raises ``drift.Drift`` (no verdict) when the machine's bits moved."""
+    from harness.portable import drift, pins
+    from harness.spec.load import default_goldens_root
+
+    if not pins.wanted_for(spec.platform.device, spec.rollout.backend):
+        return False
+    pins.apply_to_environ()
+    root = Path(goldens_root) if goldens_root is not None else default_goldens_root()
+    memo = (str(root.resolve()), pins.pin_set_id())
+    if memo in _canary_checked:
+        return True
+    t = time.perf_counter()
+    stored = drift.read(root)
+    if canary == "store" and (stored is None or stored["pin_set"] != pins.pin_set_id()):
+        from harness.numerics import cpu_numerics
+
+        measured = drift.measure()
+        machine = cpu_numerics() or {}
+        file = drift.store(root, measured, {"model_name": machine.get("model_name"), "vendor": machine.get("vendor"),
+                                            "torch": measured.get("state", {}).get("torch")})
+        line = f"numerics canary: stored {file} ({len(measured['ops'])} ops)"
+    else:
+        line = drift.check(root)
+    _canary_checked.add(memo)
+    if say is not None:
+        (getattr(say, "note", None) or say)(f"{line} ({time.perf_counter() - t:.1f}s)")
+    return True
 
 
 def stored_platform(spec: Workload, platform: str, goldens_root: Path, *, write: bool = False,
@@ -94,8 +143,25 @@ def stored_platform(spec: Workload, platform: str, goldens_root: Path, *, write:
     return variants.read_platform(goldens_root, spec.name, platform, key)
 
 
+RUNS_ENV = "GOLDEN_RUNS"
+
+
+def runs_root() -> Path:
+    """Where run directories go unless ``--run-dir`` names one: ``$GOLDEN_RUNS``, else
+    ``$XDG_CACHE_HOME/grpo-golden-harness/runs`` (``~/.cache/grpo-golden-harness/runs``): one
+    place outside any source tree, never the working directory (a consumer's checkout). Absolute.
+    The pytest plugin puts its runs under pytest's own temporary root instead."""
+    configured = os.environ.get(RUNS_ENV, "").strip()
+    if configured:
+        return Path(configured).expanduser().absolute()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache"
+    return (base / "grpo-golden-harness" / "runs").absolute()
+
+
 def default_run_dir(workload: str, root: Path | None = None) -> Path:
-    root = root or Path(os.environ.get("GOLDEN_RUNS", "runs"))
+    """``<root or runs_root()>/<workload>-<time>-<pid>``."""
+    root = root or runs_root()
     return root / f"{workload}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
@@ -126,14 +192,15 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
 
 def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,
             goldens_root: Path | None = None, say: Say | None = None, platform: str | None = None,
-            warm=None, ray_address: str | None = None) -> Execution:
+            warm=None, ray_address: str | None = None, canary: str = "check") -> Execution:
     """Run + postflight (on ``platform``'s device, see :func:`spec_for_platform`).
     Raises only for unusable input (spec/topology errors, a Ray cluster that cannot
     hold the plan: ``ClusterRefused``, checked before anything starts). ``warm``: a
     ``harness.runner.warm.WarmRuntime`` to reuse Ray and warm worker processes from
     (docs/runner.md); None: a cold run with its own Ray instance. ``ray_address``
     (else the spec's ``platform.ray_address``): join that Ray cluster, cold
-    (docs/cluster.md)."""
+    (docs/cluster.md). ``canary``: what :func:`pin_numerics` does with the numerics canary of
+    a pinned CPU run ("check", or "store" for capture and refresh)."""
     from harness.runner.run import run_workload
     from harness.spec.load import check_runnable
     from harness.spec.topology import plan
@@ -143,6 +210,7 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
     _refuse_unplaceable(spec, topology, address)
+    pin_numerics(spec, goldens_root, canary, say)  # drift.Drift: this machine's pinned bits moved (no verdict)
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
@@ -243,11 +311,13 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
     The run's documents are read back through ``harness.postflight.read.load_run``
     (manifest validated first, paths confined, complete runs only: ``RunRefused``
     otherwise). Records which golden was compared in ``execution.golden_seen``."""
+    from harness.parity.spec_check import run_against_golden
     from harness.postflight.read import load_run
     from harness.store.atomic import GoldenStoreError, golden_digest
 
     root = Path(goldens_root or default_goldens_root())
-    actual = load_run(execution.run_dir).surfaces
+    documents = load_run(execution.run_dir)
+    actual = documents.surfaces
     execution.golden_seen_known = True
     try:
         golden, table, deterministic = load_golden(root, execution.spec.name, platform)
@@ -258,8 +328,20 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
         execution.golden_seen = golden_digest(root, execution.spec.name, platform)
         raise
     execution.golden_seen = golden.digest
-    return compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic,
-                   lane_source=table.lane_source)
+    verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic,
+                      lane_source=table.lane_source)
+    verdict.spec = run_against_golden(documents.manifest, (documents.run or {}).get("spec"), golden.manifest,
+                                      golden.provenance)
+    return verdict
+
+
+def spec_difference(spec: Workload, golden) -> object | None:
+    """``harness.parity.spec_check.SpecDifference`` of the spec a run would use against ``golden``
+    (a ``harness.store.golden.Golden``), or None when they are the same: decided before the run."""
+    from harness.parity.spec_check import before_run
+    from harness.spec.load import spec_digest
+
+    return before_run(spec.to_dict(), spec_digest(spec), golden.manifest, golden.provenance)
 
 
 def remember_golden(execution: Execution, digest: str | None) -> None:
@@ -327,7 +409,7 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
         evidence = _tolerance_evidence(old_tol.parent)  # and so do their evidence and waivers (issue 41)
     provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
                                 environment=collect_environment(spec), repository=repository,
-                                versions=package_versions(), tolerance_evidence=evidence)
+                                versions=package_versions(), tolerance_evidence=evidence, spec=spec.to_dict())
     expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec.name)
     return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,

@@ -152,6 +152,19 @@ def moe_dispatch_order(indices: torch.Tensor, num_experts: int) -> tuple[torch.T
     return order, counts
 
 
+def one_hot(index: torch.Tensor, classes: int) -> torch.Tensor:
+    """``F.one_hot(index, classes)`` (int64, bit for bit), built on the CPU from ``zeros`` and
+    ``scatter_`` (which refuses an index out of range, as ``one_hot`` does). ``F.one_hot``'s own
+    operator stream differs between torch releases (2.13 checks the bounds with ``aminmax``, 2.11
+    with ``min`` and ``max``), and one CPU golden is held on machines with either build (the
+    operators surface counts every ATen call); other devices keep ``F.one_hot`` (a cuda golden
+    is captured and checked on one torch build)."""
+    if index.device.type != "cpu":
+        return F.one_hot(index, classes)
+    out = torch.zeros((*index.shape, classes), dtype=torch.int64)
+    return out.scatter_(-1, index.unsqueeze(-1), 1)
+
+
 def aux_loss_statistics(
     router_logits: torch.Tensor, top_k: int, row_mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -165,15 +178,15 @@ def aux_loss_statistics(
     renormalisation enters), as HF does."""
     probs = torch.softmax(router_logits.to(torch.float32), dim=-1)
     _, idx = torch.topk(probs, top_k, dim=-1)
-    one_hot = F.one_hot(idx, probs.shape[-1]).to(torch.float32).sum(dim=1)  # [T, E]
+    slots = one_hot(idx, probs.shape[-1]).to(torch.float32).sum(dim=1)  # [T, E]
     if row_mask is not None:
         m = row_mask.reshape(-1, 1).to(torch.float32)
-        one_hot = one_hot * m
+        slots = slots * m
         probs = probs * m
         rows = m.sum()
     else:
         rows = torch.tensor(float(probs.shape[0]))
-    return one_hot.sum(0), probs.sum(0), rows
+    return slots.sum(0), probs.sum(0), rows
 
 
 def aux_loss_from_statistics(

@@ -34,7 +34,8 @@ Every marker the plugin puts on a test (``golden``, ``megatron``, ``vllm``,
 Where the goldens live (``harness.spec.roots``, the same order as the ``golden``
 command): ``--goldens-root DIR``, else ``$GOLDEN_ROOT``, else ``goldens-root`` of
 a ``[tool.golden]`` table in the nearest ``pyproject.toml`` above the invocation
-directory (or pytest's rootdir), else the harness checkout's own ``goldens/``.
+directory (or pytest's rootdir), else the harness checkout's own ``goldens/`` (a
+source checkout only), else ``./goldens``.
 ``[tool.golden] workloads = [...]`` selects workloads, which may be built-in ones
 the root has no spec for yet; without it every workload under the root is
 scheduled on the session's platform.
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,6 +106,51 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "instead of the warm local runtime")
 
 
+# The plugin's options that take a value. pytest finds its rootdir and configfile before it loads
+# any plugin, so in the space form (``--goldens-root DIR``) it reads DIR as a path argument
+# (pytest-dev/pytest#8846); the plugin then gets the value right, but pytest's setup may be off.
+VALUE_OPTIONS = ("--goldens-root", "--golden-platform", "--golden-reason", "--golden-summary", "--golden-ray-address")
+
+
+def space_form_values(args: list[str]) -> list[tuple[str, str]]:
+    """``(option, value)`` for each of :data:`VALUE_OPTIONS` given as two words in ``args``."""
+    return [(a, args[i + 1]) for i, a in enumerate(args[:-1]) if a in VALUE_OPTIONS and not args[i + 1].startswith("-")]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """Both spellings (``--goldens-root DIR`` and ``--goldens-root=DIR``) work, except where the
+    space form changed pytest's rootdir or configfile (a value that is an existing path outside the
+    project, read as a test path before this plugin was loaded): then a usage error names the
+    ``=`` spelling, instead of a session run from the wrong rootdir without its configfile."""
+    given = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *map(str, early_config.invocation_params.args)]
+    spaced = space_form_values(given)
+    if not spaced:
+        return
+    try:
+        import copy
+        import inspect
+
+        from _pytest.config.findpaths import determine_setup
+
+        ns = early_config._parser.parse_known_args(given, namespace=copy.copy(early_config.option))
+        wanted = dict(inifile=ns.inifilename, override_ini=getattr(ns, "override_ini", None), args=ns.file_or_dir,
+                      rootdir_cmd_arg=ns.rootdir or None, invocation_dir=early_config.invocation_params.dir)
+        params = inspect.signature(determine_setup).parameters
+        setup = determine_setup(**{k: v for k, v in wanted.items() if k in params})
+    except Exception:  # noqa: BLE001 - a pytest whose internals differ: leave its setup as it is
+        return
+    rootpath, inipath = Path(setup[0]), (Path(setup[1]) if setup[1] else None)
+    if rootpath == early_config.rootpath and inipath == early_config.inipath:
+        return
+    fix = " ".join(f"{option}={shlex.quote(value)}" for option, value in spaced)
+    raise pytest.UsageError(
+        f"{' '.join(f'{o} {shlex.quote(v)}' for o, v in spaced)}: pytest read the value as a test path before the "
+        f"golden plugin was loaded, so its rootdir became {early_config.rootpath} (configfile "
+        f"{early_config.inipath or 'none'}) instead of {rootpath} (configfile {inipath or 'none'}); "
+        f"write it with '=': {fix}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
@@ -121,7 +168,22 @@ def pytest_configure(config: pytest.Config) -> None:
                             capture_missing=bool(config.getoption("--golden-capture-missing")))
     for key in _SESSION_GOLDENS:
         _SESSION_GOLDENS[key] = set()
+    _pin_cpu_session(config)
     _group_workloads_under_xdist(config)
+
+
+def _pin_cpu_session(config: pytest.Config) -> None:
+    """A session whose goldens run on the CPU pins its CPU code paths now, before any torch
+    kernel runs or any warm process starts, so the whole session (its workers, and tests that
+    compare in-process math with them) computes one machine-independent set of bits
+    (``harness.portable.pins``; ``GOLDEN_CPU_PINS=0`` leaves it unpinned). A cuda or
+    ``cpu-vllm`` session is left as it is."""
+    from harness.portable import pins
+    from harness.store.variants import base_platform
+
+    platform = config.getoption("--golden-platform") or os.environ.get("GOLDEN_PLATFORM") or "cpu"
+    if base_platform(platform) in ("cpu", "cpu-cluster"):
+        pins.apply_to_environ()
 
 
 def _group_workloads_under_xdist(config: pytest.Config) -> None:
@@ -288,6 +350,22 @@ def golden_params(goldens_root: str | Path | None = None, platform: str | None =
     return params
 
 
+def _nothing_scheduled_goldens() -> None:
+    """When no test called ``golden_params`` (no golden test collected), every stored golden of the
+    session's goldens root on the session's platform is unused: fill the tables from the root."""
+    if _SESSION_GOLDENS["platforms"] or _SESSION_GOLDENS["scheduled"]:
+        return
+    from harness.spec.errors import SpecError
+
+    try:
+        root = _session_config(None).root.resolve()
+    except (SpecError, OSError):
+        return
+    platform = _SESSION_OPTIONS["platform"] or os.environ.get("GOLDEN_PLATFORM") or "cpu"
+    _SESSION_GOLDENS["platforms"].add((str(root), platform))
+    _SESSION_GOLDENS["present"].update(_stored_goldens(root))
+
+
 def unused_goldens() -> list[str]:
     """Stored goldens of this session's platforms that no collected test targets, as ``root/workload/platform``."""
     platforms = _SESSION_GOLDENS["platforms"]
@@ -316,17 +394,20 @@ def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection(session: pytest.Session) -> None:
-    """A golden-only session with a goldens root starts its warm runtime while it collects
-    (``harness.pytest_prestart``; without a root every golden test fails before any run)."""
+    """A golden-only session starts its warm runtime while it collects when one of the workloads
+    its goldens root schedules would run (``harness.pytest_prestart``: never for verdicts decided
+    from files, such as a missing root, golden or spec, or a spec the golden's differs from)."""
     from harness import pytest_prestart
     from harness.spec.errors import SpecError
+    from harness.spec.load import list_workloads
 
     try:
-        root_exists = _session_config(None).root.is_dir()
+        cfg = _session_config(None)
+        root = cfg.root.resolve()
+        names = list(cfg.workloads) if cfg.workloads else (list_workloads(root) if root.is_dir() else [])
     except (SpecError, OSError):
-        root_exists = False
-    if root_exists:
-        pytest_prestart.start(session.config)
+        return
+    pytest_prestart.start(session.config, [(name, root) for name in names])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -383,13 +464,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     from harness import pytest_prestart
 
     pytest_prestart.discard(config)
+    if config.getoption("--golden-strict-unused"):
+        _nothing_scheduled_goldens()  # no golden test collected: the root's goldens are all unused
     config._golden_unused.update(unused_goldens())  # type: ignore[attr-defined]
     if hasattr(config, "workeroutput"):
         config.workeroutput["golden_results"] = list(getattr(config, "_golden_results", []))
         config.workeroutput["golden_unused"] = sorted(config._golden_unused)  # type: ignore[attr-defined]
         return
-    if config._golden_unused and config.getoption("--golden-strict-unused") and session.exitstatus == 0:  # type: ignore[attr-defined]
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    strict_fail = config._golden_unused and config.getoption("--golden-strict-unused")  # type: ignore[attr-defined]
+    if strict_fail and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # (no test collected: they are named, not exit 5)
     from harness import interrupts
 
     if interrupts.last() is not None and session.exitstatus == pytest.ExitCode.INTERRUPTED:
@@ -428,6 +512,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
             tr.write_line(f"    {line}", yellow=True)
         total += r["wall_s"]
     tr.write_line(f"golden wall time: {total:.1f}s")
+    refreshed = [r for r in results if r["status"] == "refreshed" and r.get("changes")]
+    if refreshed:
+        tr.section("golden refresh: what changed (review before committing)")
+        for r in refreshed:
+            for line in r["changes"].rstrip().splitlines():
+                tr.write_line(line)
     created = [r for r in results if r["status"] == "created"]
     if created:
         tr.write_line(f"{len(created)} golden(s) created by --golden-capture-missing: review and commit them "

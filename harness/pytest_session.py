@@ -36,6 +36,7 @@ class GoldenSession:
         self._cache: dict[tuple[str, str], tuple] = {}
         self._compared: dict[tuple[str, str], str | None] = {}  # the stored golden each run was compared with
         self.stored_by_current_test: str | None = None
+        self._refresh_changes: str | None = None  # what the last refresh changed (the summary shows it)
         self._progress_stream = None
         self._warm = None  # harness.runner.warm.WarmRuntime, created on the first workload
 
@@ -90,10 +91,11 @@ class GoldenSession:
             from harness.parity.render.markdown import render_markdown
 
             markdown = render_markdown(verdict)
+        changes, self._refresh_changes = self._refresh_changes, None
         self.config._golden_results.append(  # type: ignore[attr-defined]
             {"workload": key[1], "platform": platform, "outcome": entry[0],
              "status": verdict.status if verdict is not None else entry[0],
-             "wall_s": round(wall_s, 1), "markdown": markdown, "rules_applied": rules})
+             "wall_s": round(wall_s, 1), "markdown": markdown, "changes": changes, "rules_applied": rules})
 
     def adopt_run(self, workload: str, execution) -> bool:
         """Answer ``workload``'s surface checks from ``execution`` (a ``harness.flows.Execution``
@@ -147,11 +149,18 @@ class GoldenSession:
                 replaces = golden_digest(root, spec.name, store)
             else:
                 try:
-                    flows.load_golden(root, spec.name, platform)  # refuse before running, not after
+                    golden, _, deterministic = flows.load_golden(root, spec.name, platform)  # refuse before running
                 except flows.GoldenMissing:
                     if not self.capture_missing:
                         raise
                     create = True
+                else:
+                    changed = flows.spec_difference(spec, golden)
+                    if changed is not None and changed.gating:  # decided before Ray starts: the spec is what changed
+                        from harness.parity.findings import Verdict
+
+                        return platform, ("compared", "", None,
+                                          Verdict(deterministic=deterministic, surfaces={}, spec=changed))
         except flows.GoldenMissing as exc:
             from harness.store.variants import base_platform
 
@@ -172,7 +181,8 @@ class GoldenSession:
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
                                       platform=self.platform_opt, say=progress, ray_address=self.ray_address,
-                                      warm=self.warm_runtime())  # with an address: cold, the reason said
+                                      warm=self.warm_runtime(),  # with an address: cold, the reason said
+                                      canary="store" if self.refresh or self.capture_missing else "check")
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
         finally:
@@ -186,7 +196,8 @@ class GoldenSession:
                               + "\n  ".join(execution.problems()), execution, None)
         try:
             if self.refresh:
-                flows.remember_golden(execution, replaces)
+                self._refresh_changes = self._what_changed(execution, store, root, replaces)
+                flows.remember_golden(execution, replaces)  # after the comparison: the golden seen before the run
                 flows.store_golden(execution, store, reason=self.reason, goldens_root=root,
                                    command="pytest --golden-refresh", allow_replace=True,
                                    allow_dirty=self.allow_dirty)
@@ -202,6 +213,23 @@ class GoldenSession:
             return platform, ("missing", str(exc), execution, None)
         except (GoldenStoreError, ToleranceFileError, ValueError, OSError) as exc:
             return platform, ("error", f"{workload}/{platform}: {type(exc).__name__}: {exc}", execution, None)
+
+    def _what_changed(self, execution, store: str, root: Path, replaces: str | None) -> str:
+        """The report of the run against the golden a refresh replaces (so a refresh is reviewed,
+        not blind); read before the golden is rewritten."""
+        from harness import flows
+        from harness.parity.render.terminal import render_terminal
+
+        if replaces is None:
+            return f"{execution.spec.name}/{store}: no golden was there; the refresh created it"
+        try:
+            verdict = flows.compare_with_golden(execution, store, root)
+        except Exception as exc:  # noqa: BLE001 - the refresh itself decides; the review says why it has none
+            return f"{execution.spec.name}/{store}: not compared with the replaced golden ({type(exc).__name__}: {exc})"
+        if verdict.ok and verdict.spec is None:
+            return f"{execution.spec.name}/{store}: no gated change (the refresh rewrote its provenance)"
+        return render_terminal(verdict, title=f"{execution.spec.name}/{store}: replaced golden -> this run",
+                               color=False, limit=5)
 
     def _progress(self, workload: str):
         """Progress lines with a heartbeat (``harness.progress``) for one workload's run, on the
@@ -234,21 +262,30 @@ class GoldenSession:
             self.stored_by_current_test = outcome  # read by pytest_runtest_makereport: "CREATED" / "REFRESHED"
             return
         result = verdict.surfaces.get(surface)
-        if result is None or result.status == "parity":
+        if not (verdict.spec is not None and verdict.spec.gating) and (result is None or result.status == "parity"):
             return
+        from harness import flows
         from harness.parity.findings import Verdict
         from harness.parity.render.terminal import render_terminal
-
-        one = Verdict(deterministic=verdict.deterministic, surfaces={surface: result}, lane_source=verdict.lane_source)
-        from harness import flows
         from harness.store.variants import unrecorded_note
 
-        platform = flows.platform_of(execution.spec, self.platform_opt)
         root = self.root_of(workload)
+        if execution is None:  # refused before the run: the spec differs from the golden's
+            from harness.store.variants import base_platform
+
+            stored = self._compared.get((str(root), str(workload))) or self.platform_opt
+            platform = base_platform(stored) if stored else stored
+            pytest.fail(f"{workload}/{surface}: fail before any run\n" + "\n".join(verdict.spec.lines())
+                        + "\n" + refresh_hint_text(workload, platform, root), pytrace=False)
+        surfaces = {surface: result} if result is not None else {}
+        one = Verdict(deterministic=verdict.deterministic, surfaces=surfaces, spec=verdict.spec,
+                      lane_source=verdict.lane_source)
+        platform = flows.platform_of(execution.spec, self.platform_opt)
         stored = self._compared.get((str(root), str(workload))) or platform
         note = unrecorded_note(root, workload, stored, flows.numerics_key_of(execution.spec))
+        status = result.status if result is not None and result.status != "parity" else "fail"
         pytest.fail(
-            f"{workload}/{surface}: {result.status} (run dir {execution.run_dir})\n"
+            f"{workload}/{surface}: {status} (run dir {execution.run_dir})\n"
             + render_terminal(one, title=f"{workload}/{surface}", color=False)
             + "\n" + refresh_hint_text(workload, platform, root) + (f"\n{note}" if note else ""),
             pytrace=False,
@@ -275,8 +312,8 @@ def capture_missing_hint(workload: str, platform: str | None, root: Path | None)
 
     parts = ["pytest", "-m", "golden", "-k", workload, "--golden-capture-missing"]
     if platform:
-        parts += ["--golden-platform", platform]
+        parts += [f"--golden-platform={platform}"]
     chosen = root_if_chosen(root)
     if chosen is not None:
-        parts += ["--goldens-root", str(chosen)]
+        parts += [f"--goldens-root={chosen}"]
     return " ".join(shlex.quote(p) for p in parts)

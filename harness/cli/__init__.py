@@ -120,7 +120,31 @@ def _printable_streams() -> None:
                 pass
 
 
+def _reader_went_away() -> int:
+    """stdout's reader closed the pipe (``golden list | head``): stop quietly, as a Unix tool
+    does, with no traceback; stdout goes to /dev/null so the exit flush cannot raise again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``golden`` command; its exit code (module docstring). A reader that closes stdout
+    early (``golden list | head``) ends it quietly, whatever the command (exit 141)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _main(argv: list[str] | None = None) -> int:
     _printable_streams()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -145,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(args._module)
         return int(module.run(args) or 0)
+    except BrokenPipeError:
+        raise  # main() ends it quietly
     except KeyboardInterrupt:
         print(f"golden {args.command}: interrupted", file=sys.stderr)
         return interrupts.exit_code()

@@ -38,8 +38,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, workload_optional
                         help="workload name (goldens/<name>/workload.yaml) or path to a workload.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="spec overrides")
     parser.add_argument("--run-dir", default=None,
-                        help="run directory, must be absent or empty (default: $GOLDEN_RUNS or runs/, "
-                             "then <workload>-<time>-<pid>)")
+                        help="run directory, must be absent or empty (default: <workload>-<time>-<pid> under "
+                             "$GOLDEN_RUNS, else ~/.cache/grpo-golden-harness/runs; announced when the run starts)")
     add_goldens_root(parser, dest="goldens")
     parser.add_argument("--platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)")
     parser.add_argument("--ray-address", default=None, metavar="ADDR",
@@ -248,6 +248,7 @@ def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = Non
     printed), 130 when it was interrupted (Ctrl-C, SIGTERM)."""
     from harness import flows
     from harness.cli import EXIT_NO_VERDICT, EXIT_USAGE
+    from harness.portable.drift import Drift
     from harness.spec.errors import SpecError
 
     try:
@@ -256,19 +257,32 @@ def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = Non
         print(f"golden {args.command}: {exc}", file=sys.stderr)
         return None, exc.code
     own = say is None
+    if getattr(args, "run_dir", None):
+        chosen = "--run-dir"
+    elif os.environ.get(flows.RUNS_ENV, "").strip():
+        chosen = f"under ${flows.RUNS_ENV}"
+    else:
+        chosen = f"the default place; --run-dir or ${flows.RUNS_ENV} choose another"
+    print(f"golden {args.command}: run directory {prepared.run_dir} ({chosen})", file=sys.stderr)
     say = say if say is not None else progress(args)
     try:
         execution = flows.execute(args.workload, overrides=tuple(args.overrides), run_dir=prepared.run_dir,
                                   goldens_root=args.goldens, say=say, platform=getattr(args, "platform", None),
-                                  ray_address=getattr(args, "ray_address", None))
+                                  ray_address=getattr(args, "ray_address", None),
+                                  canary="store" if args.command in ("capture", "refresh") else "check")
+    except Drift as exc:
+        say.close()
+        print(f"golden {args.command}: {exc}", file=sys.stderr)
+        return None, EXIT_NO_VERDICT
     except SpecError as exc:
         say.close()
         print(f"golden {args.command}: {exc}", file=sys.stderr)
         return None, EXIT_USAGE
     except ModuleNotFoundError as exc:
         say.close()
-        print(f"golden {args.command}: the workload half is not installed ({exc}); run ci/bootstrap.sh",
-              file=sys.stderr)
+        print(f"golden {args.command}: the workload half is not installed ({exc}); install the harness with its "
+              "workload extra, torch pinned to the CPU build: pip install 'torch==2.13.0' "
+              "'grpo-golden-harness[workload]' (a harness checkout: ci/bootstrap.sh)", file=sys.stderr)
         return None, EXIT_NO_VERDICT
     except BaseException:
         say.close()

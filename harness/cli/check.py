@@ -66,7 +66,6 @@ def _run_fields(run_dir) -> dict:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from harness.cli import EXIT_FINDINGS, EXIT_OK
     from harness.cli._workload_args import (
         Refused,
         check_output_target,
@@ -74,29 +73,31 @@ def run(args: argparse.Namespace) -> int:
         prepare,
         progress,
         resolve_report,
-        write_report,
     )
-    from harness.cli.hints import golden_command
     from harness.parity.comparison import compare
-    from harness.parity.render import render
-    from harness.parity.render.common import summary_line
-    from harness.parity.step_times import step_times
 
     try:
         resolve_report(args)
         prepared = prepare(args)
-        golden, _, _ = _golden(prepared, args)  # refuse a missing or corrupt golden before running for a minute
+        golden, _, deterministic = _golden(prepared, args)  # refuse a missing or corrupt golden before running
         check_output_target(args.output, golden_dir=golden.path)
     except Refused as exc:
         print(f"golden check: {exc}", file=sys.stderr)
         return exc.code
+    from harness import flows
+
+    changed = flows.spec_difference(prepared.spec, golden)
+    if changed is not None and changed.gating:  # decided before the run: the spec, not a surface, is what changed
+        from harness.parity.findings import Verdict
+
+        return _report(args, prepared, Verdict(deterministic=deterministic, surfaces={}, spec=changed), golden,
+                       execution=None)
     from harness.postflight.read import RunRefused, load_run
 
     with progress(args) as say:
         execution, code = execute_or_explain(args, prepared, say=say)
         if execution is None:
             return code
-        platform = prepared.platform
         try:
             golden, table, deterministic = _golden(prepared, args)  # read again: it may have been refreshed
         except Refused as exc:
@@ -104,19 +105,41 @@ def run(args: argparse.Namespace) -> int:
             print(f"golden check: {exc}", file=sys.stderr)
             return exc.code
         try:  # the run as written: manifest validated first, paths confined, complete only
-            actual = load_run(execution.run_dir).surfaces
+            documents = load_run(execution.run_dir)
         except RunRefused as exc:
             say.close()
             print(f"golden check: {exc}", file=sys.stderr)
             return exc.code
         say.phase("compare")
+        actual = documents.surfaces
         verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic,
                           lane_source=table.lane_source)
+        from harness.parity.spec_check import run_against_golden
+
+        verdict.spec = run_against_golden(documents.manifest, (documents.run or {}).get("spec"), golden.manifest,
+                                          golden.provenance)
+    return _report(args, prepared, verdict, golden, execution=execution, actual=actual)
+
+
+def _report(args: argparse.Namespace, prepared, verdict, golden, *, execution, actual: dict | None = None) -> int:
+    """Print (or write to ``--output``) the report of ``verdict``; the refresh hint when it fails.
+    ``execution`` None: a verdict decided before any run (the spec differs from the golden's)."""
+    import sys
+
+    from harness.cli import EXIT_FINDINGS, EXIT_OK
+    from harness.cli._workload_args import write_report
+    from harness.cli.hints import golden_command
+    from harness.parity.render import render
+    from harness.parity.render.common import summary_line
+    from harness.parity.step_times import step_times
+
+    platform = prepared.platform
+    actual = actual or {}
     curves = {}
-    if args.format == "html":  # the HTML report plots golden vs actual training curves
+    if args.format == "html" and execution is not None:  # the HTML report plots golden vs actual training curves
         curves = {"surfaces_actual": actual, "surfaces_golden": golden.surfaces,
                   "run": _run_fields(execution.run_dir)}
-    title = f"{execution.spec.name} [{platform}]"
+    title = f"{prepared.spec.name} [{platform}]"
     report = render(verdict, args.format, title=title, color=False if args.output else None,
                     show_info=args.show_info, provenance=golden.provenance,
                     step_times=step_times(golden.surfaces.get("timings"), actual.get("timings")), **curves)
@@ -125,8 +148,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{title}: {summary_line(verdict)} (report: {args.output})")
     else:
         print(report)
-    print(f"check {execution.spec.name} [{platform}]: {verdict.status} "
-          f"(wall {execution.wall_s:.1f}s; run dir {execution.run_dir})", file=sys.stderr)
+    if execution is None:
+        print(f"check {prepared.spec.name} [{platform}]: {verdict.status} before any run: the workload spec is not "
+              "the golden's", file=sys.stderr)
+    else:
+        print(f"check {execution.spec.name} [{platform}]: {verdict.status} "
+              f"(wall {execution.wall_s:.1f}s; run dir {execution.run_dir})", file=sys.stderr)
     if not verdict.ok:
         from harness.flows import numerics_key_of
         from harness.store.variants import unrecorded_note
@@ -134,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
         hint = golden_command("refresh", args.workload, overrides=args.overrides, platform=platform,
                               goldens_root=args.goldens, reason=True)
         print(f"  if the change is intended: {hint}", file=sys.stderr)
-        note = unrecorded_note(prepared.goldens_root, execution.spec.name, platform, numerics_key_of(execution.spec))
-        if note:
+        note = unrecorded_note(prepared.goldens_root, prepared.spec.name, platform, numerics_key_of(prepared.spec))
+        if note and execution is not None:  # about surface differences: none were compared
             print(f"  {note}", file=sys.stderr)
         return EXIT_FINDINGS
     return EXIT_OK

@@ -160,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
             deterministic, lane_source = True, ""
         verdict = compare(golden.surfaces, actual, tolerances=ToleranceTable(overrides), deterministic=deterministic,
                           lane_source=lane_source)
+        from harness.parity.spec_check import run_against_golden
+
+        verdict.spec = run_against_golden(documents.manifest, (documents.run or {}).get("spec"), golden.manifest,
+                                          golden.provenance)  # the first finding, when the specs differ
     except (UnusableInput, ToleranceFileError, NonFiniteError, ValueError) as exc:
         print(f"golden diff: unusable input: {exc}", file=sys.stderr)
         return 2

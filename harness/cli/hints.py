@@ -34,13 +34,15 @@ def golden_command(subcommand: str, workload: str, *, overrides: Sequence[str] =
 
 def pytest_refresh_hint(workload: str, *, platform: str | None = None,
                         goldens_root: str | Path | None = None) -> str:
-    """The pytest spelling of a refresh of one workload's golden."""
+    """The pytest spelling of a refresh of one workload's golden. Options with a value are written
+    ``--opt=VALUE``: in the space form pytest may read the value as a test path when it looks for
+    its rootdir, before the plugin is loaded (``harness.pytest_plugin.VALUE_OPTIONS``)."""
     parts = ["pytest", "-m", "golden", "-k", workload, "--golden-refresh"]
     if platform:
-        parts += ["--golden-platform", platform]
+        parts += [f"--golden-platform={platform}"]
     if goldens_root is not None:
-        parts += ["--goldens-root", str(goldens_root)]
-    return " ".join(shlex.quote(p) for p in parts) + f" --golden-reason {PLACEHOLDER}"
+        parts += [f"--goldens-root={goldens_root}"]
+    return " ".join(shlex.quote(p) for p in parts) + f" --golden-reason={PLACEHOLDER}"
 
 
 def root_if_chosen(root: str | Path | None) -> Path | None:

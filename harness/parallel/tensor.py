@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from harness.ops import one_hot
 from harness.parallel import comm
 
 SEQ_DIM = 1
@@ -86,7 +87,7 @@ class _VocabParallelLogprobs(torch.autograd.Function):
     def backward(ctx, g):
         softmax, safe_t, in_range = ctx.saved_tensors
         grad = -softmax * g.unsqueeze(-1)
-        onehot = F.one_hot(safe_t, softmax.shape[-1]).to(grad.dtype) * in_range.unsqueeze(-1).to(grad.dtype)
+        onehot = one_hot(safe_t, softmax.shape[-1]).to(grad.dtype) * in_range.unsqueeze(-1).to(grad.dtype)
         grad = grad + onehot * g.unsqueeze(-1)
         return grad.to(ctx.logits_dtype), None, None, None
 

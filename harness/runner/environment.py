@@ -41,7 +41,7 @@ def git_commit(repo: Path | None = None) -> str | None:
 def collect_environment(spec: Workload) -> dict:
     """Environment facts; ``device`` and backends come from the spec. A CPU run also records
     the machine's CPU numerics (``harness.numerics``), which decide the golden it compares with."""
-    from harness.numerics import cpu_numerics
+    from harness.numerics import cpu_numerics, cuda_numerics
 
     return {
         "python": platform.python_version(),
@@ -58,4 +58,5 @@ def collect_environment(spec: Workload) -> dict:
         "cpu_count": os.cpu_count(),
         "harness_version": harness.__version__,
         "cpu_numerics": cpu_numerics() if spec.platform.device == "cpu" else None,
+        "cuda_numerics": cuda_numerics() if spec.platform.device == "cuda" else None,
     }

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.artifacts import layout
+from harness.portable import pins
 from harness.postflight.placement import PLACEMENT_FILE
 from harness.runner.environment import collect_environment, git_commit
 from harness.spec.load import spec_digest
@@ -76,6 +77,9 @@ def worker_env(spec: Mapping[str, Any], run_dir: Path, run_id: str) -> dict[str,
         "MKL_NUM_THREADS": "1",
         "RAY_AUTH_MODE": "disabled",
     }
+    if pins.pinned_by_harness():  # a pinned driver's workers run pinned, on any node of a cluster too
+        env.update(pins.PINS)
+        env[pins.MARK_VAR] = "1"
     if plugins.policy_profiler:
         env["NRL_POLICY_PROFILER_CLASS"] = plugins.policy_profiler
     if plugins.rollout_profiler:

@@ -36,6 +36,7 @@ from harness.artifacts import layout
 from harness.grpo.episodes import make_episode_env
 from harness.grpo.refitter import Refitter
 from harness.grpo.rollouts import RolloutDriver
+from harness.portable import enter_process
 from harness.progress import phase
 from harness.progress import step as step_progress
 from harness.registry import rollout as rollout_registry
@@ -113,6 +114,7 @@ class Session:
             rollout_registry.preflight(self.spec.rollout.backend)  # a clear error before any actor starts
         torch.set_num_threads(1)
         deterministic_driver()
+        enter_process(self.spec.platform.device)  # the driver's own CPU math (advantages) runs pinned too
         from harness.runner import warm as warm_pool
 
         pool = None  # the warm processes this run's policy adopts (None: fresh ones)

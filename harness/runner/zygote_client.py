@@ -42,11 +42,30 @@ def read_line(conn: socket.socket) -> dict:
     return json.loads(data)
 
 
+# Interpreter options Ray may put before the worker script (``ray._private.services._site_flags``:
+# ``-s`` when the driver runs with ``-s``, ``-I`` or ``PYTHONNOUSERSITE``) that change nothing in a
+# worker forked from the server, whose interpreter and ``sys.path`` are set up already.
+FORKABLE_OPTIONS = ("-s", "-E", "-B", "-u")
+
+
+def worker_argv(argv: list[str]) -> list[str] | None:
+    """``argv`` (the command line after this client's own name: ``[options...] script args...``)
+    as the server runs it: the script first, the options of :data:`FORKABLE_OPTIONS` dropped.
+    None when another option comes first (``-S``, ``-X ...``): such a worker runs here, fresh."""
+    out = list(argv)
+    while out and out[0].startswith("-"):
+        if out[0] not in FORKABLE_OPTIONS:
+            return None
+        out.pop(0)
+    return out or None
+
+
 def main() -> None:
     address = os.environ.get(ADDRESS_VAR, "")
-    if not address:
+    argv = worker_argv(sys.argv[1:])
+    if not address or argv is None:
         _run_here()
-    request = {"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "client_pid": os.getpid()}
+    request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "client_pid": os.getpid()}
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(address)

@@ -157,9 +157,12 @@ def lint(goldens_root: str | Path) -> list[LintFinding]:
                 present = {base_platform(g.name) for g in goldens}  # a CPU-numerics variant counts for its platform
                 for platform in scheduled:
                     if platform not in present:
-                        findings.append(LintFinding("missing_golden", f"{name}/{platform}",
-                                                    f"{name} is scheduled on {platform!r} but has no golden there "
-                                                    f"(golden capture {name} --platform {platform})"))
+                        findings.append(LintFinding(
+                            "missing_golden", f"{name}/{platform}",
+                            f"{name} is scheduled on {platform!r} but has no golden there: capture it on a machine "
+                            f"of that platform (golden capture {name} --platform {platform}), or, if {name} is not "
+                            f"meant to run there, remove {platform!r} from platform.platforms in "
+                            f"{root / name / 'workload.yaml'}"))
                 for golden in goldens:
                     if base_platform(golden.name) not in scheduled:
                         findings.append(LintFinding("unscheduled_golden", f"{name}/{golden.name}",

@@ -46,14 +46,16 @@ __all__ = ["OPTIONAL_FIELDS", "PROVENANCE_FIELDS", "VERSION_KEYS", "describe", "
            "uncommitted_changes", "versions_text"]
 
 PROVENANCE_FIELDS = ("commit", "date", "reason", "command", "environment", "tolerance_evidence")
-OPTIONAL_FIELDS = ("repository", "versions", "tolerances")
+# spec: the loaded workload spec (harness.parity.spec_check); tolerances: the tolerances.yaml digest (issue 41)
+OPTIONAL_FIELDS = ("repository", "versions", "spec", "tolerances")
 VERSION_KEYS = ("harness", "python", "torch", "megatron-core", "vllm")
 _GIT_TIMEOUT_S = 20
 
 
 def new_provenance(*, commit: str | None, reason: str, command: str, environment: dict,
                    tolerance_evidence: dict | None = None, date: str | None = None,
-                   repository: dict | bool | None = False, versions: dict | None = None) -> dict:
+                   repository: dict | bool | None = False, versions: dict | None = None,
+                   spec: dict | None = None) -> dict:
     """A provenance dict; ``date`` defaults to now in UTC. ``repository`` (a dict, or None for
     "no repository") and ``versions`` are written when given (``repository=False``: not recorded)."""
     date = date or _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
@@ -63,6 +65,8 @@ def new_provenance(*, commit: str | None, reason: str, command: str, environment
         doc["repository"] = None if repository is None else dict(repository)
     if versions is not None:
         doc["versions"] = dict(versions)
+    if spec is not None:
+        doc["spec"] = dict(spec)
     return doc
 
 
@@ -248,6 +252,8 @@ def provenance_errors(doc: Any) -> list[str]:
             parsed = None
         if parsed is None or parsed.tzinfo is None:
             errors.append(f"date: must be an ISO 8601 timestamp with a time zone, got {doc['date']!r}")
+    if "spec" in doc and not isinstance(doc["spec"], dict):
+        errors.append("spec: must be an object (the loaded workload spec)")
     errors += _repository_errors(doc)
     errors += _versions_errors(doc)
     errors += _tolerances_errors(doc)

@@ -47,10 +47,13 @@ def base_platform(name: str) -> str:
 
 
 def manifest_key(manifest: object) -> str | None:
-    """The CPU numerics key a manifest document records (``environment.cpu_numerics.key``);
-    None when it records none or the document is not shaped like a manifest."""
+    """The numerics key a manifest document records (``environment.cpu_numerics.key``, or
+    ``environment.cuda_numerics.key`` for a cuda run); None when it records none or the
+    document is not shaped like a manifest."""
     environment = manifest.get("environment") if isinstance(manifest, dict) else None
-    numerics = environment.get("cpu_numerics") if isinstance(environment, dict) else None
+    if not isinstance(environment, dict):
+        return None
+    numerics = environment.get("cpu_numerics") or environment.get("cuda_numerics")
     key = numerics.get("key") if isinstance(numerics, dict) else None
     return key if isinstance(key, str) else None
 
@@ -112,7 +115,7 @@ def unrecorded_note(root: str | Path, workload: str, stored: str, key: str | Non
     rounding findings may come from another kind of machine rather than from a change ('' when
     the golden records a key, is a variant, or the run has no key). Read case 2 of the module
     doc: an unrecorded golden is compared bit for bit, as before the key existed."""
-    if key is None or SEPARATOR in stored or not _exists(root, workload, stored):
+    if key is None or SEPARATOR in stored or not stored.startswith("cpu") or not _exists(root, workload, stored):
         return ""
     if recorded_key(root, workload, stored) is not None:
         return ""

@@ -203,3 +203,27 @@ def test_no_zygote_when_turned_off(monkeypatch):
         assert zygote_runtime_env({"env_vars": {"OMP_NUM_THREADS": "1"}}) == {"env_vars": {"OMP_NUM_THREADS": "1"}}
     finally:
         runtime.close()
+
+
+def test_a_worker_command_with_ray_site_flags_still_forks(tmp_path):
+    """Ray puts ``-s`` before the worker script when the driver runs with ``-I``, ``-s`` or
+    ``PYTHONNOUSERSITE`` (``ray._private.services._site_flags``): the client must still hand the
+    server the script, not ``-s`` (it ran ``<cwd>/-s``, every forked worker died at start and the
+    run waited for workers that never registered)."""
+    import subprocess
+
+    from harness.runner.zygote import CLIENT, Zygote
+
+    zygote = Zygote(dict(os.environ))
+    try:
+        assert zygote.wait_ready(), "the zygote did not start"
+        script = tmp_path / "worker.py"
+        script.write_text("import os, sys\nprint(os.getppid(), sys.argv[0], sys.argv[1])\n")
+        proc = subprocess.run([sys.executable, "-S", "-E", str(CLIENT), "-s", str(script), "arg"],
+                              env={**os.environ, ADDRESS_VAR: zygote.address}, capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        ppid, argv0, arg = proc.stdout.split()
+        assert int(ppid) == zygote.proc.pid and argv0 == str(script) and arg == "arg"
+    finally:
+        zygote.close()

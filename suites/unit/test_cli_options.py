@@ -196,7 +196,7 @@ def test_hint_builders_quote_and_omit_what_was_not_chosen(monkeypatch):
     assert golden_command("capture", "a b.yaml", overrides=["x.y=1 2"], goldens_root="/g r") == (
         "golden capture 'a b.yaml' 'x.y=1 2' --goldens-root '/g r'")
     assert pytest_refresh_hint("w", platform="cpu", goldens_root="g") == (
-        "pytest -m golden -k w --golden-refresh --golden-platform cpu --goldens-root g --golden-reason TEXT")
+        "pytest -m golden -k w --golden-refresh --golden-platform=cpu --goldens-root=g --golden-reason=TEXT")
     monkeypatch.delenv("GOLDEN_ROOT", raising=False)
     from harness.spec.load import default_goldens_root
 
@@ -213,7 +213,7 @@ def test_pytest_hint_text_keeps_a_consumer_root(monkeypatch):
     monkeypatch.delenv("GOLDEN_ROOT", raising=False)
     text = refresh_hint_text("w", "cpu", Path("/consumer/goldens"))
     assert "golden refresh w --platform cpu --goldens-root /consumer/goldens --reason TEXT" in text
-    assert "pytest -m golden -k w --golden-refresh --golden-platform cpu --goldens-root /consumer/goldens" in text
+    assert "pytest -m golden -k w --golden-refresh --golden-platform=cpu --goldens-root=/consumer/goldens" in text
     assert "--goldens-root" not in refresh_hint_text("w", "cpu", default_goldens_root())
 
 

@@ -65,3 +65,18 @@ def test_this_machine_has_a_key_that_a_platform_name_can_carry():
     numerics = cpu_numerics()
     if numerics is not None:  # the CI box is x86-64 Linux: always keyed
         assert check_name("platform", f"cpu@{numerics['key']}")
+
+
+def test_cuda_numerics_key_the_architecture_and_libraries_not_the_card():
+    """An H100 and an H200 (both sm_90) on one torch build share a key, so one cuda golden;
+    another architecture gets another key."""
+    from harness.numerics import cuda_numerics
+
+    h100 = cuda_numerics(lambda: "NVIDIA H100 80GB HBM3, 9.0, 580.159.04")
+    h200 = cuda_numerics(lambda: "NVIDIA H200, 9.0, 580.159.03")
+    b200 = cuda_numerics(lambda: "NVIDIA B200, 10.0, 580.159.04")
+    assert h100["key"] == h200["key"] and h100["key"].startswith("sm90-torch")
+    assert (h100["device_name"], h200["device_name"]) == ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    assert b200["key"].startswith("sm100-") and b200["key"] != h100["key"]
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", h100["key"])
+    assert cuda_numerics(lambda: None) is None and cuda_numerics(lambda: "garbage") is None

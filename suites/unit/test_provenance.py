@@ -105,8 +105,12 @@ def test_absent_packages_are_recorded_as_absent(monkeypatch):
     assert describe({"versions": versions})["versions"]["vllm"] == "absent"
 
 
+# The stored golden still in the format before repositories and versions were recorded.
+OLD_WORKLOAD, OLD_PLATFORM = "qwen3_moe_tiny_vllm", "cpu-vllm"
+
+
 def test_provenance_errors_accept_old_and_new_documents_and_name_bad_fields():
-    old = json.loads((REPO / "goldens" / SMOKE / "cpu" / "PROVENANCE.json").read_text())
+    old = json.loads((REPO / "goldens" / OLD_WORKLOAD / OLD_PLATFORM / "PROVENANCE.json").read_text())
     assert "repository" not in old and provenance_errors(old) == []
     new = {**old, "repository": {"commit": "ab" * 20, "dirty": False, "goldens_root": "goldens"},
            "versions": package_versions()}
@@ -128,15 +132,15 @@ def _tree_digest(folder: Path) -> dict[str, str]:
 
 
 def test_old_goldens_still_read_are_described_from_their_environment_and_are_not_rewritten(capsys):
-    folder = REPO / "goldens" / SMOKE / "cpu"
+    folder = REPO / "goldens" / OLD_WORKLOAD / OLD_PLATFORM
     before = _tree_digest(folder)
-    golden = read_golden(REPO / "goldens", SMOKE, "cpu")
+    golden = read_golden(REPO / "goldens", OLD_WORKLOAD, OLD_PLATFORM)
     d = describe(golden.provenance)
     assert d["repository"] == "not recorded" and d["versions_source"] == "environment"
     assert d["versions"]["torch"] == golden.provenance["environment"]["torch"]
     assert main(["list", "--goldens-root", str(REPO / "goldens")]) == 0
     out = capsys.readouterr().out
-    assert f"    cpu: captured {golden.provenance['date']}, repository not recorded" in out
+    assert f"    {OLD_PLATFORM}: captured {golden.provenance['date']}, repository not recorded" in out
     assert _tree_digest(folder) == before
 
 
@@ -226,10 +230,10 @@ def test_every_report_format_shows_the_provenance_and_none_without_it():
 
 def test_diff_reports_carry_the_goldens_provenance(tmp_path, capsys):
     root = tmp_path / "goldens"
-    shutil.copytree(REPO / "goldens" / SMOKE / "cpu", root / SMOKE / "cpu")
-    golden = read_golden(root, SMOKE, "cpu")
+    shutil.copytree(REPO / "goldens" / OLD_WORKLOAD / OLD_PLATFORM, root / OLD_WORKLOAD / OLD_PLATFORM)
+    golden = read_golden(root, OLD_WORKLOAD, OLD_PLATFORM)
     run = make_run(tmp_path / "run", golden.surfaces)  # a complete run whose surfaces equal the golden's
     out = tmp_path / "r.json"
-    assert main(["diff", str(run), str(root / SMOKE / "cpu"), "--output", str(out)]) == 0
+    assert main(["diff", str(run), str(root / OLD_WORKLOAD / OLD_PLATFORM), "--output", str(out)]) == 0
     shown = json.loads(out.read_text())["golden_provenance"]
     assert shown["date"] == golden.provenance["date"] and shown["repository"] == "not recorded"

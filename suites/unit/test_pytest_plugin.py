@@ -64,7 +64,7 @@ def test_xdist_keeps_a_workload_on_one_worker_and_the_controller_writes_the_summ
     assert "| wl_a | cpu | missing |" in text and "| wl_b | cpu | missing |" in text
     assert "golden capture wl_a --platform cpu" in out
     # the pytest hint repeats the goldens root this session was given (a rerun must act on these goldens)
-    assert f"pytest -m golden -k wl_a --golden-capture-missing --golden-platform cpu --goldens-root {root})" in out
+    assert f"pytest -m golden -k wl_a --golden-capture-missing --golden-platform=cpu --goldens-root={root})" in out
 
 
 def test_a_damaged_golden_fails_every_surface_without_running(inner):
@@ -97,7 +97,7 @@ def test_failure_says_how_to_refresh(inner):
     out = result.stdout.str()
     assert f"{SMOKE}/training: fail" in out and "/metrics/loss" in out
     assert f"golden refresh {SMOKE} --platform cpu --goldens-root {root} --reason TEXT" in out  # the root given
-    assert f"--golden-refresh --golden-platform cpu --goldens-root {root} --golden-reason TEXT" in out
+    assert f"--golden-refresh --golden-platform=cpu --goldens-root={root} --golden-reason=TEXT" in out
     assert out.count(f"{SMOKE:<36} {stored_dir(SMOKE, root=root).name:<8} fail") == 1
 
 
@@ -254,3 +254,28 @@ def test_unused_goldens_are_reported_and_fail_under_the_strict_flag(pytester: py
     spread = pytester.runpytest_subprocess(*base, "--golden-strict-unused", "-n", "2", "-p", "no:benchmark")
     assert spread.ret == pytest.ExitCode.TESTS_FAILED
     assert f"{root}/removed_workload/cpu: no test targets this golden" in spread.stdout.str()
+
+
+def test_goldens_root_works_in_both_spellings_and_a_misread_space_form_is_refused(pytester: pytest.Pytester,
+                                                                                  monkeypatch, tmp_path_factory):
+    """``--goldens-root=DIR`` and ``--goldens-root DIR`` both select DIR; where pytest took the
+    space form's DIR for a test path and so left the project's rootdir and configfile (DIR outside
+    the project, pytest-dev/pytest#8846), the session is a usage error naming the ``=`` spelling
+    (before: rootdir became DIR's folder, configfile none, and the session ran on)."""
+    pytester = _plain(pytester, monkeypatch)
+    pytester.makefile(".toml", pyproject='[tool.pytest.ini_options]\naddopts = "-p no:randomly"\n')
+    outside = tmp_path_factory.mktemp("elsewhere") / "goldens"
+    outside.mkdir()
+    inside = pytester.path / "goldens"
+    inside.mkdir()
+    for args in ([f"--goldens-root={outside}"], ["--goldens-root", "goldens"], [f"--goldens-root={inside}"]):
+        result = pytester.runpytest_subprocess(*STRICT, "-rf", *args)
+        out = result.stdout.str()
+        assert f"rootdir: {pytester.path}" in out and "configfile: pyproject.toml" in out, (args, out[:600])
+        chosen = outside if str(outside) in args[0] else inside
+        assert f"no workload selected: no {chosen}/<workload>/workload.yaml" in out, (args, out[-1500:])
+    spaced = pytester.runpytest_subprocess(*STRICT, "--goldens-root", str(outside))
+    assert spaced.ret == pytest.ExitCode.USAGE_ERROR, spaced.stdout.str()[-1500:]
+    err = spaced.stderr.str()
+    assert f"--goldens-root {outside}: pytest read the value as a test path" in err
+    assert f"write it with '=': --goldens-root={outside}" in err

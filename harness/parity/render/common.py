@@ -205,5 +205,9 @@ def summary_line(verdict) -> str:
     c = verdict.counts()
     lanes = lane_text(verdict)
     causes = f"; {len(verdict.divergences)} cause(s) first diverging" if verdict.divergences else ""
-    return (f"{VERDICT_WORD[verdict.status]}: {c['fail']} failing, {c['stale']} stale-golden, "
+    spec = getattr(verdict, "spec", None)
+    first = (f"the workload spec differs from the golden's ({len(spec.changes) or 'digest only'}"
+             f"{' field(s)' if spec.changes else ''}{'' if spec.gating else ', not gated'}), then "
+             if spec is not None else "")
+    return (f"{VERDICT_WORD[verdict.status]}: {first}{c['fail']} failing, {c['stale']} stale-golden, "
             f"{c['info']} informational finding(s){causes}; {lanes}")

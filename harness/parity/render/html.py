@@ -265,6 +265,18 @@ def _step_times_section(times: StepTimes | None) -> list[str]:
     return out + ["</tbody></table></section>"]
 
 
+def _spec_section(verdict: Verdict) -> str:
+    """The first finding when the run's workload spec is not the golden's (``Verdict.spec``)."""
+    spec = verdict.spec
+    if spec is None:
+        return ""
+    items = "".join(f"<li><code>{_e(change)}</code></li>" for change in spec.changes)
+    return (f'<section id="spec" class="causes"><h2>Workload spec differs from the golden\'s</h2>'
+            f'<p class="{spec.status}"><b>{"FAIL" if spec.gating else "NOTE"}</b> {_e(spec.headline)}</p>'
+            + (f"<ul>{items}</ul>" if items else "")
+            + "</section>")
+
+
 def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actual: Mapping | None = None,
                 surfaces_golden: Mapping | None = None, limit: int = 500,
                 metrics: Sequence[str] = CURVE_METRICS, provenance: Mapping | None = None,
@@ -299,6 +311,7 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
         "</ul>",
         f'<p class="summary">{_e(summary_line(verdict))}</p>',
         "</header><main>",
+        _spec_section(verdict),
         provenance_block(provenance, run),
         ('<section id="summary"><h2>Surfaces</h2><table class="summary-table"><thead><tr>'
          "<th>surface</th><th>gated</th><th>status</th><th>sections</th><th>differing</th><th>findings</th>"

@@ -20,7 +20,8 @@ from harness.parity.render.provenance import provenance_html
 __all__ = ["provenance_block"]
 
 # shown by provenance_html (describe) already; "environment" is what older goldens' versions came from
-_DESCRIBED = frozenset({"repository", "date", "reason", "versions", "environment"})
+_DESCRIBED = frozenset({"repository", "date", "reason", "versions", "environment",
+                        "spec"})  # spec: long; a report shows its differences first (Verdict.spec)
 _FIRST = ("commit", "command")
 
 
@@ -30,9 +31,18 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
 
+# why a field is null, where null is expected rather than a gap
+_NONE_BECAUSE = {
+    "commit": ("(none: the harness that stored this golden did not run from a git checkout, e.g. an installed "
+               "wheel; the repository that holds the golden is recorded under repository)"),
+}
+
+
 def _rows(fields: Mapping[str, Any]) -> str:
     keys = [k for k in _FIRST if k in fields] + sorted(str(k) for k in fields if k not in _FIRST)
-    return "".join(f'<dt>{_e(k)}</dt><dd data-field="{_e(k)}">{_e(_text(fields[k]))}</dd>' for k in keys)
+    return "".join(f'<dt>{_e(k)}</dt><dd data-field="{_e(k)}">'
+                   f'{_e(_NONE_BECAUSE.get(k, "(none)") if fields[k] is None else _text(fields[k]))}</dd>'
+                   for k in keys)
 
 
 def provenance_block(provenance: Mapping[str, Any] | None, run: Mapping[str, Any] | None = None) -> str:

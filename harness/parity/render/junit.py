@@ -49,6 +49,12 @@ def render_junit(verdict: Verdict, *, title: str = "golden parity", provenance: 
     properties = provenance_properties(provenance)
     if properties is not None:  # JUnit: <properties> comes first in a testsuite
         suite.append(properties)
+    if verdict.spec is not None and verdict.spec.gating:  # the first testcase: the spec (harness.parity.spec_check)
+        suite.set("tests", str(len(cases) + 1))
+        suite.set("failures", str(failures + 1))
+        case = ET.SubElement(suite, "testcase", classname=f"golden.{title.replace(' ', '_')}", name="spec")
+        ET.SubElement(case, "failure", type="spec-differs", message=verdict.spec.headline).text = "\n".join(
+            verdict.spec.lines())
     for name in cases:
         s = verdict.surfaces[name]
         case = ET.SubElement(suite, "testcase", classname=f"golden.{title.replace(' ', '_')}", name=name)

@@ -44,9 +44,13 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
     collapsed table below the surface table."""
     verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
     step_times = bounded_step_times(step_times)
-    lines = [f"### {title}", "", f"**{summary_line(verdict)}**", "",
-             _row(["surface", "gated", "status", "sections", "differing", "findings"]),
-             _row(["---"] * 6)]
+    lines = [f"### {title}", "", f"**{summary_line(verdict)}**", ""]
+    if verdict.spec is not None:  # the first finding (harness.parity.spec_check)
+        lines += [f"**{'FAIL' if verdict.spec.gating else 'NOTE'}** {_code(verdict.spec.headline)}", ""]
+        lines += [f"- {_code(change)}" for change in verdict.spec.changes] + ([""] if verdict.spec.changes else [])
+    lines += [
+              _row(["surface", "gated", "status", "sections", "differing", "findings"]),
+              _row(["---"] * 6)]
     for name in sorted(verdict.surfaces):
         s = verdict.surfaces[name]
         lines.append(_row([name, "yes" if s.gated else "info", f"**{s.status}**" if s.status != "parity" else s.status,

@@ -82,6 +82,10 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
         return f"{_COLORS[status]}{text}{_RESET}" if color and status in _COLORS else text
 
     lines = [f"{title}: " + paint(summary_line(verdict), verdict.status), ""]
+    if verdict.spec is not None:  # the cause of everything below: first (harness.parity.spec_check)
+        spec_lines = verdict.spec.lines()
+        word = "FAIL" if verdict.spec.gating else "NOTE"
+        lines += [paint(f"{word} {spec_lines[0]}", verdict.spec.status), *spec_lines[1:], ""]
     surface_rows = [["surface", "gated", "status", "sections", "differing", "findings"]]
     statuses = []
     for name in sorted(verdict.surfaces):
@@ -90,8 +94,9 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
                              str(s.sections_differing), str(len(s.findings))])
         statuses.append(s.status)
     table = _table(surface_rows)
-    lines.append(table[0])
-    lines.extend(paint(row, status) for row, status in zip(table[1:], statuses))
+    if statuses:  # none: a verdict decided before any run (the spec)
+        lines.append(table[0])
+        lines.extend(paint(row, status) for row, status in zip(table[1:], statuses))
     applied = rules_applied_lines(verdict)
     if applied:
         lines += ["", "tolerance rules that changed the verdict:"] + ["  " + line for line in applied]
