@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -43,7 +44,7 @@ _N = int(os.environ.get("GOLDEN_FUZZ_EXAMPLES", "0") or 0)
 FUZZ = settings(max_examples=_N or max(60, settings().max_examples), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 BASES = {seed: synthetic_surfaces("w", seed=seed) for seed in range(3)}
-STATS = {"examples": 0, "exit": {}, "max_report": 0, "passed_by_rules": 0, "refused_by_policy": 0}
+STATS = {"examples": 0, "exit": {}, "max_report": 0, "passed_by_rules": 0, "refused_by_policy": 0, "max_s": 0.0}
 
 rules = st.fixed_dictionaries({
     "surface": st.sampled_from(["training", "operators", "rollouts", "memory", "collectives"]),
@@ -99,9 +100,11 @@ def _yaml(doc: dict) -> str:
        fmt=st.sampled_from(["terminal", "markdown", "json", "junit", "html"]))
 def test_generated_goldens_and_runs_never_give_a_wrong_parity(seed, tol, waive, platform, changes, tampering, fmt):
     tmp = Path(tempfile.mkdtemp(prefix="trust-fuzz-"))
+    start = time.perf_counter()
     try:
         _one(tmp, seed, tol, waive, platform, changes, tampering, fmt)
     finally:
+        STATS["max_s"] = max(STATS["max_s"], time.perf_counter() - start)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -175,4 +178,5 @@ def test_zz_fuzz_figures():
         hwm = next((line.split()[1] for line in status if line.startswith("VmHWM")), "?")
     print(f"trust fuzz: {STATS['examples']} examples, exits {dict(sorted(STATS['exit'].items()))}, "
           f"{STATS['passed_by_rules']} parity through named accepted rules, {STATS['refused_by_policy']} "
-          f"tolerances refused by the store, largest report {STATS['max_report']} chars, peak RSS {hwm} kB")
+          f"tolerances refused by the store, largest report {STATS['max_report']} chars, slowest example "
+          f"{STATS['max_s']:.2f} s (store, tamper, run dir, diff), peak RSS {hwm} kB")
