@@ -498,3 +498,33 @@ def test_the_tolerances_compared_with_are_the_bytes_the_digest_covered(world):
     (golden_dir / "tolerances.yaml").write_text(HOSTILE)  # swapped after the checks, before the comparison
     tol = golden_tolerances(golden)  # main: flows/diff read the file again and got the hostile rules
     assert [(r.surface, r.rel) for r in tol.rules] == [("training", 1.0)] and tol.deterministic is None
+
+
+# --- 6. SIGTERM at any point of a command: exit 143, not a kill --------------------------------
+
+def test_sigterm_while_diff_reads_a_large_run_exits_143(world):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    tmp_path, _, docs = world
+    golden = store(tmp_path, docs)
+    run = _huge_run(tmp_path, docs, value_mib=100, key_mib=0)  # reading it takes about a second
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "diff", str(run), str(golden)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # an event, not a delay: the command's SIGTERM handler is in place
+        with open(f"/proc/{proc.pid}/status") as status:
+            caught = int(next(line.split()[1] for line in status if line.startswith("SigCgt")), 16)
+        if caught & (1 << (signal.SIGTERM - 1)):
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 5
+    assert proc.returncode == 143, (proc.returncode, err[-500:])  # main: -15 (killed by the signal)
+    assert "interrupted" in err and "Traceback" not in err
