@@ -82,7 +82,9 @@ class GoldenSession:
         self._compared[key] = platform
         verdict = entry[3]
         markdown, rules = None, []
-        if verdict is not None:
+        from harness.parity.findings import Verdict
+
+        if isinstance(verdict, Verdict):
             from harness.parity.render.bounded import bounded_verdict
             from harness.parity.render.common import rules_applied_lines
 
