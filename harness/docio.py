@@ -8,7 +8,9 @@ so a ``ValueError``) whose message is ``FILE#POINTER: what (near 'excerpt')``:
 
 * strict: UTF-8 only (a BOM, UTF-16 and invalid bytes are refused), RFC 8259 JSON;
   the ``NaN``/``Infinity``/``-Infinity`` tokens, numbers that overflow to inf
-  (``1e999``), lone UTF-16 surrogate escapes and duplicate object keys are refused;
+  (``1e999``), integers outside 64 bits (``harness.surfaces.canonical.INT_MIN..INT_MAX``,
+  the gate's numeric domain), lone UTF-16 surrogate escapes and duplicate object keys
+  are refused;
 * bounded: ``Limits.max_bytes`` (file size, checked with ``fstat`` before any byte
   is read and again while reading, so a growing file or a device is cut off),
   ``Limits.max_depth`` (nesting of arrays/objects), and ``Limits.max_memory``, an
@@ -41,7 +43,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from harness.surfaces.canonical import StrictJSONError, json_pointer
+from harness.surfaces.canonical import INT_MAX, INT_MIN, StrictJSONError, json_pointer, out_of_range_message
 
 __all__ = ["DocumentError", "Limits", "read_json", "read_bytes", "parse_json", "short", "estimate_memory",
            "max_depth_of", "EXCERPT"]
@@ -65,13 +67,16 @@ class Limits:
     max_bytes: int = 128 * MiB
     max_depth: int = 64
     max_memory: int = 768 * MiB
+    # the sum of the documents one golden, or one run, may have read (issue 41): checked from
+    # the listing (sizes from lstat) before any of them is read
+    max_total: int = 512 * MiB
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> Limits:
         env = os.environ if environ is None else environ
         values = {}
         for field, var in (("max_bytes", "GOLDEN_DOC_MAX_BYTES"), ("max_depth", "GOLDEN_DOC_MAX_DEPTH"),
-                           ("max_memory", "GOLDEN_DOC_MAX_MEMORY")):
+                           ("max_memory", "GOLDEN_DOC_MAX_MEMORY"), ("max_total", "GOLDEN_READ_BUDGET")):
             raw = env.get(var)
             if raw:
                 try:
@@ -189,6 +194,15 @@ def _no_constant(token: str) -> Any:
     raise _Stop(token)
 
 
+def _bounded_int(text: str) -> int:
+    """An integer token within the gate's 64-bit domain (a 19-digit token is the shortest
+    that can fall outside it)."""
+    value = int(text)
+    if len(text) > 18 and not INT_MIN <= value <= INT_MAX:
+        raise _Stop(text)
+    return value
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -261,7 +275,7 @@ def _parse(box: list, source: str, limits: Limits) -> Any:
     if depth > limits.max_depth:
         _raise_located(text, source, limits, fallback=f"nested deeper than {limits.max_depth} levels")
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float,
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int,
                            object_pairs_hook=_unique_pairs)
     except (_Stop, ValueError, RecursionError) as exc:
         fallback = f"not valid JSON: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else \
@@ -347,6 +361,8 @@ def _scan(text: str, limits: Limits) -> None:
                     raise _Found(pointer(), f"number {short(token, 30)} overflows to infinity", pos)
             elif len(token.lstrip("-")) > 4300:
                 raise _Found(pointer(), f"integer with {len(token)} digits (more than 4300)", pos)
+            elif len(token) > 18 and not INT_MIN <= int(token) <= INT_MAX:
+                raise _Found(pointer(), out_of_range_message(token), pos)
             return m.end()
         m = _LITERAL.match(text, pos)
         if m:

@@ -279,7 +279,7 @@ def resumed_spec(run_dir: Path):
 
 def load_golden(goldens_root: Path, workload: str, platform: str):
     """The stored golden and its tolerance table; GoldenMissing if absent."""
-    from harness.parity.tolerances import ToleranceTable, load_tolerances
+    from harness.parity.tolerances import ToleranceTable, golden_tolerances
     from harness.store.atomic import read_golden
 
     try:
@@ -294,12 +294,15 @@ def load_golden(goldens_root: Path, workload: str, platform: str):
             f"no golden for workload {workload!r} on platform {platform!r}"
             f"{mismatch_note(goldens_root, workload, platform)} (create it with: {hint})"
         ) from exc
-    overrides, deterministic = (), True
+    overrides, deterministic, lane_source = (), True, ""
     if golden.tolerances_path is not None:
-        tol = load_tolerances(golden.tolerances_path)
+        tol = golden_tolerances(golden)  # the bytes the digest covered
         overrides = tol.rules
         deterministic = True if tol.deterministic is None else tol.deterministic
-    return golden, ToleranceTable(overrides), deterministic
+        lane_source = tol.deterministic_origin if tol.deterministic is False else ""
+    table = ToleranceTable(overrides)
+    table.lane_source = lane_source  # what compare_with_golden's verdict header names
+    return golden, table, deterministic
 
 
 def compare_with_golden(execution: Execution, platform: str, goldens_root: Path | None = None) -> Verdict:
@@ -325,7 +328,8 @@ def compare_with_golden(execution: Execution, platform: str, goldens_root: Path 
         execution.golden_seen = golden_digest(root, execution.spec.name, platform)
         raise
     execution.golden_seen = golden.digest
-    verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+    verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic,
+                      lane_source=table.lane_source)
     verdict.spec = run_against_golden(documents.manifest, (documents.run or {}).get("spec"), golden.manifest,
                                       golden.provenance)
     return verdict
@@ -350,7 +354,7 @@ def remember_golden(execution: Execution, digest: str | None) -> None:
 
 
 def store_golden(execution: Execution, platform: str, *, reason: str, goldens_root: Path | None = None,
-                 command: str, allow_replace: bool) -> Path:
+                 command: str, allow_replace: bool, allow_dirty: bool = False) -> Path:
     """Write the run as the golden of (workload, platform), atomically, with provenance.
 
     Provenance records the harness commit, the consumer repository holding
@@ -361,7 +365,9 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     capture) when a golden already exists. After ``compare_with_golden`` the write
     is a compare-and-swap on the golden compared against (``GoldenChanged`` when a
     concurrent capture/refresh replaced it); a capture requires that none exists,
-    checked again under the store's lock.
+    checked again under the store's lock. Uncommitted changes in the repository holding
+    ``goldens_root`` outside the goldens root refuse the write (``provenance.uncommitted_changes``)
+    unless ``allow_dirty``; then the provenance records their digest (``repository.uncommitted``).
     """
     from harness.manifest.validate import load_manifest
     from harness.runner.environment import collect_environment
@@ -384,10 +390,15 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     if target.exists() and not allow_replace:
         raise FileExistsError(f"{target} exists; use golden refresh {spec.name} --reason TEXT")
     manifest = load_manifest(execution.run_dir / "manifest.json")
-    provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
-                                environment=collect_environment(spec), repository=repository_state(root),
-                                versions=package_versions(), spec=spec.to_dict())
-    tolerances = None
+    from harness.store.provenance import dirty_refusal, uncommitted_changes
+
+    changes = uncommitted_changes(root)
+    if changes is not None and not allow_dirty:
+        raise ValueError(dirty_refusal(changes))
+    repository = repository_state(root)
+    if changes is not None and isinstance(repository, dict):
+        repository["uncommitted"] = {"diff_sha256": changes["diff_sha256"], "paths": len(changes["paths"])}
+    tolerances, evidence = None, None
     old_tol = target / "tolerances.yaml"
     if not old_tol.exists():  # a new CPU-numerics variant declares the bands of the golden it sits beside
         old_tol = golden_dir(root, spec.name, base_platform(platform)) / "tolerances.yaml"
@@ -395,10 +406,29 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
         from harness.spec.yaml_io import read_yaml_text
 
         tolerances = read_yaml_text(old_tol)
+        evidence = _tolerance_evidence(old_tol.parent)  # and so do their evidence and waivers (issue 41)
+    provenance = new_provenance(commit=harness_commit(), reason=reason.strip(), command=command,
+                                environment=collect_environment(spec), repository=repository,
+                                versions=package_versions(), tolerance_evidence=evidence, spec=spec.to_dict())
     expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec.name)
     return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,
                         provenance, tolerances=tolerances, expect=expect)
+
+
+def _tolerance_evidence(golden: Path) -> dict | None:
+    """``tolerance_evidence`` of the golden whose tolerances.yaml a capture/refresh keeps
+    (its waivers admit the file's rules), None when unreadable or absent: the write then
+    refuses a rule that needs a waiver, naming it."""
+    from harness.docio import read_json
+    from harness.surfaces.canonical import StrictJSONError
+
+    try:
+        doc = read_json(golden / "PROVENANCE.json", what="provenance")
+    except (OSError, StrictJSONError):
+        return None
+    value = doc.get("tolerance_evidence") if isinstance(doc, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 def vendor_builtin_spec(root: Path, workload: str) -> Path | None:

@@ -89,6 +89,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--golden-root", dest="golden_root_old_spelling", default=None, help=argparse.SUPPRESS)
     group.addoption("--golden-capture-missing", action="store_true", default=False,
                     help="run and store the goldens that are missing (first capture); their tests pass as created")
+    group.addoption("--golden-allow-dirty", action="store_true", default=False,
+                    help="--golden-refresh / --golden-capture-missing store even with uncommitted changes outside "
+                         "the goldens root (their digest is recorded); refused otherwise")
     group.addoption("--golden-strict-unused", action="store_true", default=False,
                     help="fail the session when a stored golden of the session's platforms is used by no test")
     group.addoption("--golden-refresh", action="store_true", default=False,
@@ -372,12 +375,21 @@ def unused_goldens() -> list[str]:
 
 @pytest.fixture(scope="session")
 def golden(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GoldenSession]:
-    """The session-wide golden runner (see module docstring)."""
+    """The session-wide golden runner (see module docstring). While it lives, SIGTERM ends
+    the session as Ctrl-C does (``harness.interrupts``): the running workload is stopped and
+    marked interrupted, no further workload runs, and pytest exits 143 (130 for Ctrl-C)."""
+    from harness import interrupts
+
     session = GoldenSession(request.config, tmp_path_factory.mktemp("golden-runs"),
                             session_root=lambda: _session_config(None).root.resolve())
     request.config._golden_session = session  # type: ignore[attr-defined]
-    yield session
-    session.close_warm()
+    interrupts.reset()
+    previous = interrupts.install()
+    try:
+        yield session
+    finally:
+        session.close_warm()
+        interrupts.restore(previous)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -462,6 +474,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     strict_fail = config._golden_unused and config.getoption("--golden-strict-unused")  # type: ignore[attr-defined]
     if strict_fail and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # (no test collected: they are named, not exit 5)
+    from harness import interrupts
+
+    if interrupts.last() is not None and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        session.exitstatus = interrupts.exit_code()  # 143 SIGTERM, 130 Ctrl-C (issue 41)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -492,6 +508,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     width = max([8] + [len(r["platform"] or "-") for r in results])  # a CPU-numerics variant is longer
     for r in results:
         tr.write_line(f"{r['workload']:<36} {r['platform'] or '-':<{width}} {r['status']:<10} {r['wall_s']:>7.1f}s")
+        for line in (r.get("rules_applied") or [])[:20]:  # tolerance rules that changed its verdict (issue 41)
+            tr.write_line(f"    {line}", yellow=True)
         total += r["wall_s"]
     tr.write_line(f"golden wall time: {total:.1f}s")
     refreshed = [r for r in results if r["status"] == "refreshed" and r.get("changes")]

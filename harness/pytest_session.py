@@ -32,6 +32,7 @@ class GoldenSession:
         self.refresh = bool(config.getoption("--golden-refresh"))
         self.capture_missing = bool(config.getoption("--golden-capture-missing"))
         self.reason = config.getoption("--golden-reason")
+        self.allow_dirty = bool(config.getoption("--golden-allow-dirty"))
         self._cache: dict[tuple[str, str], tuple] = {}
         self._compared: dict[tuple[str, str], str | None] = {}  # the stored golden each run was compared with
         self.stored_by_current_test: str | None = None
@@ -80,8 +81,15 @@ class GoldenSession:
         self._cache[key] = entry
         self._compared[key] = platform
         verdict = entry[3]
-        markdown = None
-        if verdict is not None and not verdict.ok:
+        markdown, rules = None, []
+        from harness.parity.findings import Verdict
+
+        if isinstance(verdict, Verdict):
+            from harness.parity.render.bounded import bounded_verdict
+            from harness.parity.render.common import rules_applied_lines
+
+            rules = rules_applied_lines(bounded_verdict(verdict))  # a passing verdict names its rules too
+        if verdict is not None and (not verdict.ok or rules):
             from harness.parity.render.markdown import render_markdown
 
             markdown = render_markdown(verdict)
@@ -89,7 +97,7 @@ class GoldenSession:
         self.config._golden_results.append(  # type: ignore[attr-defined]
             {"workload": key[1], "platform": platform, "outcome": entry[0],
              "status": verdict.status if verdict is not None else entry[0],
-             "wall_s": round(wall_s, 1), "markdown": markdown, "changes": changes})
+             "wall_s": round(wall_s, 1), "markdown": markdown, "changes": changes, "rules_applied": rules})
 
     def adopt_run(self, workload: str, execution) -> bool:
         """Answer ``workload``'s surface checks from ``execution`` (a ``harness.flows.Execution``
@@ -165,6 +173,12 @@ class GoldenSession:
             return platform, ("error", f"golden {workload}/{platform} is unusable: {exc}", None, None)
         except Exception as exc:  # noqa: BLE001 - a bad spec becomes each surface's failure
             return platform, ("error", f"workload {workload}: {type(exc).__name__}: {exc}", None, None)
+        if (self.refresh or create) and not self.allow_dirty:  # refused before the run, as golden refresh does
+            from harness.store.provenance import dirty_refusal, uncommitted_changes
+
+            changes = uncommitted_changes(root)
+            if changes is not None:
+                return platform, ("error", f"cannot store {workload}: {dirty_refusal(changes)}", None, None)
         progress = self._progress(workload)
         try:
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
@@ -175,6 +189,10 @@ class GoldenSession:
             return platform, ("error", f"workload {workload} could not run: {type(exc).__name__}: {exc}", None, None)
         finally:
             progress.close()
+        from harness import interrupts
+
+        if interrupts.last() is not None:
+            raise KeyboardInterrupt  # SIGTERM / Ctrl-C stopped this run: the session ends, nothing else runs
         if not execution.ok:
             return platform, ("incomplete", f"run incomplete (run dir {execution.run_dir}):\n  "
                               + "\n  ".join(execution.problems()), execution, None)
@@ -183,12 +201,13 @@ class GoldenSession:
                 self._refresh_changes = self._what_changed(execution, store, root, replaces)
                 flows.remember_golden(execution, replaces)  # after the comparison: the golden seen before the run
                 flows.store_golden(execution, store, reason=self.reason, goldens_root=root,
-                                   command="pytest --golden-refresh", allow_replace=True)
+                                   command="pytest --golden-refresh", allow_replace=True,
+                                   allow_dirty=self.allow_dirty)
                 return store, ("refreshed", f"golden {workload}/{store} rewritten", execution, None)
             if create:
                 path = flows.store_golden(execution, store, goldens_root=root, allow_replace=False,
                                           reason="first capture (pytest --golden-capture-missing)",
-                                          command="pytest --golden-capture-missing")
+                                          command="pytest --golden-capture-missing", allow_dirty=self.allow_dirty)
                 return store, ("created", f"golden {workload}/{store} created at {path}", execution, None)
             verdict = flows.compare_with_golden(execution, platform, root)
             return platform, ("compared", "", execution, verdict)
@@ -261,7 +280,8 @@ class GoldenSession:
             pytest.fail(f"{workload}/{surface}: fail before any run\n" + "\n".join(verdict.spec.lines())
                         + "\n" + refresh_hint_text(workload, platform, root), pytrace=False)
         surfaces = {surface: result} if result is not None else {}
-        one = Verdict(deterministic=verdict.deterministic, surfaces=surfaces, spec=verdict.spec)
+        one = Verdict(deterministic=verdict.deterministic, surfaces=surfaces, spec=verdict.spec,
+                      lane_source=verdict.lane_source)
         platform = flows.platform_of(execution.spec, self.platform_opt)
         stored = self._compared.get((str(root), str(workload))) or platform
         note = unrecorded_note(root, workload, stored, flows.numerics_key_of(execution.spec))

@@ -15,7 +15,7 @@ Exit codes (every subcommand; docs/gate.md has the table):
   reported before a workload starts;
 * 3 no verdict: the run did not complete (a crash in the stack under test or
   in the infrastructure), or an internal error of the harness;
-* 130 interrupted (Ctrl-C, SIGTERM): nothing was compared or stored.
+* 130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM, at any point: nothing was compared or stored.
 """
 
 from __future__ import annotations
@@ -162,6 +162,10 @@ def _main(argv: list[str] | None = None) -> int:
     if getattr(args, "_missing", False):
         print(f"golden {args.command}: not implemented yet", file=sys.stderr)
         return 2
+    from harness import interrupts
+
+    interrupts.reset()
+    previous = interrupts.install()  # SIGTERM at any point ends the command like Ctrl-C (issue 41)
     try:
         module = importlib.import_module(args._module)
         return int(module.run(args) or 0)
@@ -169,9 +173,11 @@ def _main(argv: list[str] | None = None) -> int:
         raise  # main() ends it quietly
     except KeyboardInterrupt:
         print(f"golden {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return interrupts.exit_code()
     except Exception as exc:  # noqa: BLE001 - a bug or an infrastructure failure: no verdict
         traceback.print_exc()
         print(f"golden {args.command}: internal error ({type(exc).__name__}: {exc}); no verdict "
               f"(exit {EXIT_NO_VERDICT})", file=sys.stderr)
         return EXIT_NO_VERDICT
+    finally:
+        interrupts.restore(previous)

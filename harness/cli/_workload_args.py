@@ -298,7 +298,8 @@ def report_execution(args: argparse.Namespace, execution, say=None):
 
     A complete run's status line goes through ``say`` (the progress reporter) when given;
     an incomplete one closes the reporter and prints why to stderr."""
-    from harness.cli import EXIT_INTERRUPTED, EXIT_NO_VERDICT
+    from harness import interrupts
+    from harness.cli import EXIT_NO_VERDICT
 
     status = execution.postflight.status
     line = f"run {execution.run_dir}: {status} in {execution.wall_s:.1f}s"
@@ -317,7 +318,7 @@ def report_execution(args: argparse.Namespace, execution, say=None):
     if error.startswith("interrupted"):
         print(f"golden {args.command}: interrupted; nothing compared or stored (run dir {execution.run_dir})",
               file=sys.stderr)
-        return None, EXIT_INTERRUPTED
+        return None, interrupts.exit_code()  # 130 Ctrl-C, 143 SIGTERM
     print(f"golden {args.command}: the run did not complete, so there is no verdict "
           f"(exit {EXIT_NO_VERDICT}; logs and traces in {execution.run_dir})", file=sys.stderr)
     return None, EXIT_NO_VERDICT

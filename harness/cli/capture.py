@@ -16,12 +16,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_workload_arguments(parser)
     parser.add_argument("--reason", default="initial capture", help="recorded in PROVENANCE.json")
+    add_allow_dirty(parser)
+
+
+def add_allow_dirty(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="store even with uncommitted changes outside the goldens root (their digest is "
+                             "recorded in PROVENANCE.json); refused otherwise")
 
 
 def check_storable(prepared, *, allow_replace: bool, args: argparse.Namespace | None = None) -> None:
     """Refuse (exit 2) what store_golden would refuse after the run: an
-    unscheduled platform, for a capture an existing golden, and for a refresh
-    an invalid tolerances.yaml (it would be carried over verbatim)."""
+    unscheduled platform, for a capture an existing golden, uncommitted changes outside the
+    goldens root (without ``--allow-dirty``), and for a refresh an invalid tolerances.yaml
+    (it would be carried over verbatim)."""
     from harness.cli._workload_args import Refused
     from harness.store.layout import golden_dir
 
@@ -40,6 +48,12 @@ def check_storable(prepared, *, allow_replace: bool, args: argparse.Namespace | 
                               overrides=args.overrides if args else (), platform=prepared.scheduled_platform,
                               goldens_root=args.goldens if args else None, reason=True)
         raise Refused(f"{target} exists; to replace it: {hint}")
+    if not getattr(args, "allow_dirty", False):
+        from harness.store.provenance import dirty_refusal, uncommitted_changes
+
+        changes = uncommitted_changes(prepared.goldens_root)
+        if changes is not None:
+            raise Refused(dirty_refusal(changes))
     tolerances = target / "tolerances.yaml"
     if allow_replace and tolerances.is_file():  # refresh carries it into the new golden verbatim
         from harness.parity.tolerances import ToleranceFileError, load_tolerances
@@ -89,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         path = flows.store_golden(execution, prepared.store_platform, reason=args.reason,
                                   goldens_root=prepared.goldens_root,
                                   command="golden capture " + " ".join([args.workload, *args.overrides]),
-                                  allow_replace=False)
+                                  allow_replace=False, allow_dirty=args.allow_dirty)
     except FileExistsError as exc:  # captured by someone else during the run
         print(f"golden capture: {exc}", file=sys.stderr)
         return EXIT_USAGE

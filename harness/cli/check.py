@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
             return exc.code
         say.phase("compare")
         actual = documents.surfaces
-        verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic)
+        verdict = compare(golden.surfaces, actual, tolerances=table, deterministic=deterministic,
+                          lane_source=table.lane_source)
         from harness.parity.spec_check import run_against_golden
 
         verdict.spec = run_against_golden(documents.manifest, (documents.run or {}).get("spec"), golden.manifest,

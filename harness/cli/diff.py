@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.parity.render import render
     from harness.parity.render.common import summary_line
     from harness.parity.step_times import step_times
-    from harness.parity.tolerances import ToleranceFileError, ToleranceTable, load_tolerances
+    from harness.parity.tolerances import ToleranceFileError, ToleranceTable, golden_tolerances
     from harness.postflight.read import RunRefused
     from harness.surfaces.canonical import NonFiniteError
 
@@ -148,16 +148,18 @@ def run(args: argparse.Namespace) -> int:
     actual = documents.surfaces
     try:
         golden = _golden(args, documents)
-        overrides, deterministic = (), True
+        overrides, deterministic, lane_source = (), True, ""
         if golden.tolerances_path is not None:
-            tol = load_tolerances(golden.tolerances_path)
+            tol = golden_tolerances(golden)  # the bytes the digest covered
             overrides = tol.rules
             deterministic = tol.deterministic if tol.deterministic is not None else True
+            lane_source = tol.deterministic_origin if tol.deterministic is False else ""
         if args.nondeterministic:
-            deterministic = False
+            deterministic, lane_source = False, "--nondeterministic"
         elif args.deterministic:
-            deterministic = True
-        verdict = compare(golden.surfaces, actual, tolerances=ToleranceTable(overrides), deterministic=deterministic)
+            deterministic, lane_source = True, ""
+        verdict = compare(golden.surfaces, actual, tolerances=ToleranceTable(overrides), deterministic=deterministic,
+                          lane_source=lane_source)
         from harness.parity.spec_check import run_against_golden
 
         verdict.spec = run_against_golden(documents.manifest, (documents.run or {}).get("spec"), golden.manifest,

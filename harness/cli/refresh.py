@@ -16,6 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_workload_arguments(parser)
     parser.add_argument("--reason", default=None, help="why the golden changes (required)")
+    from harness.cli.capture import add_allow_dirty
+
+    add_allow_dirty(parser)
     parser.add_argument("--numerics-variant", action="store_true",
                         help="on the CPU, store the run as this machine's CPU-numerics variant "
                              "(<platform>@<key>) beside a golden that records no CPU numerics, instead of "
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         path = flows.store_golden(execution, prepared.store_platform, reason=args.reason,
                                   goldens_root=prepared.goldens_root,
                                   command="golden refresh " + " ".join([args.workload, *args.overrides]),
-                                  allow_replace=True)
+                                  allow_replace=True, allow_dirty=args.allow_dirty)
     except (ValueError, OSError) as exc:
         print(f"golden refresh: nothing stored: {exc}", file=sys.stderr)
         return EXIT_NO_VERDICT

@@ -170,14 +170,22 @@ def _gated_documents(base: Path, manifest: dict) -> dict:
 
 
 def _tolerance_errors(base: Path) -> list[str]:
-    from harness.parity.tolerances import ToleranceFileError, load_tolerances
+    """What every read of the golden says of its tolerances.yaml (``integrity.tolerance_file_problems``):
+    covered by the provenance's digest, valid, within the tolerance policy unless waived."""
+    from harness.docio import read_bytes
+    from harness.store import layout
+    from harness.store.integrity import tolerance_file_problems
+    from harness.surfaces.canonical import StrictJSONError
 
-    if (base / "tolerances.yaml").is_file():
-        try:
-            load_tolerances(base / "tolerances.yaml")
-        except ToleranceFileError as exc:
-            return [str(exc)]
-    return []
+    files: dict[str, bytes] = {}
+    for name in (layout.TOLERANCES, layout.PROVENANCE):
+        path = base / name
+        if path.is_file() and not path.is_symlink():
+            try:
+                files[name] = bytes(read_bytes(path, what="golden file"))
+            except StrictJSONError as exc:
+                return [str(exc)]
+    return tolerance_file_problems(base, files)
 
 
 def run(args: argparse.Namespace) -> int:

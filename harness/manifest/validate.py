@@ -24,6 +24,7 @@ empty list means valid. It never raises on bad *content*. Checks, in order:
 from __future__ import annotations
 
 import json
+import posixpath
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -33,7 +34,7 @@ from typing import Any
 from harness.docio import read_json, short
 from harness.manifest.build import SCHEMA_VERSION, sha256_file
 from harness.manifest.confine import PathEscape, confined, path_problem
-from harness.surfaces.canonical import StrictJSONError, find_non_finite, json_pointer
+from harness.surfaces.canonical import StrictJSONError, domain_problem, json_pointer
 
 __all__ = ["ManifestError", "ManifestInvalid", "validate_manifest", "load_manifest", "manifest_schema"]
 
@@ -135,14 +136,15 @@ def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
                 f"schema_version {found!r} is not supported; this harness reads schema_version {SCHEMA_VERSION}",
             )
         ]
-    non_finite = find_non_finite(doc)
-    if non_finite is not None:
-        path, value = non_finite
-        return [ManifestError(json_pointer(path), f"non-finite number {value!r} (NaN/inf are refused)")]
+    problem = domain_problem(doc)  # finite floats, integers within 64 bits (the reader's domain)
+    if problem is not None and "non-finite" in problem[1]:
+        return [ManifestError(*problem)]
 
-    errors = _schema_errors(doc)
+    errors = _schema_errors(doc)  # the schema bounds every integer field to 64 bits
+    if problem is not None and not any(problem[0].startswith(e.pointer) for e in errors):
+        errors.append(ManifestError(*problem))  # an integer outside 64 bits where the schema allows any value
 
-    seen_paths: dict[str, int] = {}
+    seen_paths: dict[str, str] = {}
     for kind in ("artifacts", "surfaces"):
         entries = doc.get(kind)
         if not isinstance(entries, list):
@@ -157,10 +159,12 @@ def validate_manifest(doc: Any, *, base_dir: str | Path | None = None,
                 problem = path_problem(path)
                 if problem:
                     errors.append(ManifestError(f"{pointer}/path", problem))
-                elif path in seen_paths:
-                    errors.append(ManifestError(f"{pointer}/path", f"path {path!r} is listed twice"))
+                elif posixpath.normpath(path) in seen_paths:  # ./surfaces//x.json is surfaces/x.json (issue 41)
+                    first = seen_paths[posixpath.normpath(path)]
+                    errors.append(ManifestError(f"{pointer}/path", f"path {short(path, 200)!r} is listed twice "
+                                                f"(the same file as {first})"))
                 else:
-                    seen_paths[path] = index
+                    seen_paths[posixpath.normpath(path)] = pointer
             name = entry.get("name")
             if kind == "surfaces" and isinstance(name, str):
                 if name in seen_names:

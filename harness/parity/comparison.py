@@ -84,10 +84,27 @@ def _canonical_residuals(golden: Any, actual: Any, path: tuple = ()) -> list[tup
     return []
 
 
+def _errors(golden: float, actual: float) -> tuple[float | None, float | None]:
+    """(abs, rel) error of a numeric pair; None where not a finite float (an integer pair
+    too large for a float, an overflow): such a pair is still compared, exactly."""
+    try:
+        abs_err = float(abs(actual - golden))
+    except OverflowError:
+        return None, None
+    abs_err = abs_err if math.isfinite(abs_err) else None
+    try:
+        rel_err = (abs_err / abs(golden)) if (abs_err is not None and golden != 0) else None
+    except OverflowError:
+        rel_err = None
+    rel_err = rel_err if rel_err is not None and math.isfinite(rel_err) else None
+    return abs_err, rel_err
+
+
 def _classify(*, surface: str, gated: bool, section: str, path: tuple, kind: str, golden: Any, actual: Any,
               coords: dict | None, phase: str | None, key: str, table: ToleranceTable,
-              deterministic: bool, **extra: Any) -> Finding | None:
-    """Lane and status of one leaf difference; None when a tolerance lane passes it."""
+              deterministic: bool, tolerated: list[Finding] | None = None, **extra: Any) -> Finding | None:
+    """Lane and status of one leaf difference; None when a tolerance lane passes it (a
+    gated one is then appended to ``tolerated``, so the report names the rule)."""
     base = dict(surface=surface, section=section, path=path, kind=kind, coords=coords, phase=phase, key=key,
                 golden=golden, actual=actual, **extra)
     failed = "fail" if gated else "info"
@@ -95,18 +112,21 @@ def _classify(*, surface: str, gated: bool, section: str, path: tuple, kind: str
         return Finding(lane="exact", status=failed, **base)
     if kind == "type" and type(golden) is type(actual):
         kind = base["kind"] = "changed"
-    abs_err = abs(actual - golden)
-    abs_err = abs_err if math.isfinite(abs_err) else None
-    rel_err = (abs_err / abs(golden)) if (abs_err is not None and golden != 0) else None
-    rel_err = rel_err if rel_err is not None and math.isfinite(rel_err) else None
+    abs_err, rel_err = _errors(golden, actual)
     base.update(abs_err=abs_err, rel_err=rel_err)
     rule: ToleranceRule | None = table.lookup(surface, section, ".".join(str(p) for p in path))
     if rule is None:
         return Finding(lane="exact", status=failed, **base)
     inside = rule.passes(golden, actual)
-    band = {"abs": rule.abs, "rel": rule.rel, "when": rule.when, "reason": rule.reason, "inside": inside}
+    band = {"abs": rule.abs, "rel": rule.rel, "when": rule.when, "reason": rule.reason, "inside": inside,
+            "rule": rule.source}
     if rule.when == "always" or not deterministic:
-        return None if inside else Finding(lane="tolerance", status=failed, tolerance=band, **base)
+        if inside:
+            if gated and tolerated is not None:  # the rule turned a failure into a pass: the report names it
+                tolerated.append(Finding(lane="tolerance", status="info", tolerance=band,
+                                         note=f"passed by the tolerance lane: {rule.source}", **base))
+            return None
+        return Finding(lane="tolerance", status=failed, tolerance=band, **base)
     if inside and gated:
         return Finding(lane="exact", status="stale", tolerance=band,
                        note="exact lane fails, tolerance lane passes: probable stale golden", **base)
@@ -114,7 +134,7 @@ def _classify(*, surface: str, gated: bool, section: str, path: tuple, kind: str
 
 
 def _diff_section(surface: str, gated: bool, section_id: str, golden: Any, actual: Any,
-                  table: ToleranceTable, deterministic: bool) -> list[Finding]:
+                  table: ToleranceTable, deterministic: bool, tolerated: list[Finding] | None = None) -> list[Finding]:
     coords, golden_coords = _coords(golden, actual)
     diffs = diff_section(surface, golden, actual)
     if not diffs:   # the digests differ, so something does: say where (never a silent pass)
@@ -129,8 +149,8 @@ def _diff_section(surface: str, gated: bool, section_id: str, golden: Any, actua
                                     d.actual if d.position else None)
         finding = _classify(surface=surface, gated=gated, section=section_id, path=d.path, kind=d.kind,
                             golden=d.golden, actual=d.actual, coords=coords, phase=phase, key=key, table=table,
-                            deterministic=deterministic, golden_coords=golden_coords, position=d.position,
-                            fields=d.fields)
+                            deterministic=deterministic, tolerated=tolerated, golden_coords=golden_coords,
+                            position=d.position, fields=d.fields)
         if finding is not None:
             findings.append(finding)
     return findings
@@ -192,23 +212,27 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
                 note=f"section {section_id} is missing from the "
                      f"{'actual run' if section_id not in a_digests else 'golden'}"))
             continue
+        tolerated: list[Finding] = []
         result.findings.extend(_diff_section(name, gated, section_id, g_sections[section_id],
-                                             a_sections[section_id], table, deterministic))
+                                             a_sections[section_id], table, deterministic, tolerated))
+        for finding in tolerated:
+            result.note_tolerated(finding)
     result.findings.sort(key=Finding.sort_key)
     return result
 
 
 def compare(golden_docs: Mapping[str, Mapping[str, Any]], actual_docs: Mapping[str, Mapping[str, Any]], *,
             tolerances: ToleranceTable | Sequence[ToleranceRule] | None = None,
-            deterministic: bool = True) -> Verdict:
+            deterministic: bool = True, lane_source: str = "") -> Verdict:
     """Compare surfaces by name. Unknown surface names or a document whose ``surface``
     field disagrees with its name raise ValueError (unusable input); documents must be
-    free of NaN/inf (NonFiniteError otherwise)."""
+    free of NaN/inf (NonFiniteError otherwise). ``lane_source`` says what chose the lane
+    mode (``tolerances.yaml#/deterministic``, ``--nondeterministic``): the report header names it."""
     table = ToleranceTable.coerce(tolerances)
     surfaces = {}
     for name in sorted(set(golden_docs) | set(actual_docs)):
         surfaces[name] = compare_surface(name, golden_docs.get(name), actual_docs.get(name),
                                          tolerances=table, deterministic=deterministic)
-    verdict = Verdict(deterministic=deterministic, surfaces=surfaces)
+    verdict = Verdict(deterministic=deterministic, surfaces=surfaces, lane_source=lane_source)
     verdict.divergences = divergences(verdict.findings)
     return verdict

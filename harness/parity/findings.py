@@ -30,6 +30,7 @@ Lane = Literal["exact", "tolerance"]
 Status = Literal["fail", "stale", "info"]
 
 _MISSING = "<absent>"
+TOLERATED_EXAMPLES = 5   # gated differences a tolerance rule passed, kept per rule and surface as examples
 _DIGITS = re.compile(r"(\d+)")
 
 
@@ -100,6 +101,18 @@ class SurfaceResult:
     sections_compared: int = 0
     sections_differing: int = 0
     findings: list[Finding] = field(default_factory=list)
+    # gated differences a tolerance rule passed (not failures): the first TOLERATED_EXAMPLES per
+    # rule, and how many each rule passed in all (``tolerated_counts``, rule source -> count)
+    tolerated: list[Finding] = field(default_factory=list)
+    tolerated_counts: dict[str, int] = field(default_factory=dict)
+
+    def note_tolerated(self, finding: Finding) -> None:
+        """Record a gated difference a tolerance rule passed (bounded examples, every one counted)."""
+        rule = (finding.tolerance or {}).get("rule", "")
+        seen = self.tolerated_counts.get(rule, 0)
+        self.tolerated_counts[rule] = seen + 1
+        if seen < TOLERATED_EXAMPLES:
+            self.tolerated.append(finding)
 
     @property
     def status(self) -> str:
@@ -113,7 +126,8 @@ class SurfaceResult:
     def to_dict(self) -> dict:
         return {"name": self.name, "gated": self.gated, "status": self.status,
                 "sections_compared": self.sections_compared, "sections_differing": self.sections_differing,
-                "findings": [f.to_dict() for f in self.findings]}
+                "findings": [f.to_dict() for f in self.findings],
+                "tolerated": [f.to_dict() for f in self.tolerated], "tolerated_counts": dict(self.tolerated_counts)}
 
 
 @dataclass
@@ -126,6 +140,34 @@ class Verdict:
     # harness.parity.spec_check.SpecDifference: the run's workload spec is not the golden's. The
     # first finding every renderer shows (before the surfaces); fails the verdict when it gates.
     spec: Any = None
+    lane_source: str = ""   # what chose the lane mode (tolerances.yaml#/deterministic, --nondeterministic)
+
+    def rules_applied(self) -> list[dict]:
+        """Every rule that changed a verdict, in rule order: it passed a gated difference
+        (``passed``: how many; ``examples``: the first ones) or made one a probable stale
+        golden (``stale``). Each entry: ``rule`` (file#/rules/i or the surface default),
+        ``surface``, ``band`` (abs, rel, when, reason), ``passed``, ``stale``, ``examples``."""
+        out: dict[str, dict] = {}
+
+        def entry(f: Finding) -> dict:
+            band = f.tolerance or {}
+            rule = band.get("rule", "")
+            return out.setdefault(rule, {"rule": rule, "surface": f.surface, "passed": 0, "stale": 0,
+                                         "band": {k: band.get(k) for k in ("abs", "rel", "when", "reason")},
+                                         "examples": []})
+
+        for name in sorted(self.surfaces):
+            s = self.surfaces[name]
+            for f in s.tolerated:
+                e = entry(f)
+                e["examples"].append(f)
+            for rule, count in s.tolerated_counts.items():
+                if rule in out:
+                    out[rule]["passed"] += count
+            for f in s.findings:
+                if f.status == "stale":
+                    entry(f)["stale"] += 1
+        return list(out.values())
 
     @property
     def findings(self) -> list[Finding]:
@@ -151,7 +193,9 @@ class Verdict:
         return out
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "deterministic": self.deterministic, "counts": self.counts(),
+        rules = [{**r, "examples": [f.to_dict() for f in r["examples"]]} for r in self.rules_applied()]
+        return {"status": self.status, "deterministic": self.deterministic, "lane_source": self.lane_source,
+                "rules_applied": rules, "counts": self.counts(),
                 "spec": self.spec.to_dict() if self.spec is not None else None,
                 "first_divergence": [d.to_dict() for d in self.divergences],
                 "surfaces": {name: self.surfaces[name].to_dict() for name in sorted(self.surfaces)}}

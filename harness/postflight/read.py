@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.docio import read_json, short
+from harness.docio import Limits, read_json, short
 from harness.manifest.confine import PathEscape, confined
 from harness.manifest.validate import validate_manifest
 from harness.surfaces.canonical import StrictJSONError
@@ -90,6 +90,8 @@ def load_run(path: str | Path, *, require_complete: bool = True) -> RunDocuments
         raise RunUnusable(f"{path}: no such run directory or manifest")
     base, manifest_path = run_base(path)
     if not manifest_path.is_file():
+        if require_complete and path.is_dir():
+            _refuse_unfinished(base)  # a killed run: its run.json says so (no verdict, exit 3)
         raise RunUnusable(f"{path}: no {MANIFEST} (a run directory gets one from postflight: golden run writes it)")
     if manifest_path.name == MANIFEST and path.is_dir():
         try:
@@ -112,6 +114,7 @@ def load_run(path: str | Path, *, require_complete: bool = True) -> RunDocuments
             raise RunUnusable(f"{base / RUN_JSON}#/: must be a JSON object")
     if require_complete:
         _require_complete(manifest_path, manifest, base, run)
+    _check_budget(base, manifest_path, manifest)
     surfaces = {}
     for index, entry in enumerate(manifest["surfaces"]):
         target = confined(base, entry["path"])  # validated above: inside, a regular file
@@ -126,6 +129,40 @@ def load_run(path: str | Path, *, require_complete: bool = True) -> RunDocuments
                               f"/workload/name is {short(repr(manifest['workload']['name']), 80)}: the surface "
                               "is not this run's; nothing was compared")
     return RunDocuments(base, manifest, surfaces, run)
+
+
+def _refuse_unfinished(base: Path) -> None:
+    """A run directory without a manifest whose ``run.json`` records a run that did not
+    complete (``running`` when it was killed, ``failed``, ``interrupted``): ``NoVerdict``
+    naming that status and the runner's error. Returns when there is no such run.json."""
+    if not (base / RUN_JSON).is_file():
+        return
+    try:
+        run = read_json(confined(base, RUN_JSON), what="run.json")
+    except (PathEscape, StrictJSONError):
+        return  # the caller's "no manifest.json" (unusable input) stands
+    status = run.get("status") if isinstance(run, dict) else None
+    if status == "completed":
+        return
+    reasons = [f"{base / RUN_JSON}#/status: {short(repr(status), 60)}",
+               f"{base / MANIFEST}: missing (postflight never ran: the run was killed or is still running)"]
+    if isinstance(run, dict) and run.get("error"):
+        reasons.append(f"runner error: {short(run['error'], 300)}")
+    raise NoVerdict(f"{base}: the run did not complete, so there is no verdict", reasons)
+
+
+def _check_budget(base: Path, manifest_path: Path, manifest: dict) -> None:
+    """The documents a verdict reads of one run (manifest, run.json, listed surfaces) sum to at
+    most ``Limits.max_total`` (``GOLDEN_READ_BUDGET``), from their sizes, before a surface is read."""
+    limits = Limits.from_env()
+    paths = [manifest_path, base / RUN_JSON] + [base / e["path"] for e in manifest["surfaces"]]
+    sizes = {p: p.stat().st_size for p in paths if p.is_file()}
+    total = sum(sizes.values())
+    if total > limits.max_total:
+        biggest = ", ".join(f"{p.name} {n} bytes" for p, n in sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
+        raise RunUnusable(f"{base}: the run's documents sum to {total} bytes, over the read budget of "
+                          f"{limits.max_total} bytes for one run (GOLDEN_READ_BUDGET; largest: {biggest}); "
+                          "nothing was compared")
 
 
 def _surface_errors(doc: Any, name: str) -> list[tuple[str, str]]:

@@ -213,6 +213,9 @@ def _terminate_as_interrupt():
     """SIGTERM (a CI timeout, ``kill``) shuts down like Ctrl-C: workers torn down,
     run.json marked failed. Returns the previous handler (None off the main thread)."""
     def handler(signum, frame):
+        from harness import interrupts
+
+        interrupts.note(signum)  # the exit code names the signal (143)
         raise KeyboardInterrupt
 
     try:

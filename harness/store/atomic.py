@@ -31,6 +31,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -41,7 +42,7 @@ from typing import Any
 from harness.docio import Limits, read_bytes
 from harness.store import layout
 from harness.store.golden import ANY, Golden, GoldenChanged, GoldenStoreError, files_digest
-from harness.store.integrity import golden_files, golden_problems, load_strict_bytes
+from harness.store.integrity import golden_files, golden_problems, listed_surfaces, load_strict_bytes
 from harness.store.provenance import provenance_errors
 from harness.surfaces.canonical import StrictJSONError
 from harness.surfaces.digest import sha256_hex
@@ -150,7 +151,7 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
     whatever is stored.
     """
     target = layout.golden_dir(root, workload, platform)
-    files = golden_files(workload, manifest, surfaces, provenance, tolerances)
+    files = golden_files(workload, manifest, surfaces, provenance, tolerances, platform=platform)
     workload_dir = target.parent
     _refuse_symlinked_workload(workload_dir)
     with workload_lock(workload_dir):
@@ -189,11 +190,20 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
 
 # --- read ----------------------------------------------------------------------------
 
-def _read_tree(target: Path, limits: Limits) -> dict[str, bytes]:
-    """Relative path -> bytes of every file under ``target``. A golden holds regular
-    files and directories only: a symlink, a device or a file over the size limit
-    is refused (GoldenStoreError), and nothing outside ``target`` is opened."""
-    files: dict[str, bytes] = {}
+class Unread(bytes):
+    """The bytes of a file under a golden that is not read (neither the manifest, the
+    provenance, the tolerances nor a surface the manifest lists): its name is what makes
+    the golden damaged, its content is never loaded."""
+
+
+UNREAD = Unread()
+
+
+def _listing(target: Path) -> dict[str, int]:
+    """Relative path -> size (``lstat``) of every file under ``target``, nothing read. A golden
+    holds regular files and its ``surfaces/`` folder only: a symlink, another folder or a
+    special file is refused (GoldenStoreError)."""
+    sizes: dict[str, int] = {}
     for folder, dirs, names in os.walk(target, followlinks=False):
         for name in sorted(dirs):
             if os.path.islink(os.path.join(folder, name)):
@@ -204,12 +214,64 @@ def _read_tree(target: Path, limits: Limits) -> dict[str, bytes]:
                                        f"and its {layout.SURFACES_DIR}/ folder only)")
         for name in sorted(names):
             path = Path(folder) / name
+            info = path.lstat()
             if path.is_symlink():
                 raise GoldenStoreError(f"{path}: is a symlink (a golden stores regular files only)")
-            try:
-                files[path.relative_to(target).as_posix()] = read_bytes(path, limits=limits, what="golden file")
-            except StrictJSONError as exc:
-                raise GoldenStoreError(str(exc)) from None
+            if not stat.S_ISREG(info.st_mode):
+                raise GoldenStoreError(f"{path}: is not a regular file (a golden stores regular files only)")
+            sizes[path.relative_to(target).as_posix()] = info.st_size
+    return sizes
+
+
+def _listed_surfaces(manifest_bytes: bytes, source: str, limits: Limits) -> set[str]:
+    """The ``surfaces[].path`` strings of a stored manifest (nothing when it does not parse:
+    the reader of the golden reports that)."""
+    from harness.docio import parse_json
+
+    try:
+        doc = parse_json(manifest_bytes, source=source, limits=limits)
+    except StrictJSONError:
+        return set()
+    entries = doc.get("surfaces") if isinstance(doc, dict) else None
+    return {e["path"] for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)} \
+        if isinstance(entries, list) else set()
+
+
+def _read_tree(target: Path, limits: Limits) -> dict[str, bytes]:
+    """Relative path -> bytes of the files of the golden at ``target``, in one order for every
+    command (issue 41): the listing first (``_listing``: structure and sizes, nothing read),
+    then the manifest, then the provenance, the tolerances and the surfaces the manifest
+    lists, after checking their sizes sum to at most ``limits.max_total``
+    (``GOLDEN_READ_BUDGET``). Any other file is ``UNREAD`` (its name alone damages the
+    golden). Each file is also bounded by ``limits.max_bytes``; nothing outside ``target`` is
+    opened."""
+    sizes = _listing(target)
+
+    def read(rel: str) -> bytes:
+        try:
+            return read_bytes(target / rel, limits=limits, what="golden file")
+        except StrictJSONError as exc:
+            raise GoldenStoreError(str(exc)) from None
+
+    files: dict[str, bytes] = {}
+    spent = 0
+    if layout.MANIFEST in sizes:
+        files[layout.MANIFEST] = read(layout.MANIFEST)
+        spent = len(files[layout.MANIFEST])
+    listed = _listed_surfaces(files[layout.MANIFEST], str(target / layout.MANIFEST), limits) \
+        if layout.MANIFEST in files else set()
+    wanted = [rel for rel in sizes if rel != layout.MANIFEST
+              and (rel in (layout.PROVENANCE, layout.TOLERANCES) or rel in listed)]
+    total = spent + sum(sizes[rel] for rel in wanted)
+    if total > limits.max_total:
+        biggest = ", ".join(f"{rel} {sizes[rel]} bytes" for rel in sorted(wanted, key=lambda r: -sizes[r])[:3])
+        raise GoldenStoreError(f"{target}: its files sum to {total} bytes, over the read budget of "
+                               f"{limits.max_total} bytes for one golden (GOLDEN_READ_BUDGET; largest: {biggest}); "
+                               "nothing else was read")
+    for rel in sorted(sizes):
+        if rel in files:
+            continue
+        files[rel] = read(rel) if rel in wanted else UNREAD
     return files
 
 
@@ -267,10 +329,7 @@ def read_golden(root: str | Path, workload: str, platform: str) -> Golden:
     try:
         manifest = load_strict_bytes(files, layout.MANIFEST, target, limits)
         provenance = load_strict_bytes(files, layout.PROVENANCE, target, limits)
-        surfaces = {}
-        for rel in files:
-            if rel.startswith(layout.SURFACES_DIR + "/") and rel.endswith(".json"):
-                surfaces[rel[len(layout.SURFACES_DIR) + 1: -5]] = load_strict_bytes(files, rel, target, limits)
+        surfaces = listed_surfaces(target, manifest, files, limits)
     except ValueError as exc:
         raise GoldenStoreError(str(exc)) from None
     problems = golden_problems(target, manifest, files, surfaces)

@@ -24,14 +24,17 @@ from harness.surfaces.digest import sha256_hex
 from harness.surfaces.portability import absolute_paths, describe
 from harness.surfaces.registry import GATED_SURFACES, SURFACES, validate_surface
 
-__all__ = ["golden_files", "golden_problems", "load_strict_bytes", "stored_golden_problems", "unknown_files"]
+__all__ = ["golden_files", "golden_problems", "listed_surfaces", "load_strict_bytes", "stored_golden_problems",
+           "tolerance_file_problems", "unknown_files"]
 
 KNOWN_FILES = (layout.MANIFEST, layout.PROVENANCE, layout.TOLERANCES)
 
 
 def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[str, Mapping[str, Any]],
-                  provenance: Mapping[str, Any], tolerances: str | None) -> dict[str, bytes]:
-    """Relative path -> bytes of every file of the golden, validated."""
+                  provenance: Mapping[str, Any], tolerances: str | None, *, platform: str = "") -> dict[str, bytes]:
+    """Relative path -> bytes of every file of the golden, validated. With ``tolerances``
+    the stored provenance records its digest (``tolerances: {sha256, bytes}``) and the
+    file must pass the tolerance policy of ``platform`` (``policy_problems``)."""
     files: dict[str, bytes] = {}
     entries = []
     for name in sorted(surfaces):
@@ -62,14 +65,21 @@ def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[s
                                "complete run whose every check passed becomes a golden")
     if stored["workload"]["name"] != workload:
         raise GoldenStoreError(f"manifest: /workload/name is {stored['workload']['name']!r}, expected {workload!r}")
-    problems = provenance_errors(dict(provenance))
+    provenance = dict(provenance)
+    provenance.pop("tolerances", None)
+    if tolerances is not None:
+        from harness.parity.tolerances import tolerances_record
+
+        files[layout.TOLERANCES] = tolerances.encode("utf-8")
+        provenance["tolerances"] = tolerances_record(files[layout.TOLERANCES])
+    problems = provenance_errors(provenance)
     if problems:
         raise GoldenStoreError("provenance: " + "; ".join(problems))
     files[layout.MANIFEST] = surface_file_bytes(stored)
-    files[layout.PROVENANCE] = surface_file_bytes(dict(provenance))
+    files[layout.PROVENANCE] = surface_file_bytes(provenance)
     if tolerances is not None:
-        files[layout.TOLERANCES] = tolerances.encode("utf-8")
-        problems = _tolerance_problems(Path(layout.TOLERANCES), files[layout.TOLERANCES])
+        problems = _tolerance_problems(Path(layout.TOLERANCES), files[layout.TOLERANCES], platform=platform,
+                                       provenance=provenance)
         if problems:  # a golden the next read would refuse is never written; the bands are edited by hand
             raise GoldenStoreError(f"{problems[0]} (fix tolerances.yaml by hand; nothing was stored)")
     return files
@@ -107,8 +117,26 @@ def golden_problems(target: Path, manifest: Any, files: Mapping[str, bytes],
     problems += [f"{where}#{e.pointer}: {short(e.message, 300)}"
                  for e in validate_manifest(manifest, check_artifact_files=False)]
     problems += stored_golden_problems(target, manifest, surfaces)
-    if layout.TOLERANCES in files:
-        problems += _tolerance_problems(target / layout.TOLERANCES, files[layout.TOLERANCES])
+    problems += tolerance_file_problems(target, files)
+    return problems
+
+
+def tolerance_file_problems(target: Path, files: Mapping[str, bytes]) -> list[str]:
+    """A golden's tolerances.yaml against its PROVENANCE.json (issue 41): covered by the
+    recorded digest (or, with no file, no digest recorded), valid, and within the tolerance
+    policy of the golden's platform (the folder name) unless waived. ``[]`` when usable."""
+    from harness.parity.tolerances import coverage_problems
+
+    provenance: Any = None
+    if layout.PROVENANCE in files:
+        try:
+            provenance = parse_json(files[layout.PROVENANCE], source=str(target / layout.PROVENANCE))
+        except ValueError:
+            return []  # PROVENANCE.json itself is reported as unreadable elsewhere
+    path = target / layout.TOLERANCES
+    problems = coverage_problems(str(path), files.get(layout.TOLERANCES), provenance)
+    if layout.TOLERANCES in files:  # its coverage first, then what it says (unreadable, over the ceiling)
+        problems += _tolerance_problems(path, files[layout.TOLERANCES], platform=target.name, provenance=provenance)
     return problems
 
 
@@ -148,14 +176,14 @@ def unknown_files(target: Path, files: Mapping[str, bytes]) -> list[str]:
             for rel in sorted(files) if rel not in KNOWN_FILES and not rel.startswith(layout.SURFACES_DIR + "/")]
 
 
-def _tolerance_problems(path: Path, data: bytes) -> list[str]:
-    from harness.parity.tolerances import ToleranceFileError, parse_tolerances_bytes
+def _tolerance_problems(path: Path, data: bytes, *, platform: str, provenance: Any) -> list[str]:
+    from harness.parity.tolerances import ToleranceFileError, parse_tolerances_bytes, policy_problems
 
     try:
-        parse_tolerances_bytes(data, source=str(path))
+        tol = parse_tolerances_bytes(data, source=str(path))
     except ToleranceFileError as exc:
         return [str(exc)]
-    return []
+    return policy_problems(tol, platform=platform, provenance=provenance)
 
 
 def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) -> None:
@@ -180,6 +208,15 @@ def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) ->
         rel = entry.get("path") if isinstance(entry, dict) else None
         if not isinstance(rel, str):
             raise GoldenStoreError(f"{where}#/surfaces/{i}/path: missing")
+        name = entry.get("name")
+        if not isinstance(name, str):
+            raise GoldenStoreError(f"{where}#/surfaces/{i}/name: {short(repr(name), 80)} is not a surface name")
+        expected = f"{layout.SURFACES_DIR}/{name}.json"
+        if rel != expected:  # the store writes surface N to surfaces/N.json, nowhere else (issue 41)
+            raise GoldenStoreError(f"{where}#/surfaces/{i}/path: {short(repr(rel), 200)} for surface "
+                                   f"{short(repr(name), 80)}; the store keeps it at {short(expected, 200)!r}")
+        if rel in listed:
+            raise GoldenStoreError(f"{where}#/surfaces/{i}/path: {short(repr(rel), 200)} is listed twice")
         listed.add(rel)
         if rel not in files:
             raise GoldenStoreError(f"{target / short(rel, 200)}: missing (listed in {where}#/surfaces/{i})")
@@ -190,6 +227,22 @@ def _check_integrity(target: Path, manifest: Any, files: Mapping[str, bytes]) ->
     for rel in files:
         if rel.startswith(layout.SURFACES_DIR + "/") and rel not in listed:
             raise GoldenStoreError(f"{target / rel}: not listed in {where}#/surfaces")
+
+
+def listed_surfaces(target: Path, manifest: Any, files: Mapping[str, bytes], limits: Limits | None = None) -> dict:
+    """Surface name -> parsed document, keyed by the manifest's ``surfaces[].name`` (the one
+    reading of a manifest ``golden validate`` makes too), each read from the path its entry
+    lists; entries that are not well formed or whose file is missing are left to
+    ``golden_problems``, which names them."""
+    out: dict[str, Any] = {}
+    entries = manifest.get("surfaces") if isinstance(manifest, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        name, rel = entry.get("name"), entry.get("path")
+        if isinstance(name, str) and isinstance(rel, str) and rel in files and name not in out:
+            out[name] = load_strict_bytes(files, rel, target, limits)
+    return out
 
 
 def load_strict_bytes(files: Mapping[str, bytes], rel: str, base: Path, limits: Limits | None = None) -> Any:

@@ -89,14 +89,20 @@ def _damage(golden: Path, rel: str) -> list[LintFinding]:
     except GoldenStoreError as exc:
         return [LintFinding("damaged_golden", rel, str(exc))]
     docs, problems = {}, []
+    from harness.store.atomic import Unread
+
     for name in sorted(files):
+        if isinstance(files[name], Unread):
+            continue  # not listed: golden_problems names it, its content is never read
         if name == layout.MANIFEST or (name.startswith(layout.SURFACES_DIR + "/") and name.endswith(".json")):
             try:
                 docs[name] = parse_json(files[name], source=str(golden / name), limits=limits)
             except StrictJSONError as exc:
                 problems.append(str(exc))
     if layout.MANIFEST in docs and not problems:
-        surfaces = {n[len(layout.SURFACES_DIR) + 1: -5]: d for n, d in docs.items() if n != layout.MANIFEST}
+        from harness.store.integrity import listed_surfaces
+
+        surfaces = listed_surfaces(golden, docs[layout.MANIFEST], files, limits)  # keyed as read_golden keys them
         problems = golden_problems(golden, docs[layout.MANIFEST], files, surfaces)
     return [LintFinding("damaged_golden", rel, short(p, 600)) for p in problems]
 

@@ -13,11 +13,18 @@ lack them and still read; they are never rewritten to add them):
 
 * ``repository``: the git repository that holds the goldens root (the consumer
   repository gating its own workloads): ``{"commit": sha, "dirty": bool,
-  "goldens_root": path relative to its top}``, or null when the goldens root is
+  "goldens_root": path relative to its top, "uncommitted"?: {"diff_sha256", "paths"}}``
+  (``uncommitted``: a capture/refresh told ``--allow-dirty`` over uncommitted changes outside
+  the goldens root, which it refuses otherwise; ``uncommitted_changes``), or null when the goldens root is
   in no git repository, is ignored by the one around it (a copy under an ignored
   folder: that repository's commit does not describe it), or git is unavailable;
 * ``versions``: ``{"harness", "python", "torch", "megatron-core", "vllm"}``,
   each a version string or null when the package was absent.
+
+Since issue 41, a golden with a ``tolerances.yaml`` records its digest here,
+``tolerances: {"sha256": hex, "bytes": n}`` (written by the store, never by hand), and
+``tolerance_evidence.waivers`` admits what the tolerance policy refuses otherwise
+(``harness.parity.tolerances.policy_problems``).
 
 ``describe(doc)`` gives the display form the reports and ``golden list`` use
 (older goldens: versions from ``environment``, repository "not recorded").
@@ -34,12 +41,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OPTIONAL_FIELDS", "PROVENANCE_FIELDS", "VERSION_KEYS", "describe", "harness_commit",
+__all__ = ["OPTIONAL_FIELDS", "PROVENANCE_FIELDS", "VERSION_KEYS", "describe", "dirty_refusal", "harness_commit",
            "new_provenance", "package_versions", "provenance_errors", "repository_state", "repository_text",
-           "versions_text"]
+           "uncommitted_changes", "versions_text"]
 
 PROVENANCE_FIELDS = ("commit", "date", "reason", "command", "environment", "tolerance_evidence")
-OPTIONAL_FIELDS = ("repository", "versions", "spec")  # spec: the loaded workload spec (harness.parity.spec_check)
+# spec: the loaded workload spec (harness.parity.spec_check); tolerances: the tolerances.yaml digest (issue 41)
+OPTIONAL_FIELDS = ("repository", "versions", "spec", "tolerances")
 VERSION_KEYS = ("harness", "python", "torch", "megatron-core", "vllm")
 _GIT_TIMEOUT_S = 20
 
@@ -105,6 +113,53 @@ def repository_state(goldens_root: str | Path) -> dict | None:
     status = _git(probe, "status", "--porcelain")
     return {"commit": commit.strip(), "dirty": bool(status and status.strip()) if status is not None else None,
             "goldens_root": _relative(root, top)}
+
+
+def uncommitted_changes(goldens_root: str | Path) -> dict | None:
+    """What is uncommitted in the git repository holding ``goldens_root``, outside the goldens
+    root itself (goldens are what capture/refresh write; the rest is the code that produces
+    them): ``{"top", "paths": [...], "diff_sha256"}``, or None when nothing is (or there is no
+    repository, or git is unavailable). ``diff_sha256`` covers ``git diff HEAD --binary`` and
+    every untracked, not ignored file's path and bytes, so two dirty trees that differ get
+    different digests."""
+    import hashlib
+
+    root = Path(goldens_root).resolve()
+    probe = root
+    while not probe.is_dir() and probe != probe.parent:
+        probe = probe.parent
+    top = _git(probe, "rev-parse", "--show-toplevel")
+    if not top or not _git(probe, "rev-parse", "--verify", "-q", "HEAD"):
+        return None
+    top_path = Path(top.strip()).resolve()
+    spec = ["--", "."]
+    rel = _relative(root, top)
+    if rel != "." and root.is_relative_to(top_path):
+        spec.append(f":(exclude){rel}")
+    status = _git(top_path, "status", "--porcelain", "--untracked-files=all", *spec)
+    if status is None or not status.strip():
+        return None
+    paths = [line[3:] for line in status.splitlines() if line.strip()]
+    digest = hashlib.sha256((_git(top_path, "diff", "HEAD", "--binary", *spec) or "").encode("utf-8",
+                                                                                          "surrogateescape"))
+    for line in status.splitlines():
+        if line.startswith("?? "):
+            path = top_path / line[3:]
+            digest.update(line[3:].encode("utf-8", "surrogateescape") + b"\0")
+            if path.is_file() and not path.is_symlink():
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(block)
+    return {"top": str(top_path), "paths": paths, "diff_sha256": digest.hexdigest()}
+
+
+def dirty_refusal(changes: dict) -> str:
+    """Why capture/refresh refuse a tree with ``uncommitted_changes``, and how to go on."""
+    shown = ", ".join(changes["paths"][:5]) + (f", ... ({len(changes['paths'])} in all)"
+                                               if len(changes["paths"]) > 5 else "")
+    return (f"the repository {changes['top']} has uncommitted changes outside the goldens root ({shown}): the "
+            "commit a golden records would not name the code that produced it; commit them, or pass "
+            "--allow-dirty (pytest: --golden-allow-dirty), which records a digest of the uncommitted diff")
 
 
 def _relative(root: Path, top: str) -> str:
@@ -201,6 +256,22 @@ def provenance_errors(doc: Any) -> list[str]:
         errors.append("spec: must be an object (the loaded workload spec)")
     errors += _repository_errors(doc)
     errors += _versions_errors(doc)
+    errors += _tolerances_errors(doc)
+    return errors
+
+
+def _tolerances_errors(doc: dict) -> list[str]:
+    if "tolerances" not in doc:
+        return []
+    record = doc["tolerances"]
+    if not isinstance(record, dict) or set(record) != {"sha256", "bytes"}:
+        return ["tolerances: must be an object {sha256, bytes} (the digest of the golden's tolerances.yaml)"]
+    errors = []
+    sha = record["sha256"]
+    if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+        errors.append("tolerances.sha256: must be 64 lowercase hex digits")
+    if type(record["bytes"]) is not int or record["bytes"] < 0:
+        errors.append("tolerances.bytes: must be an integer >= 0")
     return errors
 
 
@@ -211,7 +282,12 @@ def _repository_errors(doc: dict) -> list[str]:
     if not isinstance(repo, dict):
         return ["repository: must be an object or null"]
     errors = [f"repository.{k}: required field is missing" for k in ("commit", "dirty") if k not in repo]
-    errors += [f"repository.{k}: unexpected field" for k in sorted(set(repo) - {"commit", "dirty", "goldens_root"})]
+    errors += [f"repository.{k}: unexpected field"
+               for k in sorted(set(repo) - {"commit", "dirty", "goldens_root", "uncommitted"})]
+    unc = repo.get("uncommitted")
+    if unc is not None and not (isinstance(unc, dict) and isinstance(unc.get("diff_sha256"), str)
+                                and type(unc.get("paths")) is int):
+        errors.append("repository.uncommitted: must be {diff_sha256: hex, paths: count} (a capture with --allow-dirty)")
     if repo.get("commit") is not None and not (isinstance(repo["commit"], str) and repo["commit"]):
         errors.append("repository.commit: must be a non-empty string or null")
     if "dirty" in repo and repo["dirty"] is not None and not isinstance(repo["dirty"], bool):

@@ -29,7 +29,12 @@ __all__ = [
     "StrictJSONError",
     "canonical_bytes",
     "surface_file_bytes",
+    "INT_MAX",
+    "INT_MIN",
+    "domain_problem",
+    "out_of_range_message",
     "find_non_finite",
+    "find_out_of_domain",
     "json_pointer",
     "loads_strict",
     "load_strict",
@@ -79,6 +84,51 @@ def find_non_finite(value: Any, _path: tuple = ()) -> tuple[tuple, float] | None
             for index in range(len(node) - 1, -1, -1):
                 stack.append((path + (index,), node[index]))
     return None
+
+
+# The gate's numeric domain (issue 41), the same for every document it reads or validates
+# (manifests, surfaces, provenance, run.json): integers within 64 bits, finite floats.
+# Anything else is refused before it reaches a comparison that could not compare it.
+INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def find_out_of_domain(value: Any, _path: tuple = ()) -> tuple[tuple, Any] | None:
+    """Path and value of the first number outside the gate's domain (an int outside
+    ``INT_MIN..INT_MAX``, a NaN/inf float; depth first, keys sorted), or None."""
+    stack: list[tuple[tuple, Any]] = [(_path, value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, float):
+            if not math.isfinite(node):
+                return path, node
+        elif isinstance(node, int) and not isinstance(node, bool):
+            if not INT_MIN <= node <= INT_MAX:
+                return path, node
+        elif isinstance(node, dict):
+            for key in sorted(node, reverse=True):
+                stack.append((path + (key,), node[key]))
+        elif isinstance(node, (list, tuple)):
+            for index in range(len(node) - 1, -1, -1):
+                stack.append((path + (index,), node[index]))
+    return None
+
+
+def domain_problem(value: Any) -> tuple[str, str] | None:
+    """``(json_pointer, message)`` of the first number outside the domain, or None (a walk of
+    the value: about as fast as serialising it, whatever its strings hold)."""
+    found = find_out_of_domain(value)
+    if found is None:
+        return None
+    path, number = found
+    if isinstance(number, float):
+        return json_pointer(path), f"non-finite number {number!r} (NaN/inf are refused)"
+    return json_pointer(path), out_of_range_message(number)
+
+
+def out_of_range_message(number: int | str) -> str:
+    """Why an integer (or its JSON token) outside the domain is refused."""
+    digits = len(str(number).lstrip("-")) if isinstance(number, str) or abs(number) < 10 ** 4000 else "over 4000"
+    return f"integer of {digits} digits is outside the 64-bit range (-2**63 .. 2**63-1) the gate compares"
 
 
 def canonical_bytes(doc: Any) -> bytes:

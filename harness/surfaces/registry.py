@@ -68,6 +68,9 @@ class ToleranceRule:
     rel: float = 0.0
     section: str = "*"
     when: When = "nondeterministic"
+    # where the rule was declared: ``<file>#/rules/<i>`` for a tolerances.yaml rule, ``""`` for a
+    # surface default (``harness.surfaces.registry``); reports name it (docs/gate.md "Tolerances")
+    origin: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not self.reason.strip():
@@ -85,9 +88,18 @@ class ToleranceRule:
         return surface == self.surface and fnmatchcase(section, self.section) and fnmatchcase(key, self.key)
 
     def passes(self, golden: float, actual: float) -> bool:
-        """The symmetric band test (see module docstring)."""
-        diff = abs(actual - golden)
-        return diff <= self.abs + self.rel * max(abs(actual), abs(golden))
+        """The symmetric band test (see module docstring); False for a pair the band
+        cannot compare (an integer too large for a float)."""
+        try:
+            diff = abs(actual - golden)
+            return diff <= self.abs + self.rel * max(abs(actual), abs(golden))
+        except OverflowError:
+            return False
+
+    @property
+    def source(self) -> str:
+        """Where the rule comes from, for reports: its ``origin``, or the surface default."""
+        return self.origin or f"default rule of surface {self.surface} (harness/surfaces/registry.py)"
 
 
 _COMMON_VOLATILE = frozenset({
@@ -192,6 +204,11 @@ def validate_surface(doc: Any, *, name: str | None = None) -> list[tuple[str, st
         name = doc.get("surface") if isinstance(doc, Mapping) else None
     if name not in SURFACES:
         return [("/surface", f"unknown surface {name!r}; known: {', '.join(SURFACES)}")]
+    from harness.surfaces.canonical import domain_problem
+
+    problem = domain_problem(doc)  # finite floats, integers within 64 bits: what the comparison can compare
+    if problem is not None:
+        return [problem]
     fast = _fast_check(name)
     if fast is not None and fast(doc):
         return []

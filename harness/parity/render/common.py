@@ -157,13 +157,53 @@ def finding_row(f: Finding, mark: tuple[str, str] = (">>", "<<")) -> list[str]:
 HEADER = ["status", "section", "coords", "phase/step", "key", "kind", "lane", "golden", "actual", "abs err", "rel err"]
 
 
+def _rule_name(rule: str) -> str:
+    """A rule's short name for the header: ``tolerances.yaml#/rules/0`` (no directories)."""
+    head, sep, pointer = rule.partition("#")
+    return f"{head.rsplit('/', 1)[-1]}{sep}{pointer}" if sep else rule
+
+
+def lane_text(verdict) -> str:
+    """Which lane gated, truthfully: the platform mode, what set it, and the rules whose
+    tolerance lane passed gated values on a deterministic platform."""
+    if not verdict.deterministic:
+        why = f"; set by {_rule_name(verdict.lane_source)}" if verdict.lane_source else ""
+        return f"nondeterministic platform (tolerance lane gates{why})"
+    passed = [r for r in verdict.rules_applied() if r["passed"]]
+    if not passed:
+        return "deterministic platform (exact lane gates)"
+    count = sum(r["passed"] for r in passed)
+    names = ", ".join(_rule_name(r["rule"]) for r in passed[:3]) + (", ..." if len(passed) > 3 else "")
+    return (f"deterministic platform (exact lane gates, except {count} gated value(s) the tolerance lane "
+            f"passed: {names})")
+
+
+def rules_applied_lines(verdict) -> list[str]:
+    """One block per tolerance rule that changed a verdict: the rule (file and pointer, or
+    the surface default), its band, what it did, and the findings it absorbed (the first
+    few, with both values). ``[]`` when no rule changed anything."""
+    out = []
+    for r in verdict.rules_applied():
+        band = r["band"]
+        did = []
+        if r["passed"]:
+            did.append(f"passed {r['passed']} gated difference(s)")
+        if r["stale"]:
+            did.append(f"made {r['stale']} a probable stale golden")
+        out.append(f"{r['rule']}: surface {r['surface']}, abs {band['abs']}, rel {band['rel']}, when "
+                   f"{band['when']} ({band['reason']}): {', '.join(did)}")
+        for f in r["examples"]:
+            out.append(f"  absorbed {location(f)}: golden {value_text(f.golden, f.actual)} -> actual "
+                       f"{value_text(f.actual, f.golden)}")
+        if r["passed"] > len(r["examples"]):
+            out.append(f"  ... and {r['passed'] - len(r['examples'])} more absorbed (--format json lists the first "
+                       "ones per surface)")
+    return out
+
+
 def summary_line(verdict) -> str:
     c = verdict.counts()
-    lanes = (
-        "deterministic platform (exact lane gates)"
-        if verdict.deterministic
-        else "nondeterministic platform (tolerance lane gates)"
-    )
+    lanes = lane_text(verdict)
     causes = f"; {len(verdict.divergences)} cause(s) first diverging" if verdict.divergences else ""
     spec = getattr(verdict, "spec", None)
     first = (f"the workload spec differs from the golden's ({len(spec.changes) or 'digest only'}"

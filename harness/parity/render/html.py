@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.parity.findings import Finding, Verdict
+from harness.parity.render.bounded import bounded_document, bounded_step_times, bounded_verdict
 from harness.parity.render.common import (
     STATUS_WORD,
     VERDICT_WORD,
@@ -35,6 +36,7 @@ from harness.parity.render.common import (
     location,
     number_cell,
     position_text,
+    rules_applied_lines,
     segments,
     summary_line,
 )
@@ -283,6 +285,8 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
     ``provenance`` is the golden's PROVENANCE.json and ``run`` the run's fields (``run_id``),
     shown near the top (``html_provenance.provenance_block``); ``step_times`` (informational)
     is a table below the surface table."""
+    verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
+    step_times = bounded_step_times(step_times)
     status = verdict.status
     counts = verdict.counts()
     names = sorted(verdict.surfaces)
@@ -321,6 +325,12 @@ def render_html(verdict: Verdict, *, title: str = "golden parity", surfaces_actu
                    f'<td class="st">{_e(shown)}</td><td class="num">{s.sections_compared}</td>'
                    f'<td class="num">{s.sections_differing}</td><td class="num">{len(s.findings)}</td></tr>')
     out.append("</tbody></table></section>")
+    applied = rules_applied_lines(verdict)
+    if applied:
+        out.append('<section id="tolerances-applied"><h2>Tolerance rules that changed the verdict</h2><ul>')
+        out.extend(f'<li class="{"absorbed" if line.startswith("  ") else "rule"}"><code>{_e(line.strip())}</code></li>'
+                   for line in applied)
+        out.append("</ul></section>")
     out.extend(_step_times_section(step_times))
     anchors = {id(f): f"f-{_anchor(name)[len('surface-'):]}-{i}"
                for name in names for i, f in enumerate(verdict.surfaces[name].findings[:limit])}

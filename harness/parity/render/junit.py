@@ -13,7 +13,16 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from harness.parity.findings import Verdict
-from harness.parity.render.common import HEADER, consequences_text, finding_row, location, position_text
+from harness.parity.render.bounded import bounded_document, bounded_verdict
+from harness.parity.render.common import (
+    HEADER,
+    consequences_text,
+    finding_row,
+    lane_text,
+    location,
+    position_text,
+    rules_applied_lines,
+)
 from harness.parity.render.provenance import provenance_properties
 
 
@@ -33,6 +42,7 @@ def _cause_lines(verdict: Verdict) -> str:
 
 
 def render_junit(verdict: Verdict, *, title: str = "golden parity", provenance: dict | None = None) -> str:
+    verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
     cases = sorted(verdict.surfaces)
     failures = sum(verdict.surfaces[n].status != "parity" for n in cases)
     suite = ET.Element("testsuite", name=title, tests=str(len(cases)), failures=str(failures), errors="0", skipped="0")
@@ -60,8 +70,14 @@ def render_junit(verdict: Verdict, *, title: str = "golden parity", provenance: 
         info = [f for f in s.findings if f.status == "info"]
         if info:
             ET.SubElement(case, "system-out").text = _finding_lines(info)
+    out = [f"lanes: {lane_text(verdict)}"]
+    applied = rules_applied_lines(verdict)
+    if applied:
+        out += ["tolerance rules that changed the verdict:", *applied]
     if verdict.divergences:
-        ET.SubElement(suite, "system-out").text = "first divergence (execution order):\n" + _cause_lines(verdict)
+        out += ["first divergence (execution order):", _cause_lines(verdict)]
+    if applied or verdict.divergences:
+        ET.SubElement(suite, "system-out").text = "\n".join(out)
     root = ET.Element("testsuites")
     root.append(suite)
     ET.indent(root)

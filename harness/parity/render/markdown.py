@@ -8,6 +8,7 @@ shows a window around the element that differs, in bold.
 from __future__ import annotations
 
 from harness.parity.findings import Verdict
+from harness.parity.render.bounded import bounded_document, bounded_step_times, bounded_verdict
 from harness.parity.render.common import (
     HEADER,
     STATUS_WORD,
@@ -15,6 +16,7 @@ from harness.parity.render.common import (
     finding_row,
     location,
     position_text,
+    rules_applied_lines,
     summary_line,
     value_text,
 )
@@ -40,6 +42,8 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
                     provenance: dict | None = None, step_times: StepTimes | None = None) -> str:
     """The verdict as Markdown; ``step_times`` (golden beside run, informational) adds a
     collapsed table below the surface table."""
+    verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
+    step_times = bounded_step_times(step_times)
     lines = [f"### {title}", "", f"**{summary_line(verdict)}**", ""]
     if verdict.spec is not None:  # the first finding (harness.parity.spec_check)
         lines += [f"**{'FAIL' if verdict.spec.gating else 'NOTE'}** {_code(verdict.spec.headline)}", ""]
@@ -51,6 +55,10 @@ def render_markdown(verdict: Verdict, *, title: str = "golden parity", limit: in
         s = verdict.surfaces[name]
         lines.append(_row([name, "yes" if s.gated else "info", f"**{s.status}**" if s.status != "parity" else s.status,
                            str(s.sections_compared), str(s.sections_differing), str(len(s.findings))]))
+    applied = rules_applied_lines(verdict)
+    if applied:
+        lines += ["", "#### Tolerance rules that changed the verdict", ""]
+        lines += [("  - " if line.startswith("  ") else "- ") + _code(line.strip()) for line in applied]
     if step_times is not None:
         rows = table_rows(step_times)
         summary = "step times, seconds (golden -> this run; informational, not gated)"

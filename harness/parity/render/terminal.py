@@ -13,12 +13,14 @@ import sys
 import textwrap
 
 from harness.parity.findings import Finding, Verdict
+from harness.parity.render.bounded import bounded_document, bounded_step_times, bounded_verdict
 from harness.parity.render.common import (
     STATUS_WORD,
     consequences_text,
     location,
     number_cell,
     position_text,
+    rules_applied_lines,
     summary_line,
     value_text,
 )
@@ -72,6 +74,8 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
     beside run, informational) when given, then the causes (up to ``limit``), then findings
     per surface; a surface whose findings are all informational (not gated: memory, timings)
     is summarised in one line unless ``show_info``."""
+    verdict, provenance = bounded_verdict(verdict), bounded_document(provenance)  # issue 41: bounded output
+    step_times = bounded_step_times(step_times)
     color = use_color() if color is None else color
 
     def paint(text: str, status: str) -> str:
@@ -93,6 +97,9 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
     if statuses:  # none: a verdict decided before any run (the spec)
         lines.append(table[0])
         lines.extend(paint(row, status) for row, status in zip(table[1:], statuses))
+    applied = rules_applied_lines(verdict)
+    if applied:
+        lines += ["", "tolerance rules that changed the verdict:"] + ["  " + line for line in applied]
     if step_times is not None:
         lines += ["", "step times, seconds (golden -> this run; informational, not gated):"]
         lines += ["  " + row for row in _table(table_rows(step_times))]
