@@ -99,7 +99,9 @@ def repository_state(goldens_root: str | Path) -> dict | None:
     """``{"commit", "dirty", "goldens_root"}`` of the git repository holding ``goldens_root``,
     None when there is none, when that repository ignores ``goldens_root`` (its commit says
     nothing about files it does not track), or git is unavailable. ``dirty``: any change
-    to tracked files or any untracked, not ignored file (``git status --porcelain``)."""
+    to tracked files or any untracked, not ignored file outside the goldens root
+    (:func:`uncommitted_changes`: goldens a capture or refresh is writing are not the code
+    that produced them, so refreshing several goldens one after the other stays clean)."""
     root = Path(goldens_root).resolve()
     probe = root
     while not probe.is_dir() and probe != probe.parent:
@@ -111,8 +113,8 @@ def repository_state(goldens_root: str | Path) -> dict | None:
     if not top or not commit:  # no repository, or one without a commit yet
         return None if not top else {"commit": None, "dirty": True, "goldens_root": _relative(root, top)}
     status = _git(probe, "status", "--porcelain")
-    return {"commit": commit.strip(), "dirty": bool(status and status.strip()) if status is not None else None,
-            "goldens_root": _relative(root, top)}
+    dirty = None if status is None else uncommitted_changes(root) is not None
+    return {"commit": commit.strip(), "dirty": dirty, "goldens_root": _relative(root, top)}
 
 
 def uncommitted_changes(goldens_root: str | Path) -> dict | None:

@@ -183,9 +183,14 @@ def test_a_capture_records_the_consumer_repository_and_versions(consumer, tmp_pa
     assert main(["list", "--json", "--goldens-root", str(root)]) == 0
     listed = json.loads(capsys.readouterr().out)["workloads"][0]["provenance"]["cpu"]
     assert listed["repository"]["commit"] == head and listed["versions_source"] == "recorded"
-    # a refresh in a dirty work tree (the new golden is not committed yet) says so
+    # a refresh over goldens not committed yet is still clean: they are what it writes, not the code
     flows.store_golden(execution, "cpu", reason="again", goldens_root=root, command="golden refresh w",
                        allow_replace=True)
+    assert read_golden(root, "w", "cpu").provenance["repository"]["dirty"] is False
+    # an uncommitted change to the code outside the goldens root makes it dirty (recorded when allowed)
+    (root.parent / "model_change.py").write_text("x = 1\n")
+    flows.store_golden(execution, "cpu", reason="again", goldens_root=root, command="golden refresh w",
+                       allow_replace=True, allow_dirty=True)
     assert read_golden(root, "w", "cpu").provenance["repository"]["dirty"] is True
 
 
