@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,21 +70,30 @@ def json_pointer(parts: tuple[Any, ...] | list[Any]) -> str:
     return "".join("/" + _escape(str(p)) for p in parts)
 
 
-def find_non_finite(value: Any, _path: tuple = ()) -> tuple[tuple, float] | None:
-    """Path and value of the first NaN/inf float in ``value`` (depth first, keys sorted), or None."""
-    stack: list[tuple[tuple, Any]] = [(_path, value)]
+def _first_leaf(value: Any, bad: Callable[[Any], bool], path: tuple = ()) -> tuple[tuple, Any] | None:
+    """Path and value of the first leaf (not a dict, list or tuple) for which ``bad`` holds, depth
+    first with dict keys sorted; None when there is none."""
+    stack: list[tuple[tuple, Any]] = [(path, value)]
     while stack:
         path, node = stack.pop()
-        if isinstance(node, float):
-            if not math.isfinite(node):
-                return path, node
-        elif isinstance(node, dict):
+        if isinstance(node, dict):
             for key in sorted(node, reverse=True):
                 stack.append((path + (key,), node[key]))
         elif isinstance(node, (list, tuple)):
             for index in range(len(node) - 1, -1, -1):
                 stack.append((path + (index,), node[index]))
+        elif bad(node):
+            return path, node
     return None
+
+
+def _non_finite(node: Any) -> bool:
+    return isinstance(node, float) and not math.isfinite(node)
+
+
+def find_non_finite(value: Any, _path: tuple = ()) -> tuple[tuple, float] | None:
+    """Path and value of the first NaN/inf float in ``value`` (depth first, keys sorted), or None."""
+    return _first_leaf(value, _non_finite, _path)
 
 
 # The gate's numeric domain (issue 41), the same for every document it reads or validates
@@ -95,22 +105,8 @@ INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
 def find_out_of_domain(value: Any, _path: tuple = ()) -> tuple[tuple, Any] | None:
     """Path and value of the first number outside the gate's domain (an int outside
     ``INT_MIN..INT_MAX``, a NaN/inf float; depth first, keys sorted), or None."""
-    stack: list[tuple[tuple, Any]] = [(_path, value)]
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, float):
-            if not math.isfinite(node):
-                return path, node
-        elif isinstance(node, int) and not isinstance(node, bool):
-            if not INT_MIN <= node <= INT_MAX:
-                return path, node
-        elif isinstance(node, dict):
-            for key in sorted(node, reverse=True):
-                stack.append((path + (key,), node[key]))
-        elif isinstance(node, (list, tuple)):
-            for index in range(len(node) - 1, -1, -1):
-                stack.append((path + (index,), node[index]))
-    return None
+    return _first_leaf(value, lambda node: _non_finite(node) or (
+        isinstance(node, int) and not isinstance(node, bool) and not INT_MIN <= node <= INT_MAX), _path)
 
 
 def domain_problem(value: Any) -> tuple[str, str] | None:
