@@ -202,14 +202,9 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     (docs/cluster.md). ``canary``: what :func:`pin_numerics` does with the numerics canary of
     a pinned CPU run ("check", or "store" for capture and refresh)."""
     from harness.runner.run import run_workload
-    from harness.spec.load import check_runnable
-    from harness.spec.topology import plan
 
     spec = spec_for_platform(workload, overrides, platform, goldens_root)
-    check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
-    address = ray_address_of(spec, ray_address)
-    topology = plan(spec).to_dict()
-    _refuse_unplaceable(spec, topology, address)
+    address = refuse_unrunnable(spec, ray_address)
     pin_numerics(spec, goldens_root, canary, say)  # drift.Drift: this machine's pinned bits moved (no verdict)
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
     t = time.perf_counter()
@@ -217,6 +212,23 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     phase(say, "postflight")
     result = postflight(run_dir)
     return Execution(spec, run_dir, result, time.perf_counter() - t)
+
+
+def refuse_unrunnable(spec: Workload, ray_address: str | None = None) -> str | None:
+    """What a run of ``spec`` would be refused for, before anything starts: a value a worker
+    would refuse (``spec.load.check_runnable``), a layout the plan refuses, a Ray (local or the
+    cluster at ``ray_address``, else the spec's) that cannot hold the plan. Raises ``SpecError``
+    (exit 2; ``ClusterRefused`` is one); returns the Ray address the run joins (None: local).
+    ``golden check`` asks it before deciding a spec verdict, so unusable input is never
+    reported as a finding."""
+    from harness.spec.load import check_runnable
+    from harness.spec.topology import plan
+
+    check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
+    address = ray_address_of(spec, ray_address)
+    topology = plan(spec).to_dict()
+    _refuse_unplaceable(spec, topology, address)
+    return address
 
 
 def _refuse_unplaceable(spec: Workload, topology: dict, address: str | None) -> None:

@@ -92,7 +92,9 @@ def test_refresh_and_check_give_no_verdict_for_it(failed_run, command, tmp_path,
 
     monkeypatch.setattr(flows, "execute", execute)
     monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
-    args = [command, SMOKE, *SMALL, "--goldens-root", str(goldens), "--run-dir", str(tmp_path / "new"), "-q"]
+    # no overrides: the stored golden records its spec, and a check whose spec differs is decided
+    # (a spec finding) before any run; the replayed run is the failed one whatever they say
+    args = [command, SMOKE, "--goldens-root", str(goldens), "--run-dir", str(tmp_path / "new"), "-q"]
     if command == "refresh":
         args += ["--reason", "must not be stored"]
     assert main(args) == EXIT_NO_VERDICT
