@@ -136,12 +136,16 @@ def _reader_went_away() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``golden`` command; its exit code (module docstring). A reader that closes stdout
     early (``golden list | head``) ends it quietly, whatever the command (exit 141)."""
+    from harness import interrupts
+
     try:
         code = _main(argv)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code
     except BrokenPipeError:
         return _reader_went_away()
+    except KeyboardInterrupt:  # one that came outside the command's own handler (while it was put back)
+        return interrupts.exit_code()
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -87,15 +87,16 @@ def test_a_damaged_golden_fails_every_surface_without_running(inner):
 
 @pytest.mark.slow
 def test_failure_says_how_to_refresh(inner):
-    """A real regression (the workload's seed changed): readable findings per
-    surface, the refresh command, and the workload ran once for six tests."""
+    """The workload's seed changed: the golden records its spec, so every selected surface fails
+    before any run with the field named first (the spec-first finding), and the failure says
+    how to refresh."""
     pytester, root = inner
     _workload(root, SMOKE, golden=True, seed=1235)
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
                                            "--goldens-root", str(root), "-k", "training or topology")
-    result.assert_outcomes(failed=1, passed=1)
+    result.assert_outcomes(failed=2)
     out = result.stdout.str()
-    assert f"{SMOKE}/training: fail" in out and "/metrics/loss" in out
+    assert f"{SMOKE}/training: fail before any run" in out and "seed: 1234 -> 1235" in out
     assert f"golden refresh {SMOKE} --platform cpu --goldens-root {root} --reason TEXT" in out  # the root given
     assert f"--golden-refresh --golden-platform=cpu --goldens-root={root} --golden-reason=TEXT" in out
     assert out.count(f"{SMOKE:<36} {stored_dir(SMOKE, root=root).name:<8} fail") == 1
