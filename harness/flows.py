@@ -216,17 +216,23 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
 
 def refuse_unrunnable(spec: Workload, ray_address: str | None = None) -> str | None:
     """What a run of ``spec`` would be refused for, before anything starts: a value a worker
-    would refuse (``spec.load.check_runnable``), a layout the plan refuses, a Ray (local or the
+    would refuse (``spec.load.check_runnable``), a layout the plan refuses, a local CPU run this
+    machine's memory cannot hold (``spec.resources.memory_refusal``), a Ray (local or the
     cluster at ``ray_address``, else the spec's) that cannot hold the plan. Raises ``SpecError``
     (exit 2; ``ClusterRefused`` is one); returns the Ray address the run joins (None: local).
     ``golden check`` asks it before deciding a spec verdict, so unusable input is never
     reported as a finding."""
     from harness.spec.load import check_runnable
+    from harness.spec.resources import machine_memory_bytes, memory_refusal
     from harness.spec.topology import plan
 
     check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
+    if address is None and spec.platform.device == "cpu":  # every rank and engine on this machine
+        refused = memory_refusal(spec, machine_memory_bytes())
+        if refused is not None:
+            raise refused
     _refuse_unplaceable(spec, topology, address)
     return address
 

@@ -122,18 +122,29 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from harness.spec import SpecError, load_spec, plan, spec_digest
+    from harness.spec.resources import estimate, machine_memory_bytes, memory_refusal
 
     try:
         spec = load_spec(args.workload, args.overrides, goldens_root=args.goldens_root)
         topo = plan(spec)
+        local_cpu = spec["platform"]["device"] == "cpu" and not spec["platform"].get("ray_address")
+        refused = memory_refusal(spec, machine_memory_bytes()) if local_cpu else None
+        if refused is not None:
+            raise refused
     except SpecError as exc:
         print(f"golden plan: {exc}", file=sys.stderr)
         return 2
     digest = spec_digest(spec)
+    resources = estimate(spec)
     if args.json:
         doc = {"workload": spec.name, "spec_digest": digest, "summary": summarize(spec, topo),
-               "topology": topo.to_dict()}
+               "topology": topo.to_dict(),
+               "resources": {"parameters": resources.parameters, "total_bytes": resources.total_bytes,
+                             "policy_rank_bytes": resources.policy_rank_bytes,
+                             "activation_rank_bytes": resources.activation_rank_bytes,
+                             "kv_engine_bytes": resources.kv_engine_bytes}}
         print(json.dumps(doc, indent=1, sort_keys=True))
     else:
         print(_render_text(spec, digest, topo))
+        print(f"resources (estimate)  {resources.summary()}")
     return 0
