@@ -28,21 +28,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.portable.pins import OFF_VAR, PINS  # noqa: E402  (standard library only)
+from harness.numerics import first_processor  # noqa: E402  (standard library only)
+from harness.portable.pins import OFF_VAR, PINS  # noqa: E402
 
 OVERRIDING = (*PINS, "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE", "DNNL_MAX_CPU_ISA", OFF_VAR)
 
 
 def _cpu() -> dict[str, str]:
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if not line.strip():
-                break
-            name, _, value = line.partition(":")
-            fields.setdefault(name.strip(), value.strip())
-    except OSError:
-        pass
+    fields = first_processor()
     flags = set(fields.get("flags", "").split())
     return {"model_name": fields.get("model name", "?"), "vendor": fields.get("vendor_id", "?"),
             "family": fields.get("cpu family", "?"), "model": fields.get("model", "?"),

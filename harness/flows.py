@@ -223,16 +223,15 @@ def refuse_unrunnable(spec: Workload, ray_address: str | None = None) -> str | N
     ``golden check`` asks it before deciding a spec verdict, so unusable input is never
     reported as a finding."""
     from harness.spec.load import check_runnable
-    from harness.spec.resources import machine_memory_bytes, memory_refusal
+    from harness.spec.resources import local_refusal
     from harness.spec.topology import plan
 
     check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
     address = ray_address_of(spec, ray_address)
     topology = plan(spec).to_dict()
-    if address is None and spec.platform.device == "cpu":  # every rank and engine on this machine
-        refused = memory_refusal(spec, machine_memory_bytes())
-        if refused is not None:
-            raise refused
+    refused = local_refusal(spec, address)  # every rank and engine on this machine
+    if refused is not None:
+        raise refused
     _refuse_unplaceable(spec, topology, address)
     return address
 

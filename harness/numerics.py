@@ -38,7 +38,7 @@ from typing import Any
 
 from harness.portable import pins
 
-__all__ = ["OVERRIDES", "cpu_numerics", "cuda_numerics", "numerics_key"]
+__all__ = ["OVERRIDES", "cpu_numerics", "cuda_numerics", "first_processor", "numerics_key"]
 
 CPUINFO = "/proc/cpuinfo"
 MAX_CPUINFO_BYTES = 1 << 20  # one processor's block is a few KiB; never read more than this
@@ -50,7 +50,7 @@ OVERRIDES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_
 _VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "hygon"}
 
 
-def _first_processor(path: str) -> dict[str, str]:
+def first_processor(path: str = CPUINFO) -> dict[str, str]:
     """``key: value`` fields of the first processor block of a cpuinfo file (empty when unreadable)."""
     try:
         with open(path, "rb") as fh:
@@ -81,7 +81,7 @@ def cpu_numerics(cpuinfo: str = CPUINFO, environ: Mapping[str, str] | None = Non
     None when the cpuinfo file names no vendor this module knows how to key (then CPU goldens
     are not split by machine, as before the key existed)."""
     environ = os.environ if environ is None else environ
-    fields = _first_processor(cpuinfo)
+    fields = first_processor(cpuinfo)
     overrides = {name: environ[name] for name in OVERRIDES if environ.get(name)}
     vendor_id = fields.get("vendor_id")
     if vendor_id is not None:

@@ -153,29 +153,14 @@ class Prestart:
 
 def would_run(config: pytest.Config, workload: str, root: Path) -> bool:
     """Whether ``GoldenSession`` would run ``workload`` (under ``root``) in this session: False
-    when its verdict is decided from files alone (the checks ``GoldenSession._outcome`` makes
-    before it runs anything, in the same order). Reads specs and goldens only: no torch, no ray."""
-    from harness import flows
+    when its verdict is decided from files alone (``harness.pytest_session.before_run``, the
+    session's own pre-run checks). Reads specs and goldens only: no torch, no ray."""
+    from harness.pytest_session import before_run
 
-    platform_opt = config.getoption("--golden-platform")
-    refresh = bool(config.getoption("--golden-refresh"))
-    capture = bool(config.getoption("--golden-capture-missing"))
-    try:
-        spec = flows.spec_for_platform(str(workload), (), platform_opt, root)
-        platform = flows.platform_of(spec, platform_opt)
-        if (refresh or capture) and platform not in spec.platform.platforms:
-            return False
-        if refresh:
-            return True
-        platform = flows.stored_platform(spec, platform, root)
-        try:
-            golden, _, _ = flows.load_golden(root, spec.name, platform)
-        except flows.GoldenMissing:
-            return capture
-        changed = flows.spec_difference(spec, golden)
-        return not (changed is not None and changed.gating)
-    except Exception:  # noqa: BLE001 - a bad spec or an unusable golden: its tests fail without a run
-        return False
+    return before_run(str(workload), root, platform_opt=config.getoption("--golden-platform"),
+                      refresh=bool(config.getoption("--golden-refresh")),
+                      capture_missing=bool(config.getoption("--golden-capture-missing")),
+                      allow_dirty=bool(config.getoption("--golden-allow-dirty"))).decided is None
 
 
 def _selected(config: pytest.Config, items: list) -> tuple[list[tuple[str, Path]], bool]:

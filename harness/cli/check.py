@@ -85,18 +85,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"golden check: {exc}", file=sys.stderr)
         return exc.code
     from harness import flows
-    from harness.cli import EXIT_USAGE
-    from harness.spec.errors import SpecError
 
-    try:  # unusable input (exit 2) comes before any verdict, the spec's included
-        flows.refuse_unrunnable(prepared.spec, getattr(args, "ray_address", None))
-    except SpecError as exc:
-        print(f"golden check: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     changed = flows.spec_difference(prepared.spec, golden)
     if changed is not None and changed.gating:  # decided before the run: the spec, not a surface, is what changed
+        from harness.cli import EXIT_USAGE
         from harness.parity.findings import Verdict
+        from harness.spec.errors import SpecError
 
+        try:  # unusable input (exit 2) still comes first; a run's execute checks it itself
+            flows.refuse_unrunnable(prepared.spec, getattr(args, "ray_address", None))
+        except SpecError as exc:
+            print(f"golden check: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         return _report(args, prepared, Verdict(deterministic=deterministic, surfaces={}, spec=changed), golden,
                        execution=None)
     from harness.postflight.read import RunRefused, load_run

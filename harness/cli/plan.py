@@ -122,13 +122,12 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from harness.spec import SpecError, load_spec, plan, spec_digest
-    from harness.spec.resources import estimate, machine_memory_bytes, memory_refusal
+    from harness.spec.resources import estimate, local_refusal
 
     try:
         spec = load_spec(args.workload, args.overrides, goldens_root=args.goldens_root)
         topo = plan(spec)
-        local_cpu = spec["platform"]["device"] == "cpu" and not spec["platform"].get("ray_address")
-        refused = memory_refusal(spec, machine_memory_bytes()) if local_cpu else None
+        refused = local_refusal(spec, spec["platform"].get("ray_address"))
         if refused is not None:
             raise refused
     except SpecError as exc:

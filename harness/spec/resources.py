@@ -31,7 +31,7 @@ from typing import Any
 
 from harness.spec.errors import SpecError
 
-__all__ = ["Resources", "estimate", "machine_memory_bytes", "memory_refusal"]
+__all__ = ["Resources", "estimate", "local_refusal", "machine_memory_bytes", "memory_refusal"]
 
 BYTES_PER_PARAM = 16  # fp32 weights + gradients + AdamW exp_avg + exp_avg_sq
 FLOAT_BYTES = 4  # activations and KV cache counted in fp32 (the CPU goldens' dtype; bf16 halves it)
@@ -109,6 +109,14 @@ def machine_memory_bytes(path: str = MEMINFO) -> int | None:
         if name.strip() == "MemTotal" and value.split() and value.split()[0].isdigit():
             return int(value.split()[0]) * 1024
     return None
+
+
+def local_refusal(spec: dict[str, Any], ray_address: str | None) -> SpecError | None:
+    """:func:`memory_refusal` against this machine for a run that holds every rank and engine
+    here: a CPU run that joins no cluster (``ray_address`` None); None for any other run."""
+    if spec["platform"]["device"] != "cpu" or ray_address:
+        return None
+    return memory_refusal(spec, machine_memory_bytes())
 
 
 def memory_refusal(spec: dict[str, Any], memory_bytes: int | None) -> SpecError | None:
