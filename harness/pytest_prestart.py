@@ -153,9 +153,9 @@ class Prestart:
 
 def would_run(config: pytest.Config, workload: str, root: Path) -> bool:
     """Whether ``GoldenSession`` would run ``workload`` (under ``root``) in this session: False
-    when its verdict is decided from files alone (``harness.pytest_session.before_run``, the
+    when its verdict is decided from files alone (``harness.pytest_before_run.before_run``, the
     session's own pre-run checks). Reads specs and goldens only: no torch, no ray."""
-    from harness.pytest_session import before_run
+    from harness.pytest_before_run import before_run
 
     return before_run(str(workload), root, platform_opt=config.getoption("--golden-platform"),
                       refresh=bool(config.getoption("--golden-refresh")),
