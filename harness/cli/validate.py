@@ -149,7 +149,25 @@ def _golden_extras(base: Path, manifest: dict) -> list[str]:
         errors += [f"{provenance}#/{p.split(':')[0]}: {p}" for p in provenance_errors(read_json(provenance))]
     except StrictJSONError as exc:
         errors.append(str(exc))
-    return errors + _tolerance_errors(base)
+    errors += _tolerance_errors(base)
+    return errors + (_lock_errors(base) if not errors else [])
+
+
+def _lock_errors(base: Path) -> list[str]:
+    """The golden against its root's goldens lock (``harness.store.lock``), as ``read_golden``
+    checks it: a golden edited consistently by hand is valid in itself, not in its root."""
+    from harness.docio import Limits
+    from harness.store.atomic import GoldenStoreError, _read_tree
+    from harness.store.lock import lock_problem
+
+    golden = base.resolve()
+    limits = Limits.from_env()
+    try:
+        problem = lock_problem(golden.parent.parent, golden.parent.name, golden.name, _read_tree(golden, limits),
+                               limits)
+    except GoldenStoreError as exc:
+        problem = str(exc)
+    return [problem] if problem else []
 
 
 def _gated_documents(base: Path, manifest: dict) -> dict:

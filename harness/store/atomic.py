@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.docio import Limits, read_bytes
-from harness.store import layout
+from harness.store import layout, lock
 from harness.store.golden import ANY, Golden, GoldenChanged, GoldenStoreError, files_digest
 from harness.store.integrity import golden_files, golden_problems, listed_surfaces, load_strict_bytes
 from harness.store.provenance import provenance_errors
@@ -154,6 +154,9 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
     files = golden_files(workload, manifest, surfaces, provenance, tolerances, platform=platform)
     workload_dir = target.parent
     _refuse_symlinked_workload(workload_dir)
+    lock.read_lock(root)  # an index that cannot be read refuses the write before anything changes
+    locked = os.path.lexists(Path(root) / lock.LOCK_FILE)
+    seed = None if locked else root_entries(root, skip=lock.key(workload, platform))  # read before any lock
     with workload_lock(workload_dir):
         _recover_locked(workload_dir, platform)
         if expect is not ANY:
@@ -185,7 +188,31 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
             os.rename(tmp, target)
             _fsync_dir(workload_dir)
             shutil.rmtree(old)
+        lock.record(root, workload, platform, files, seed=seed)  # still under the workload lock: in write order
     return target
+
+
+def root_entries(root: str | Path, *, skip: str | None = None) -> dict[str, dict]:
+    """The lock entries (``lock.entry_for``) of every golden under ``root`` that reads cleanly,
+    its lock aside (``skip``: a key left out). Takes each workload's lock in turn, so the caller
+    must hold none."""
+    root = Path(root)
+    entries: dict[str, dict] = {}
+    if not root.is_dir():
+        return entries
+    for workload_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if workload_dir.is_symlink():
+            continue
+        for golden in sorted(p for p in workload_dir.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+            name = lock.key(workload_dir.name, golden.name)
+            if name == skip:
+                continue
+            try:
+                found = _read_golden(root, workload_dir.name, golden.name, check_lock=False)
+            except (GoldenStoreError, FileNotFoundError, ValueError):
+                continue  # a damaged golden is not locked: a read refuses it either way
+            entries[name] = lock.entry_for(found.files)
+    return entries
 
 
 # --- read ----------------------------------------------------------------------------
@@ -312,8 +339,14 @@ def read_golden(root: str | Path, workload: str, platform: str) -> Golden:
     schema v2 manifest of a complete run of this workload, surface files missing,
     unlisted or differing from the sha256 the manifest records, a gated surface
     missing or without sections, a surface failing its schema, an invalid
-    tolerances.yaml; and a PROVENANCE.json with invalid fields (``provenance_errors``).
+    tolerances.yaml; a PROVENANCE.json with invalid fields (``provenance_errors``); and,
+    in a root with a goldens lock (``harness.store.lock``), files that differ from the
+    golden's entry there, or no entry.
     """
+    return _read_golden(root, workload, platform, check_lock=True)
+
+
+def _read_golden(root: str | Path, workload: str, platform: str, *, check_lock: bool) -> Golden:
     target = layout.golden_dir(root, workload, platform)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"no golden for workload {workload!r}: {target.parent} does not exist")
@@ -338,6 +371,10 @@ def read_golden(root: str | Path, workload: str, platform: str) -> Golden:
     if problems:
         more = f" (and {len(problems) - 3} more problem(s): golden lint lists them)" if len(problems) > 3 else ""
         raise GoldenStoreError("; ".join(problems[:3]) + more)
+    if check_lock:
+        problem = lock.lock_problem(root, workload, platform, files, limits)
+        if problem:
+            raise GoldenStoreError(problem)
     tolerances = target / layout.TOLERANCES if layout.TOLERANCES in files else None
     return Golden(path=target, workload=workload, platform=platform, manifest=manifest, surfaces=surfaces,
                   provenance=provenance, tolerances_path=tolerances, files=files, digest=files_digest(files))

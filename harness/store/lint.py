@@ -16,7 +16,11 @@ Findings (kind):
   schema; one finding per problem;
 * ``machine_specific``: a stored surface holds an absolute path after normalisation
   (``harness.surfaces.portability``), so the golden passes only where it was captured
-  (the store refuses to write such a surface; this catches goldens written before).
+  (the store refuses to write such a surface; this catches goldens written before);
+* ``unlocked_root``: goldens but no ``GOLDENS.lock`` (``harness.store.lock``; ``golden lock``
+  writes one); ``bad_lock``: a lock that does not read; ``lock_mismatch``: a golden whose
+  files differ from its entry there, or that has none (edited outside capture/refresh);
+  ``stale_lock_entry``: an entry for a golden that does not exist.
 Lint only reads; it never repairs, and it never crashes on what it reads (any
 problem of a stored file is a finding).
 """
@@ -170,4 +174,43 @@ def lint(goldens_root: str | Path) -> list[LintFinding]:
                                                     f"{scheduled}"))
         for golden in goldens:
             findings.extend(_check_golden(golden, root))
+    findings.extend(_lock_findings(root, findings))
     return sorted(findings, key=lambda f: (f.path, f.kind))
+
+
+def _lock_findings(root: Path, found: list[LintFinding]) -> list[LintFinding]:
+    """The goldens lock against what is stored (undamaged goldens only: a damaged one already
+    has its findings, and its files are not all read)."""
+    from harness.docio import Limits
+    from harness.store.atomic import GoldenStoreError, _read_tree
+    from harness.store.lock import LOCK_FILE, key, lock_problem, read_lock
+
+    damaged = {f.path.split("/")[0] + "/" + f.path.split("/")[1] for f in found
+               if f.kind in ("damaged_golden", "missing_manifest", "bad_provenance") and f.path.count("/") >= 1}
+    goldens = [(w.name, g.name) for w in sorted(root.iterdir()) if w.is_dir() and not w.name.startswith(".")
+               and not w.is_symlink() for g in _golden_dirs(w)]
+    try:
+        index = read_lock(root)
+    except GoldenStoreError as exc:
+        return [LintFinding("bad_lock", LOCK_FILE, str(exc))]
+    if index is None:
+        return [LintFinding("unlocked_root", LOCK_FILE, f"{len(goldens)} golden(s) but no {LOCK_FILE}: nothing "
+                            "shows a golden edited by hand; `golden lock` writes the index (commit it)")] \
+            if goldens else []
+    out = []
+    limits = Limits.from_env()
+    for workload, platform in goldens:
+        name = key(workload, platform)
+        if name in damaged:
+            continue
+        try:
+            files = _read_tree(root / workload / platform, limits)
+        except GoldenStoreError:
+            continue  # _damage reported it
+        problem = lock_problem(root, workload, platform, files, limits)
+        if problem:
+            out.append(LintFinding("lock_mismatch", name, problem))
+    present = {key(w, p) for w, p in goldens}
+    out += [LintFinding("stale_lock_entry", f"{LOCK_FILE}#{name}", f"names {name}, which has no golden "
+                        "(`golden lock` drops it)") for name in sorted(set(index) - present)]
+    return out
