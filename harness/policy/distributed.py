@@ -8,6 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from harness import code_identity
 from harness.devices import local_device
 from harness.parallel import settle
 from harness.parallel.rendezvous import join_rendezvous
@@ -28,6 +29,7 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.cuda.set_device(local_device(rank, device))
     torch.use_deterministic_algorithms(True)
+    code_identity.check_process(f"policy rank {rank}")  # the driver's harness, file for file
     enter_process(device)  # a pinned CPU run's portable kernels (harness.portable)
     settle.install()  # autograd's in-place choices must not depend on gloo's thread timing
     if not dist.is_initialized():

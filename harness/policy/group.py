@@ -48,11 +48,26 @@ def own_error_text(exc: BaseException, limit: int = 600) -> str:
         raw = _ANSI.sub("", str(exc))
         m = re.search(r"Worker exit type: (\S+) Worker exit detail: (.*?\.)(?: |$)", raw, re.DOTALL)
         text = f"worker process exited ({m.group(1)}: {m.group(2)})" if m else raw.strip().splitlines()[0]
+        raised = _creation_error(raw)
+        if raised:
+            text += f"; it raised {raised}"
         logged = _logged_exception(raw)
         if logged:
             text += f"; its log: {logged}"
     text = " ".join(_ANSI.sub("", text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Mismatch|Interrupt)): (.+)$")
+
+
+def _creation_error(message: str) -> str | None:
+    """The exception line (``type: message``) an actor's constructor raised, from the traceback
+    Ray puts in an ``ActorDiedError`` for a failed creation task (None: no such traceback)."""
+    if "creation task" not in message:
+        return None
+    found = [line.strip() for line in message.splitlines() if _RAISED.match(line.strip())]
+    return found[-1] if found else None
 
 
 def _logged_exception(message: str) -> str | None:

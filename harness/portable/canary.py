@@ -144,8 +144,10 @@ def process_state() -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     """Print ``{"state": ..., "ops": {...}}`` as one JSON line (after activating the pinned
     process state when the pins are in force)."""
+    from harness import code_identity
     from harness.portable import kernels, pins
 
+    code_identity.check_process("the numerics canary")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     if pins.in_force() and os.environ.get("GOLDEN_CANARY_NO_KERNELS") != "1":  # the bench's pins-only arm

@@ -78,10 +78,13 @@ def read(goldens_root: str | Path) -> dict | None:
 def measure(environ: dict[str, str] | None = None) -> dict:
     """Run the battery in a fresh interpreter with ``environ`` (this process's by default):
     ``{"state": ..., "ops": {...}}``. Raises RuntimeError when the child fails."""
-    env = dict(os.environ if environ is None else environ)
+    from harness import code_identity
+
+    env = {**(os.environ if environ is None else environ), **code_identity.exported()}
     env["CUDA_VISIBLE_DEVICES"] = ""
     try:
-        out = subprocess.run([sys.executable, "-m", "harness.portable.canary"], env=env, capture_output=True,
+        out = subprocess.run([sys.executable, code_identity.SAFE_PATH_FLAG, "-m", "harness.portable.canary"], env=env,
+                             capture_output=True,
                              text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"numerics canary: the battery did not finish in {TIMEOUT_S} s") from None

@@ -80,8 +80,10 @@ def configure_determinism(device: str = "cpu") -> None:
     """One thread, deterministic kernels: reruns are bit-identical (on cuda,
     cuBLAS gets the fixed workspace deterministic mode requires; on a pinned CPU
     run, the portable kernels: ``harness.portable.enter_process``)."""
+    from harness import code_identity
     from harness.portable import enter_process
 
+    code_identity.check_process("a rollout engine process")  # the driver's harness, file for file
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)

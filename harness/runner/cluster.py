@@ -58,8 +58,11 @@ def init_ray(spec: dict, address: str | None, **kwargs) -> None:
             ray.init(address="local", num_cpus=local_cpus(spec), include_dashboard=False, **kwargs)
     else:
         probe(address)
+        from harness.runner.ray_start import driver_harness_first
+
         try:
-            ray.init(address=address, **kwargs)
+            with driver_harness_first():
+                ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise capacity.ClusterRefused(f"cannot join the Ray cluster at {address}: {exc}") from None
 

@@ -87,7 +87,36 @@ def lean_head_installed(log_to_driver: bool) -> Iterator[bool]:
 
 
 @contextlib.contextmanager
+def driver_harness_first() -> Iterator[bool]:
+    """Enter around any ``ray.init``; yields whether it moved the working directory.
+
+    Ray puts the driver's working directory in front of every worker's ``sys.path`` (its
+    ``py_driver_sys_path``), so a worker that imports ``harness`` itself (one started as a
+    fresh interpreter: ``GOLDEN_ZYGOTE=0``, a cluster node) would import a ``harness/`` folder
+    there instead of the driver's package. When the working directory holds one that is not
+    the imported package, ``ray.init`` runs from the package's parent folder, which is then the
+    entry Ray ships: the workers import the driver's harness (``harness.code_identity`` checks
+    it in each). The working directory is put back on exit; a local instance's workers start in
+    that folder then, so the run passes them absolute paths only."""
+    from pathlib import Path
+
+    from harness.code_identity import package_root
+
+    cwd = Path.cwd()
+    shadow = cwd / "harness"
+    ours = package_root()
+    if not os.path.lexists(shadow) or shadow.resolve() == ours:
+        yield False
+        return
+    os.chdir(ours.parent)
+    try:
+        yield True
+    finally:
+        os.chdir(cwd)
+
+
+@contextlib.contextmanager
 def local_start(log_to_driver: bool) -> Iterator[None]:
-    """Both of this module's changes, around a ``ray.init`` that starts a local instance."""
-    with worker_exec_installed(), lean_head_installed(log_to_driver):
+    """This module's changes, around a ``ray.init`` that starts a local instance."""
+    with worker_exec_installed(), lean_head_installed(log_to_driver), driver_harness_first():
         yield

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import code_identity
 from harness.artifacts import layout
 from harness.portable import pins
 from harness.postflight.placement import PLACEMENT_FILE
@@ -76,6 +77,7 @@ def worker_env(spec: Mapping[str, Any], run_dir: Path, run_id: str) -> dict[str,
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "RAY_AUTH_MODE": "disabled",
+        **code_identity.exported(),  # every process checks it runs the driver's harness (code_identity)
     }
     if pins.pinned_by_harness():  # a pinned driver's workers run pinned, on any node of a cluster too
         env.update(pins.PINS)
@@ -94,7 +96,7 @@ def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] |
     (the pytest plugin's); None: a private Ray instance, started and torn down.
     ``ray_address``: join that Ray cluster instead (``warm`` is then not used; check it
     first with ``harness.runner.cluster.preflight``)."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).absolute()  # workers may start in another directory (ray_start.driver_harness_first)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run directory {run_dir} is not empty")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +136,7 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
     """
     from harness.runner import checkpoint
 
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).absolute()
     run_doc = json.loads((run_dir / layout.RUN_JSON).read_text())
     found = checkpoint.latest(run_dir)
     if found is None:
@@ -162,6 +164,7 @@ def _new_run_doc(spec: dict, topology, run_id: str, *, placed: bool = False) -> 
         "topology": topology.to_dict(),
         "environment": collect_environment(spec),
         "git_commit": git_commit(),
+        "code": {"digest": code_identity.digest(), "root": str(code_identity.package_root())},
         "status": "running",
         "error": None,
         "expected_artifacts": expected_artifacts(spec, topology, placed=placed),

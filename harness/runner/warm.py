@@ -70,6 +70,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from harness.code_identity import DIGEST_VAR, ROOT_VAR
 from harness.portable.pins import MARK_VAR as PIN_MARK
 from harness.portable.pins import PINS
 from harness.registry.policy import policy_backend
@@ -102,7 +103,7 @@ ZYGOTE_ENV = "GOLDEN_ZYGOTE"  # "0": the runtime's workers start as fresh interp
 # The CPU numerics pins (harness.portable.pins) are the zygote's own too: it starts pinned.
 ZYGOTE_START_VARS = frozenset({*BASE_ENV, *PINS, PIN_MARK, "HARNESS_TRACE_DIR", "HARNESS_RUN_ID",
                                "NRL_POLICY_PROFILER_CLASS", "NRL_ROLLOUT_PROFILER_CLASS", "HARNESS_TRACE_ROLE",
-                               "HARNESS_TRACE_SEGMENT", "HARNESS_STEP_OFFSET"})
+                               "HARNESS_TRACE_SEGMENT", "HARNESS_STEP_OFFSET", DIGEST_VAR, ROOT_VAR})
 
 _current: WarmRuntime | None = None  # the runtime whose Ray is up in this process
 _lock = threading.Lock()

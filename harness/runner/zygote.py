@@ -121,8 +121,13 @@ class Zygote:
         self._dir = tempfile.mkdtemp(prefix="golden-zygote-")
         self.address = os.path.join(self._dir, "s")
         ready = os.path.join(self._dir, "ready")
-        self.proc = subprocess.Popen([sys.executable, "-m", "harness.runner.zygote", self.address, ready],
-                                     env=env, stdin=subprocess.DEVNULL, start_new_session=False)
+        from harness import code_identity
+
+        # -P: the working directory is not put on sys.path, so a harness/ folder there is never imported
+        # (code_identity checks it); the server and every worker forked from it run the driver's harness
+        self.proc = subprocess.Popen([sys.executable, code_identity.SAFE_PATH_FLAG, "-m", "harness.runner.zygote",
+                                      self.address, ready], env={**env, **code_identity.exported()},
+                                     stdin=subprocess.DEVNULL, start_new_session=False)
         self._ready = ready
         self._flavours: dict[str, tuple[str, int] | None] = {}  # name -> (address, pid); None: it failed
         self._flavour_lock = threading.Lock()
@@ -394,7 +399,11 @@ def _serve_loop(server: socket.socket) -> None:
 
 def serve(address: str, ready: str) -> None:
     """The server loop (``python -m harness.runner.zygote ADDRESS READY_FILE``)."""
-    _SERVER_ENTRY[:], _BASE_PATH[:] = sys.path[:1], sys.path[1:]
+    from harness import code_identity
+
+    code_identity.check_process("the zygote (fork server)")
+    entry = [] if sys.flags.safe_path else sys.path[:1]  # -P (how Zygote starts it): no working-directory entry
+    _SERVER_ENTRY[:], _BASE_PATH[:] = entry, sys.path[len(entry):]
     _die_with_parent()
     server = _listen(address)
     _preload(PRELOAD)

@@ -50,7 +50,7 @@ def plugin_environment(role: str, backend: str, python: str) -> WorkerEnvironmen
 
 
 def smoke(python: Path, backend: str, timeout_s: float = SMOKE_TIMEOUT_S) -> Line:
-    cmd = [str(python), "-m", "harness.workerenv.smoke", backend]
+    cmd = [str(python), "-P", "-m", "harness.workerenv.smoke", backend]  # -P: never a harness/ of the cwd
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
                               env=stamp._clean_env())
