@@ -2,9 +2,10 @@
 
 Each example stores a golden (``write_golden``, with generated tolerances, waivers and
 platform), may tamper with it by hand (a tolerances.yaml dropped in, an unlisted file, two
-surface entries swapped), builds a run from generated changes (drifted metrics and counts,
-integers outside 64 bits, long strings, NFD look-alike keys) and runs the real command
-in-process in one of the five report formats. What must hold, whatever was generated:
+surface entries swapped, a surface replaced with its manifest sha256 fixed), builds a run from
+generated changes (drifted metrics and counts, integers outside 64 bits, long strings, NFD
+look-alike keys) and runs the real command in-process in one of the five report formats. What
+must hold, whatever was generated:
 
 * no traceback, no internal error: the exit code is 0, 1 or 2;
 * a tampered golden or a run holding a number outside the domain is refused (exit 2);
@@ -37,6 +38,7 @@ from harness.parity.synthetic import synthetic_surfaces
 from harness.store import new_provenance, write_golden
 from harness.store.atomic import GoldenStoreError
 from harness.surfaces import surface_file_bytes
+from harness.surfaces.digest import sha256_hex
 from harness.surfaces.registry import GATED_SURFACES, normalise
 from suites.run_dirs import make_run, read_manifest
 
@@ -65,7 +67,7 @@ mutation = st.one_of(
     st.tuples(st.just("long_string"), st.integers(3000, 300_000)),
     st.tuples(st.just("nfd_key"), st.just(0)),
 )
-tamper = st.sampled_from(["none", "none", "drop_in_tolerances", "unlisted_file", "swap_entries"])
+tamper = st.sampled_from(["none", "none", "drop_in_tolerances", "unlisted_file", "swap_entries", "consistent_edit"])
 
 
 def _mutate(docs: dict, kind: str, arg) -> bool:
@@ -146,6 +148,17 @@ def _one(tmp: Path, seed, tol, waive, platform, changes, tampering, fmt) -> None
         by_name = {e["name"]: e for e in manifest["surfaces"]}
         a, b = by_name["training"], by_name["operators"]
         a["path"], b["path"], a["sha256"], b["sha256"] = b["path"], a["path"], b["sha256"], a["sha256"]
+        (golden / "manifest.json").write_bytes(surface_file_bytes(manifest))
+    elif tampering == "consistent_edit":
+        # by hand, and consistent: the golden now holds the run's training surface and the manifest
+        # records its sha256, so only the goldens lock (GOLDENS.lock) shows the edit
+        data = surface_file_bytes(run_docs["training"])
+        tampered = data != (golden / "surfaces" / "training.json").read_bytes()  # else the edit changes nothing
+        (golden / "surfaces" / "training.json").write_bytes(data)
+        manifest = json.loads((golden / "manifest.json").read_text())
+        for entry in manifest["surfaces"]:
+            if entry["name"] == "training":
+                entry["sha256"] = sha256_hex(data)
         (golden / "manifest.json").write_bytes(surface_file_bytes(manifest))
     run = make_run(tmp / "run", run_docs)
     out, err = io.StringIO(), io.StringIO()
