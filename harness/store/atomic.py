@@ -168,6 +168,7 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
                     f"{target}: changed while this command ran (it compared against {seen}, the store now holds "
                     f"{now}: another capture/refresh wrote it); nothing stored. Rerun to compare against the "
                     "current golden")
+        lock.stage(root, workload, platform, files, on_disk=_files_locked(target), seed=seed)  # old and new accepted
         tmp = Path(tempfile.mkdtemp(prefix=layout.temp_prefix(platform), dir=workload_dir))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a golden is a normal checked-in folder
         (tmp / layout.SURFACES_DIR).mkdir()
@@ -188,7 +189,7 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
             os.rename(tmp, target)
             _fsync_dir(workload_dir)
             shutil.rmtree(old)
-        lock.record(root, workload, platform, files, seed=seed)  # still under the workload lock: in write order
+        lock.record(root, workload, platform, files)  # still under the workload lock: in write order
     return target
 
 
@@ -300,6 +301,18 @@ def _read_tree(target: Path, limits: Limits) -> dict[str, bytes]:
             continue
         files[rel] = read(rel) if rel in wanted else UNREAD
     return files
+
+
+def _files_locked(target: Path) -> dict[str, bytes] | None:
+    """The files of the golden at ``target`` (caller holds the workload lock); None when there is
+    none or it does not read."""
+    if not target.is_dir():
+        return None
+    try:
+        files = _read_tree(target, Limits.from_env())
+    except GoldenStoreError:
+        return None
+    return None if any(isinstance(data, Unread) for data in files.values()) else files
 
 
 def _digest_locked(target: Path) -> str | None:

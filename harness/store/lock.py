@@ -19,16 +19,24 @@ Contract:
   creates the index, with every other golden of the root that reads cleanly;
 * an index that exists is read strictly (strict JSON within ``harness.docio`` limits,
   the format below); one it cannot read refuses every golden of the root (fail closed);
-* ``record`` rewrites the index atomically (temporary file, fsync, rename, fsync of the
-  folder) under an exclusive ``flock`` on the root, so concurrent writers of different
-  goldens both land. A writer killed between storing a golden and recording it leaves a
-  golden its entry does not match: refused until a refresh of it (fail closed).
+* a write is recorded in two steps, both under the workload lock: ``stage`` before the
+  golden's directory is swapped in (the entry then also accepts the new files, as
+  ``pending``), ``record`` after it (the entry holds the new files only). A writer killed
+  at any point leaves an entry that accepts the golden on disk, the previous one or the
+  new one, as the store's own crash invariant promises; the next write of that golden, or
+  ``golden lock``, settles a ``pending`` left behind. Each step rewrites the index
+  atomically (temporary file, fsync, rename, fsync of the folder) under an exclusive
+  ``flock`` on the root, so concurrent writers of different goldens both land.
 
 Format (sorted keys, one trailing newline)::
 
     {"format": 1,
      "goldens": {"<workload>/<platform>": {"digest": "<sha256>",
-                                            "files": {"<relative path>": "<sha256>", ...}}}}
+                                            "files": {"<relative path>": "<sha256>", ...},
+                                            "pending": {"digest": ..., "files": {...}}}}}
+
+``digest``/``files`` are absent while the first write of a golden is staged; ``pending`` is
+present only between the two steps of a write (or after a writer died there).
 
 Stdlib only (gate half).
 """
@@ -49,8 +57,8 @@ from harness.store.golden import GoldenStoreError, files_digest
 from harness.surfaces.canonical import StrictJSONError
 from harness.surfaces.digest import sha256_hex
 
-__all__ = ["LOCK_FILE", "FORMAT", "LockIndex", "key", "read_lock", "lock_problem", "record", "entry_for",
-           "root_lock", "write_lock"]
+__all__ = ["LOCK_FILE", "FORMAT", "LockIndex", "key", "read_lock", "lock_problem", "stage", "record", "entry_for",
+           "accepted", "root_lock", "write_lock"]
 
 LOCK_FILE = "GOLDENS.lock"
 FORMAT = 1
@@ -103,20 +111,36 @@ def _validated(doc: object, path: Path) -> LockIndex:
         pointer = "/goldens/" + name.replace("~", "~0").replace("/", "~1")
         if name.count("/") != 1 or not all(name.split("/")):
             raise bad(pointer, "a key must be '<workload>/<platform>'")
-        if not isinstance(entry, dict) or set(entry) != {"digest", "files"}:
-            raise bad(pointer, "must be an object with exactly the keys 'digest' and 'files'")
-        if not isinstance(entry["digest"], str) or not _HEX.match(entry["digest"]):
-            raise bad(pointer + "/digest", "must be a sha256 (64 lowercase hex digits)")
-        files = entry["files"]
-        if not isinstance(files, dict) or not files:
-            raise bad(pointer + "/files", "must be a non-empty object of relative path -> sha256")
-        for rel, digest in files.items():
-            if not isinstance(digest, str) or not _HEX.match(digest):
-                raise bad(f"{pointer}/files/{rel}", "must be a sha256 (64 lowercase hex digits)")
-        listing = "".join(f"{rel}\0{digest}\n" for rel, digest in sorted(files.items()))
-        if sha256_hex(listing.encode("utf-8", "surrogateescape")) != entry["digest"]:
-            raise bad(pointer + "/digest", "does not match the file digests listed beside it")
+        if not isinstance(entry, dict) or set(entry) not in ({"digest", "files"}, {"digest", "files", "pending"},
+                                                             {"pending"}):
+            raise bad(pointer, "must be an object with the keys 'digest' and 'files' (and 'pending' while a write "
+                      "is staged)")
+        if "digest" in entry:
+            _validated_files(entry, pointer, bad)
+        if "pending" in entry:
+            if not isinstance(entry["pending"], dict) or set(entry["pending"]) != {"digest", "files"}:
+                raise bad(pointer + "/pending", "must be an object with exactly the keys 'digest' and 'files'")
+            _validated_files(entry["pending"], pointer + "/pending", bad)
     return goldens
+
+
+def _validated_files(entry: dict, pointer: str, bad) -> None:
+    if not isinstance(entry["digest"], str) or not _HEX.match(entry["digest"]):
+        raise bad(pointer + "/digest", "must be a sha256 (64 lowercase hex digits)")
+    files = entry["files"]
+    if not isinstance(files, dict) or not files:
+        raise bad(pointer + "/files", "must be a non-empty object of relative path -> sha256")
+    for rel, digest in files.items():
+        if not isinstance(digest, str) or not _HEX.match(digest):
+            raise bad(f"{pointer}/files/{rel}", "must be a sha256 (64 lowercase hex digits)")
+    listing = "".join(f"{rel}\0{digest}\n" for rel, digest in sorted(files.items()))
+    if sha256_hex(listing.encode("utf-8", "surrogateescape")) != entry["digest"]:
+        raise bad(pointer + "/digest", "does not match the file digests listed beside it")
+
+
+def accepted(entry: dict) -> list[dict]:
+    """The recorded states an entry accepts: the stored golden's and a staged write's."""
+    return [e for e in (entry if "digest" in entry else None, entry.get("pending")) if e is not None]
 
 
 def lock_problem(root: str | Path, workload: str, platform: str, files: Mapping[str, bytes],
@@ -133,9 +157,9 @@ def lock_problem(root: str | Path, workload: str, platform: str, files: Mapping[
         return (f"{Path(root) / name}: not in {path} (every golden of a locked root is listed there; capture or "
                 "refresh it with `golden capture/refresh`, or `golden lock` if it was copied in deliberately)")
     held = entry_for(files)
-    if held["digest"] == entry["digest"]:
+    if any(state["digest"] == held["digest"] for state in accepted(entry)):
         return None
-    locked, now = entry["files"], held["files"]
+    locked, now = (entry if "digest" in entry else entry["pending"])["files"], held["files"]
     changed = sorted(rel for rel in set(locked) | set(now) if locked.get(rel) != now.get(rel))
     shown = ", ".join(f"{rel} ({_change(locked.get(rel), now.get(rel))})" for rel in changed[:5])
     more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
@@ -167,6 +191,8 @@ def write_lock(root: Path, index: Mapping[str, dict]) -> None:
     """Write ``index`` as ``root/GOLDENS.lock`` atomically (caller holds ``root_lock``)."""
     data = (json.dumps({"format": FORMAT, "goldens": dict(sorted(index.items()))}, indent=1, sort_keys=True)
             + "\n").encode()
+    for leftover in root.glob("." + LOCK_FILE + ".tmp-*"):  # a writer killed mid-write (we hold the root lock)
+        leftover.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + LOCK_FILE + ".tmp-", dir=root)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -184,6 +210,31 @@ def write_lock(root: Path, index: Mapping[str, dict]) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def stage(root: str | Path, workload: str, platform: str, files: Mapping[str, bytes], *,
+          on_disk: Mapping[str, bytes] | None = None, seed: Mapping[str, dict] | None = None) -> bool:
+    """First step of a write (before the golden's directory is swapped in): the entry accepts
+    the golden on disk (``on_disk``, its files, None when there is none or it does not read)
+    and ``files``, as ``pending``. The golden on disk keeps its place only if the entry
+    accepted it already (a write that died earlier left it there): a hand edit is never
+    recorded. Creates the index like ``record``; returns whether it did."""
+    root = Path(root)
+    with root_lock(root):
+        index = read_lock(root)
+        created = index is None
+        if created:
+            index = dict(seed or {})
+        name = key(workload, platform)
+        entry = index.get(name, {})
+        current = {k: v for k, v in entry.items() if k != "pending"}
+        if on_disk is not None:
+            held = entry_for(on_disk)
+            if any(state["digest"] == held["digest"] for state in accepted(entry)):
+                current = held
+        index[name] = {**current, "pending": entry_for(files)}
+        write_lock(root, index)
+    return created
 
 
 def record(root: str | Path, workload: str, platform: str, files: Mapping[str, bytes], *,

@@ -4,7 +4,9 @@
 first lock of a root whose goldens predate it; a golden copied in on purpose), and drops the
 entries of goldens that no longer exist. A golden whose files differ from its entry is never
 re-recorded here (that is what the lock exists to catch): it is reported, and only a
-``golden refresh`` rewrites its entry. Stdlib only (gate half).
+``golden refresh`` rewrites its entry. A ``pending`` entry left by a writer killed between the
+two steps of a write is settled to whichever of its states the golden on disk is. Stdlib only
+(gate half).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class LockSync:
     created: bool = False
     added: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    settled: list[str] = field(default_factory=list)  # a staged write (``pending``) resolved to the golden on disk
     refused: dict[str, str] = field(default_factory=dict)
 
 
@@ -59,19 +62,24 @@ def sync(root: str | Path) -> LockSync:
                 else:
                     index[name] = entry
                     out.added.append(name)
-            elif entry is None or entry["digest"] != index[name]["digest"]:
+            elif entry is None or all(state["digest"] != entry["digest"] for state in lock.accepted(index[name])):
                 out.refused[name] = ("differs from its entry in the lock, or does not read cleanly: only "
                                      "`golden refresh` rewrites a locked golden's entry")
+            elif "pending" in index[name]:  # a write died between its two steps: the golden on disk settles it
+                index[name] = entry
+                out.settled.append(name)
         for name in sorted(set(index) - present):
             del index[name]
             out.dropped.append(name)
-        if out.created or out.added or out.dropped:
+        if out.created or out.added or out.dropped or out.settled:
             lock.write_lock(root, index)
     return out
 
 
 def describe(result: LockSync, root: Path) -> list[str]:
     lines = [f"added {name}" for name in result.added] + [f"dropped {name} (no such golden)" for name in result.dropped]
+    lines += [f"settled {name} (an interrupted write: the entry now names the golden on disk)"
+              for name in result.settled]
     lines += [f"refused {name}: {why}" for name, why in sorted(result.refused.items())]
     return lines
 

@@ -184,3 +184,21 @@ def test_concurrent_writers_of_different_goldens_both_land(tmp_path):
     assert sorted(index) == ["a/cpu", "b/cpu", "c/cpu", "seed/cpu"]
     for name in ("a", "b", "c"):
         assert read_golden(tmp_path, name, "cpu").digest == index[f"{name}/cpu"]["digest"]
+
+
+def test_a_write_killed_between_its_two_steps_leaves_both_states_accepted_never_a_hand_edit(tmp_path):
+    from harness.store import lock
+    from harness.store.atomic import _files_locked
+
+    _write(tmp_path, "w", seed=0)
+    golden = tmp_path / "w" / "cpu"
+    old = _files_locked(golden)
+    new = dict(old, **{"PROVENANCE.json": old["PROVENANCE.json"] + b" "})
+    lock.stage(tmp_path, "w", "cpu", new, on_disk=old)  # the writer died here: before the swap
+    assert read_golden(tmp_path, "w", "cpu").digest == read_lock(tmp_path)["w/cpu"]["digest"]
+    _edit_consistently(golden)  # a hand edit, then a staged write that died: still refused
+    lock.stage(tmp_path, "w", "cpu", new, on_disk=_files_locked(golden))
+    with pytest.raises(GoldenStoreError, match="differs from its entry"):
+        read_golden(tmp_path, "w", "cpu")
+    _write(tmp_path, "w", seed=0)  # a complete write settles it
+    assert "pending" not in read_lock(tmp_path)["w/cpu"] and lint(tmp_path) == []
