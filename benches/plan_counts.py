@@ -11,7 +11,7 @@
   ``HARNESS_*``, ``GOLDEN_*`` or ``NRL_*`` in the package.
 
 ``python benches/plan_counts.py --run`` also runs the smoke workload once (one iteration,
-CPU, in this process: ``flows.execute``) under ``cProfile`` and prints how often the
+CPU, in this process: ``golden run qwen3_moe_tiny_smoke grpo.iterations=1``) under ``cProfile`` and prints how often the
 driver called each step of working the plan out: a workload file read
 (``yaml_io.load_yaml_file``), a spec validation (``load.spec_from_dict``), a layout plan
 (``topology.plan``), a layout check (``constraints.check_spec``), the resource estimate
@@ -44,7 +44,7 @@ RUN_STEPS = (
     ("resource estimates", "harness/spec/resources.py", "estimate"),
     ("runnable checks", "harness/spec/load.py", "check_runnable"),
     ("as_workload calls", "harness/spec/typed.py", "as_workload"),
-    ("run plans built", "harness/spec/plan.py", "build_plan"),
+    ("run plans built", "harness/spec/runplan.py", "build_plan"),
 )
 
 
@@ -112,18 +112,18 @@ def static_counts() -> dict[str, int]:
 def run_counts() -> dict[str, int]:
     """Run the smoke workload once in this process under cProfile; count the plan steps."""
     sys.path.insert(0, str(ROOT))
-    from harness import flows
+    from harness.cli import main
 
     profile = cProfile.Profile()
     with tempfile.TemporaryDirectory() as tmp:
         profile.enable()
         try:
-            execution = flows.execute("qwen3_moe_tiny_smoke", overrides=("grpo.iterations=1",),
-                                      run_dir=Path(tmp) / "run")
+            code = main(["run", "qwen3_moe_tiny_smoke", "grpo.iterations=1", "--run-dir", str(Path(tmp) / "run"),
+                         "-q"])
         finally:
             profile.disable()
-        if not getattr(execution.postflight, "ok", True):
-            raise SystemExit(f"the run did not complete: {execution.postflight}")
+        if code != 0:
+            raise SystemExit(f"golden run exited {code}")
     stats = pstats.Stats(profile).stats
     counts = {label: 0 for label, _, _ in RUN_STEPS}
     for (file, _line, func), (_cc, ncalls, *_rest) in stats.items():
