@@ -18,10 +18,9 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness import code_identity
 from harness.artifacts import layout
@@ -29,7 +28,7 @@ from harness.portable import pins
 from harness.postflight.placement import PLACEMENT_FILE
 from harness.runner.environment import collect_environment, git_commit
 from harness.spec.runplan import RunPlan, write_plan
-from harness.spec.typed import as_workload
+from harness.spec.typed import Workload, as_workload
 
 
 @dataclass
@@ -46,11 +45,10 @@ def _write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def expected_artifacts(spec: Mapping[str, Any], topology, *, placed: bool = False) -> list[str]:
+def expected_artifacts(spec: Workload, topology, *, placed: bool = False) -> list[str]:
     """Files a complete run must contain: a trace per profiler instance, the metrics, the
     rollout summaries (capture on) and, for a run placed from the plan (``placed``: every
-    cold run), ``placement.json`` (``harness.runner.placement``)."""
-    spec = as_workload(spec)
+    cold run), ``placement.json`` (``harness.runner.placement``). ``spec``: the plan's workload."""
     paths = []
     if spec.plugins.policy_profiler:
         paths += [layout.policy_trace_path(r) for r in range(topology.policy.world)]
@@ -66,9 +64,10 @@ def expected_artifacts(spec: Mapping[str, Any], topology, *, placed: bool = Fals
     return paths
 
 
-def worker_env(spec: Mapping[str, Any], run_dir: Path, run_id: str) -> dict[str, str]:
-    """Environment every worker process gets (the plugin contract is env-only)."""
-    plugins = as_workload(spec).plugins
+def worker_env(spec: Workload, run_dir: Path, run_id: str) -> dict[str, str]:
+    """Environment every worker process gets (the plugin contract is env-only); ``spec``: the
+    plan's workload."""
+    plugins = spec.plugins
     env = {
         **plugins.env,  # the schema reserves the keys set below
         "HARNESS_TRACE_DIR": str(run_dir),
