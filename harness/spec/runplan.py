@@ -160,7 +160,8 @@ def write_plan(run_doc: dict[str, Any], run_plan: RunPlan) -> dict[str, Any]:
 
 def read_plan(run_doc: Mapping[str, Any], *, source: str, ray_address: str | None = None) -> RunPlan:
     """The plan a run stored with :func:`write_plan` (``run_doc``: its run.json, read from
-    ``source``); ``ray_address`` replaces the stored one (a resume on another cluster).
+    ``source``); ``ray_address``: the cluster the resumed run joins (else the spec's
+    ``platform.ray_address``; the stored ``plan_options.ray_address`` is not followed).
     The spec is validated exactly as a workload file is and the layout re-derived; a stored
     ``topology`` that differs from it is refused. ``SpecError`` naming ``source``."""
     from harness.spec.load import spec_from_dict
@@ -171,8 +172,9 @@ def read_plan(run_doc: Mapping[str, Any], *, source: str, ray_address: str | Non
     stored = run_doc.get(OPTIONS_KEY)
     stored = stored if isinstance(stored, Mapping) else {}
     platform = stored.get("platform") if isinstance(stored.get("platform"), str) else None
-    address = ray_address or (stored.get("ray_address") if isinstance(stored.get("ray_address"), str) else None)
-    run_plan = plan_of(spec, platform=platform, ray_address=address, source=f"{source}#/spec")
+    # the address is asked again (docs/cluster.md, "Resume on a cluster"): the stored one is a record,
+    # never followed, so a resume without --ray-address lands on no cluster by accident
+    run_plan = plan_of(spec, platform=platform, ray_address=ray_address, source=f"{source}#/spec")
     topology = run_doc.get("topology")
     if topology is not None and topology != run_plan.topology.to_dict():
         raise SpecError("topology", "differs from the layout its spec plans to (run.json edited by hand?)",

@@ -71,6 +71,8 @@ def test_the_plan_round_trips_through_run_json_and_a_changed_topology_is_refused
     back = read_plan(doc, source="r/run.json")
     assert back.workload == run_plan.workload and back.topology == run_plan.topology
     assert read_plan(doc, source="r/run.json", ray_address="10.0.0.1:6379").ray_address == "10.0.0.1:6379"
+    doc["plan_options"]["ray_address"] = "10.0.0.1:6379"  # recorded, never followed: a resume asks again
+    assert read_plan(doc, source="r/run.json").ray_address is None
     doc["topology"]["policy"]["groups"]["tp"] = [[0], [1]]
     with pytest.raises(SpecError) as exc:
         read_plan(doc, source="r/run.json")
