@@ -18,7 +18,7 @@ that would have fitted.
   the engine's tp.
 
 Pure but for one bounded read of ``/proc/meminfo`` (:func:`machine_memory_bytes`).
-``harness.flows.refuse_unrunnable`` refuses a local CPU run whose total exceeds this
+``harness.spec.runplan.build_plan`` refuses a local CPU run whose total exceeds this
 machine's memory before anything starts (:func:`memory_refusal`); ``golden plan``
 prints the estimate and refuses the same. A cuda run (per-device memory) and a run
 joining a cluster are not checked here.
