@@ -170,12 +170,13 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
                       goldens_root: Path | None = None) -> Workload:
     """The spec a run for ``platform`` uses: :func:`harness.spec.runplan.build_plan`'s workload
     (``platform`` naming a device, ``cpu`` or ``cuda``, overrides ``platform.device``; other
-    platform names, ``cpu-vllm``, only select the golden), without the runnable check.
-    Raises ``SpecError`` (``BackendMissing`` for an optional backend not installed) before
-    Ray or a worker starts."""
-    from harness.spec.runplan import build_plan
+    platform names, ``cpu-vllm``, only select the golden), layout rules checked, not planned
+    (``harness.spec.runplan.load_for_platform``). Raises ``SpecError`` (``BackendMissing`` for
+    an optional backend not installed) before Ray or a worker starts."""
+    from harness.spec.runplan import load_for_platform
 
-    return build_plan(workload, overrides, platform=platform, goldens_root=goldens_root, runnable=False).workload
+    return load_for_platform(workload, overrides, platform=platform, goldens_root=goldens_root,
+                             check_layout=True)[0]
 
 
 def plan_run(workload: str, overrides: tuple[str, ...] = (), *, platform: str | None = None,

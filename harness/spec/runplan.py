@@ -41,8 +41,8 @@ from harness.spec.resources import Resources, estimate, local_refusal
 from harness.spec.topology import Topology, plan
 from harness.spec.typed import Workload
 
-__all__ = ["DEVICE_PLATFORMS", "PLATFORM_ENV", "RunOptions", "RunPlan", "build_plan", "plan_of", "read_plan",
-           "write_plan"]
+__all__ = ["DEVICE_PLATFORMS", "PLATFORM_ENV", "RunOptions", "RunPlan", "build_plan", "load_for_platform", "plan_of",
+           "read_plan", "write_plan"]
 
 DEVICE_PLATFORMS = ("cpu", "cuda")  # golden platforms that name the device a workload runs on
 PLATFORM_ENV = "GOLDEN_PLATFORM"  # the platform when no --platform names one
@@ -110,8 +110,26 @@ def build_plan(workload: str | Path, overrides: Iterable[str] = (), *, platform:
     (``golden plan`` passes False: a plan can be made where the run will not).
     Raises ``SpecError`` (``TopologyError``, ``BackendMissing`` are ones) naming the field
     and the file."""
+    from harness.spec.load import check_runnable
+
+    spec, source = load_for_platform(workload, overrides, platform=platform, goldens_root=goldens_root,
+                                     packages=packages)
+    run_plan = plan_of(spec, platform=platform, ray_address=ray_address, source=source)
+    if runnable:
+        check_runnable(spec, check_trace_settings=check_trace_settings)
+    return run_plan
+
+
+def load_for_platform(workload: str | Path, overrides: Iterable[str] = (), *, platform: str | None = None,
+                      goldens_root: str | Path | None = None, packages: bool = True,
+                      check_layout: bool = False) -> tuple[Workload, str]:
+    """(the spec, its file): :func:`build_plan`'s first half, the file read once, the schema
+    validated, the platform's device applied (``platform`` as there), the backend packages
+    checked (``packages``); the layout rules only with ``check_layout`` (``build_plan`` checks
+    them when it plans: once). For callers that need the spec and no plan
+    (``flows.spec_for_platform``: the pytest session's pre-run verdicts)."""
     from harness.spec.backends import require_backends
-    from harness.spec.load import check_runnable, resolve_workload_path, spec_from_dict
+    from harness.spec.load import resolve_workload_path, spec_from_dict
     from harness.spec.yaml_io import load_yaml_file
 
     path, name = resolve_workload_path(workload, goldens_root)
@@ -122,12 +140,16 @@ def build_plan(workload: str | Path, overrides: Iterable[str] = (), *, platform:
     if wanted in DEVICE_PLATFORMS and wanted != spec.platform.device:
         spec = spec_from_dict(raw, source=str(path), overrides=(*overrides, f"platform.device={wanted}"),
                               folder_name=name, check_topology=False)
+    if check_layout:
+        from harness.spec.constraints import check_spec
+
+        try:
+            check_spec(spec)
+        except SpecError as exc:
+            raise exc.with_source(str(path)) from None
     if packages:
         require_backends(spec)
-    run_plan = plan_of(spec, platform=platform, ray_address=ray_address, source=str(path))
-    if runnable:
-        check_runnable(spec, check_trace_settings=check_trace_settings)
-    return run_plan
+    return spec, str(path)
 
 
 def plan_of(spec: Workload, *, platform: str | None = None, ray_address: str | None = None,
