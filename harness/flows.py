@@ -29,7 +29,8 @@ from harness.parity.comparison import compare
 from harness.parity.findings import Verdict
 from harness.postflight.run import PostflightResult, postflight
 from harness.progress import phase
-from harness.spec.load import default_goldens_root, load_spec
+from harness.spec.load import default_goldens_root
+from harness.spec.runplan import RunPlan
 from harness.spec.typed import Workload
 from harness.surfaces.build import GATED
 
@@ -165,34 +166,33 @@ def default_run_dir(workload: str, root: Path | None = None) -> Path:
     return root / f"{workload}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-DEVICE_PLATFORMS = ("cpu", "cuda")  # golden platforms that name the device a workload runs on
-
-
 def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: str | None = None,
                       goldens_root: Path | None = None) -> Workload:
-    """The spec a run for ``platform`` uses.
+    """The spec a run for ``platform`` uses: :func:`harness.spec.runplan.build_plan`'s workload
+    (``platform`` naming a device, ``cpu`` or ``cuda``, overrides ``platform.device``; other
+    platform names, ``cpu-vllm``, only select the golden), layout rules checked, not planned
+    (``harness.spec.runplan.load_for_platform``). Raises ``SpecError`` (``BackendMissing`` for
+    an optional backend not installed) before Ray or a worker starts."""
+    from harness.spec.runplan import load_for_platform
 
-    ``platform`` (explicit, else ``$GOLDEN_PLATFORM``) that names a device
-    (``cpu``, ``cuda``) runs the workload there: ``platform.device`` is
-    overridden, so one workload has a golden per device. Other platform
-    names (``cpu-vllm``) only select the golden.
+    return load_for_platform(workload, overrides, platform=platform, goldens_root=goldens_root,
+                             check_layout=True)[0]
 
-    Raises ``BackendMissing`` (a ``SpecError``) when the spec selects an optional
-    backend whose package is not installed (``harness.spec.backends``), so every
-    caller refuses before Ray or a worker starts."""
-    from harness.spec.backends import require_backends
 
-    spec = load_spec(workload, overrides, goldens_root=goldens_root)
-    wanted = platform or os.environ.get("GOLDEN_PLATFORM")
-    if wanted in DEVICE_PLATFORMS and wanted != spec.platform.device:
-        spec = load_spec(workload, (*overrides, f"platform.device={wanted}"), goldens_root=goldens_root)
-    require_backends(spec)
-    return spec
+def plan_run(workload: str, overrides: tuple[str, ...] = (), *, platform: str | None = None,
+             goldens_root: Path | None = None, ray_address: str | None = None) -> RunPlan:
+    """The run's :class:`~harness.spec.runplan.RunPlan`, every check of the spec half made
+    (``build_plan``, the runnable check with the trace settings: this imports torch when a
+    built-in trace profiler is configured). ``SpecError`` (exit 2) before anything starts."""
+    from harness.spec.runplan import build_plan
+
+    return build_plan(workload, overrides, platform=platform, goldens_root=goldens_root, ray_address=ray_address)
 
 
 def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,
             goldens_root: Path | None = None, say: Say | None = None, platform: str | None = None,
-            warm=None, ray_address: str | None = None, canary: str = "check") -> Execution:
+            warm=None, ray_address: str | None = None, canary: str = "check",
+            plan: RunPlan | None = None) -> Execution:
     """Run + postflight (on ``platform``'s device, see :func:`spec_for_platform`).
     Raises only for unusable input (spec/topology errors, a Ray cluster that cannot
     hold the plan: ``ClusterRefused``, checked before anything starts). ``warm``: a
@@ -200,39 +200,33 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     (docs/runner.md); None: a cold run with its own Ray instance. ``ray_address``
     (else the spec's ``platform.ray_address``): join that Ray cluster, cold
     (docs/cluster.md). ``canary``: what :func:`pin_numerics` does with the numerics canary of
-    a pinned CPU run ("check", or "store" for capture and refresh)."""
-    from harness.runner.run import run_workload
+    a pinned CPU run ("check", or "store" for capture and refresh). ``plan``: the run's
+    plan when the caller built it already (:func:`plan_run`; ``workload``, ``overrides``,
+    ``platform``, ``ray_address`` are then not read): the spec is not loaded or checked again."""
+    from harness.runner.run import run_planned
 
-    spec = spec_for_platform(workload, overrides, platform, goldens_root)
-    address = refuse_unrunnable(spec, ray_address)
+    run_plan = plan if plan is not None else plan_run(workload, overrides, platform=platform,
+                                                      goldens_root=goldens_root, ray_address=ray_address)
+    spec = run_plan.workload
+    refuse_unrunnable(run_plan)  # a Ray that cannot hold the plan: ClusterRefused (exit 2)
     pin_numerics(spec, goldens_root, canary, say)  # drift.Drift: this machine's pinned bits moved (no verdict)
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
     t = time.perf_counter()
-    run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
+    run_planned(run_plan, run_dir, progress=say, warm=warm)
     phase(say, "postflight")
     result = postflight(run_dir)
     return Execution(spec, run_dir, result, time.perf_counter() - t)
 
 
-def refuse_unrunnable(spec: Workload, ray_address: str | None = None) -> str | None:
-    """What a run of ``spec`` would be refused for, before anything starts: a value a worker
-    would refuse (``spec.load.check_runnable``), a layout the plan refuses, a local CPU run this
-    machine's memory cannot hold (``spec.resources.memory_refusal``), a Ray (local or the
-    cluster at ``ray_address``, else the spec's) that cannot hold the plan. Raises ``SpecError``
-    (exit 2; ``ClusterRefused`` is one); returns the Ray address the run joins (None: local).
-    ``golden check`` asks it before deciding a spec verdict, so unusable input is never
-    reported as a finding."""
-    from harness.spec.load import check_runnable
-    from harness.spec.resources import local_refusal
-    from harness.spec.topology import plan
-
-    check_runnable(spec)  # what a worker would refuse: SpecError (exit 2) before Ray starts
-    address = ray_address_of(spec, ray_address)
-    topology = plan(spec).to_dict()
-    refused = local_refusal(spec, address)  # every rank and engine on this machine
-    if refused is not None:
-        raise refused
-    _refuse_unplaceable(spec, topology, address)
+def refuse_unrunnable(run_plan: RunPlan) -> str | None:
+    """What a run of ``run_plan`` would be refused for beyond the plan's own checks (every
+    spec rule, the runnable check and this machine's memory are made by ``build_plan``): a
+    Ray (local or the cluster at the plan's ``ray_address``) that cannot hold the plan.
+    Raises ``SpecError`` (exit 2; ``ClusterRefused`` is one); returns the Ray address the run
+    joins (None: local). ``golden check`` asks it before deciding a spec verdict, so unusable
+    input is never reported as a finding."""
+    address = run_plan.ray_address
+    _refuse_unplaceable(run_plan.workload, run_plan.topology.to_dict(), address)
     return address
 
 
@@ -251,39 +245,30 @@ def _refuse_unplaceable(spec: Workload, topology: dict, address: str | None) -> 
         preflight(spec, topology, address)  # ClusterRefused (exit 2) before anything starts
 
 
-def ray_address_of(spec: Workload, explicit: str | None = None) -> str | None:
-    """The Ray cluster a run joins: ``explicit`` (``--ray-address``), else the spec's optional
-    ``platform.ray_address``, else None (a private local instance; ``RAY_ADDRESS`` is not
-    followed, so a golden never lands on a shared cluster by accident)."""
-    return explicit or spec.platform.ray_address or None
-
-
 def resume(run_dir: Path, *, say: Say | None = None, ray_address: str | None = None) -> Execution:
     """Continue a stopped run from its newest checkpoint, then postflight it. ``ray_address``
-    (else the run's ``platform.ray_address``): resume on that Ray cluster, checked against
-    the plan first like a new run; without one a plan of several nodes is refused
+    (else the run's own, else its ``platform.ray_address``): resume on that Ray cluster, checked
+    against the plan first like a new run; without one a plan of several nodes is refused
     (``ClusterRefused``, exit 2), since a private local instance is one node."""
     from harness.runner.run import resume_workload
-    from harness.spec.topology import plan
 
     run_dir = Path(run_dir)
-    spec = resumed_spec(run_dir)
-    address = ray_address_of(spec, ray_address)
-    topology = plan(spec).to_dict()
-    _refuse_unplaceable(spec, topology, address)
+    run_plan = resumed_plan(run_dir, ray_address)
+    refuse_unrunnable(run_plan)
     t = time.perf_counter()
-    resume_workload(run_dir, progress=say, ray_address=address)
+    resume_workload(run_dir, progress=say, run_plan=run_plan)
     phase(say, "postflight")
-    return Execution(spec, run_dir, postflight(run_dir), time.perf_counter() - t)
+    return Execution(run_plan.workload, run_dir, postflight(run_dir), time.perf_counter() - t)
 
 
-def resumed_spec(run_dir: Path):
-    """The spec a run stored in its run.json (``#/spec``, the canonical dict), read bounded
-    and validated exactly as a workload file is. ``FileNotFoundError`` without run.json;
-    ``DocumentError`` (not strict JSON, too large) or ``SpecError`` (naming the field and
-    ``run.json#/spec``) for one that cannot be resumed from."""
+def resumed_plan(run_dir: Path, ray_address: str | None = None) -> RunPlan:
+    """The plan a run stored in its run.json (``harness.spec.runplan.read_plan``: the spec
+    validated exactly as a workload file is, the layout re-derived and compared),
+    read bounded. ``FileNotFoundError`` without run.json; ``DocumentError`` (not strict
+    JSON, too large) or ``SpecError`` (naming the field and ``run.json#/spec``) for one
+    that cannot be resumed from."""
     from harness.docio import DocumentError, read_json
-    from harness.spec.load import spec_from_dict
+    from harness.spec.runplan import read_plan
 
     path = Path(run_dir) / "run.json"
     if not path.is_file():
@@ -291,7 +276,12 @@ def resumed_spec(run_dir: Path):
     doc = read_json(path, what="run.json")
     if not isinstance(doc, dict) or "spec" not in doc:
         raise DocumentError("holds no spec (#/spec): not a run directory this harness wrote", source=str(path))
-    return spec_from_dict(doc["spec"], source=f"{path}#/spec")
+    return read_plan(doc, source=str(path), ray_address=ray_address)
+
+
+def resumed_spec(run_dir: Path) -> Workload:
+    """The spec of :func:`resumed_plan`."""
+    return resumed_plan(run_dir).workload
 
 
 def load_golden(goldens_root: Path, workload: str, platform: str):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from harness.cli._options import add_goldens_root
 
 if TYPE_CHECKING:
+    from harness.spec.runplan import RunPlan
     from harness.spec.typed import Workload
 
 
@@ -67,11 +68,16 @@ def progress(args: argparse.Namespace):
 class Prepared:
     """What a workload command resolved before starting anything."""
 
-    spec: Workload  # harness.spec.typed (load_spec)
+    plan: RunPlan  # harness.spec.runplan: the run worked out once, every spec check made
     platform: str  # the stored golden compared with: the platform or its CPU-numerics variant
     goldens_root: Path
     run_dir: Path
     store_platform: str = ""  # the stored golden a capture/refresh writes (flows.stored_platform)
+
+    @property
+    def spec(self) -> Workload:
+        """The plan's typed workload."""
+        return self.plan.workload
 
     @property
     def scheduled_platform(self) -> str:
@@ -90,9 +96,11 @@ def prepare(args: argparse.Namespace) -> Prepared:
     with _worker_env_selected(getattr(args, "worker_env", None)) as chosen:
         try:
             root = resolve_goldens_root(args.goldens)
-            spec = flows.spec_for_platform(args.workload, tuple(args.overrides), args.platform, root)
+            run_plan = flows.plan_run(args.workload, tuple(args.overrides), platform=args.platform,
+                                      goldens_root=root, ray_address=getattr(args, "ray_address", None))
         except SpecError as exc:
             raise Refused(str(exc)) from None
+        spec = run_plan.workload
         _check_worker_env(spec, chosen)
     platform = flows.platform_of(spec, args.platform)
     try:
@@ -103,7 +111,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
         raise Refused(str(exc)) from None
     run_dir = Path(args.run_dir) if args.run_dir else flows.default_run_dir(spec.name)
     claim_run_dir(run_dir)
-    return Prepared(spec, stored, root, run_dir, store)
+    return Prepared(run_plan, stored, root, run_dir, store)
 
 
 @contextmanager
@@ -269,7 +277,8 @@ def execute_or_explain(args: argparse.Namespace, prepared: Prepared | None = Non
         execution = flows.execute(args.workload, overrides=tuple(args.overrides), run_dir=prepared.run_dir,
                                   goldens_root=args.goldens, say=say, platform=getattr(args, "platform", None),
                                   ray_address=getattr(args, "ray_address", None),
-                                  canary="store" if args.command in ("capture", "refresh") else "check")
+                                  canary="store" if args.command in ("capture", "refresh") else "check",
+                                  plan=prepared.plan)
     except Drift as exc:
         say.close()
         print(f"golden {args.command}: {exc}", file=sys.stderr)

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         from harness.spec.errors import SpecError
 
         try:  # unusable input (exit 2) still comes first; a run's execute checks it itself
-            flows.refuse_unrunnable(prepared.spec, getattr(args, "ray_address", None))
+            flows.refuse_unrunnable(prepared.plan)
         except SpecError as exc:
             print(f"golden check: {exc}", file=sys.stderr)
             return EXIT_USAGE

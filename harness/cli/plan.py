@@ -121,20 +121,18 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from harness.spec import SpecError, load_spec, plan, spec_digest
-    from harness.spec.resources import estimate, local_refusal
+    from harness.spec import SpecError, spec_digest
+    from harness.spec.runplan import build_plan
 
-    try:
-        spec = load_spec(args.workload, args.overrides, goldens_root=args.goldens_root)
-        topo = plan(spec)
-        refused = local_refusal(spec, spec["platform"].get("ray_address"))
-        if refused is not None:
-            raise refused
+    try:  # the layout, resource and value rules of a run; not what only this machine decides
+        # (the runnable check: a planned-only spec names a task no worker here runs; the packages)
+        run_plan = build_plan(args.workload, args.overrides, platform="", goldens_root=args.goldens_root,
+                              runnable=False, packages=False)
     except SpecError as exc:
         print(f"golden plan: {exc}", file=sys.stderr)
         return 2
+    spec, topo, resources = run_plan.workload, run_plan.topology, run_plan.resources
     digest = spec_digest(spec)
-    resources = estimate(spec)
     if args.json:
         doc = {"workload": spec.name, "spec_digest": digest, "summary": summarize(spec, topo),
                "topology": topo.to_dict(),

@@ -7,9 +7,9 @@ first token fastest):
     expert: rank = etp + ETP*(ep + EP*(edp + EDP*pp))     EDP = TP*CP*DP / (ETP*EP)
 
 A group of kind "a_b" is the set of ranks that differ only in coordinates a and
-b (for example `dp_cp`). `layout_from_spec` computes this locally; when the
-topology planner (`harness.spec.topology.plan`) is present its group lists are
-used instead (`layout_from_topology`), and the two must agree.
+b (for example `dp_cp`). The rule is computed once, by the topology planner
+(`harness.spec.topology`): `layout_from_topology` reads the run's plan, `layout_from_spec`
+the planner's grid of a policy block alone (a world built without a run's plan).
 
 `ProcessGroups.create(layout, rank)` calls `dist.new_group(ranks, group_desc=kind)`
 for *every* group of every kind, in the same order on all ranks (new_group is a
@@ -19,7 +19,6 @@ collective over the world), and keeps the ones containing `rank`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +40,9 @@ GROUP_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "edp": ("expert", ("edp",)),
     "tp_ep": ("expert", ("etp", "ep")),
 }
+
+
+COORD_ORDER = ("tp", "cp", "dp", "pp", "etp", "ep", "edp")  # a rank's coords, in this order
 
 
 @dataclass(frozen=True)
@@ -110,64 +112,39 @@ def stage_layers(layers: int, pp: int, pp_layout: list[int] | None) -> list[rang
 
 
 def layout_from_spec(policy: PolicySpec) -> RankLayout:
-    """Compute coordinates and groups with the mixed-radix rule (``policy``: the typed block)."""
-    tp, pp, cp, ep, etp, dp = policy.tp, policy.pp, policy.cp, policy.ep, policy.etp, policy.dp
-    edp = tp * cp * dp // (etp * ep)
-    sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep, "etp": etp, "edp": edp}
-    world = tp * cp * dp * pp
-    coords = []
-    for r in range(world):
-        t, rest = r % tp, r // tp
-        c, rest = rest % cp, rest // cp
-        d, p = rest % dp, rest // dp
-        e_t, rest = r % etp, r // etp
-        e_p, rest = rest % ep, rest // ep
-        e_d = rest % edp
-        coords.append({"tp": t, "cp": c, "dp": d, "pp": p, "etp": e_t, "ep": e_p, "edp": e_d})
-    groups: dict[str, list[list[int]]] = {}
-    for kind, (grid, axes) in GROUP_KINDS.items():
-        all_axes = DENSE_AXES if grid == "dense" else EXPERT_AXES
-        fixed = [a for a in all_axes if a not in axes]
-        buckets: dict[tuple[int, ...], list[int]] = {}
-        for r, c in enumerate(coords):
-            buckets.setdefault(tuple(c[a] for a in fixed), []).append(r)
-        groups[kind] = sorted(buckets.values())
-    return RankLayout(sizes=sizes, coords=coords, groups=groups)
+    """The policy ranks' layout of a policy block alone (a world built without a run's plan:
+    tests, ``suites/local_world.py``): the planner's own grid (``harness.spec.topology.policy_grid``),
+    not a second derivation of the mixed-radix rule."""
+    from harness.spec.topology import policy_grid
+
+    return _from_role(policy_grid(_sizes(policy)))
+
+
+def _sizes(policy: PolicySpec) -> dict[str, int]:
+    return {k: int(getattr(policy, k)) for k in ("tp", "cp", "dp", "pp", "ep", "etp")}
 
 
 def layout_from_topology(topology: Any, policy: PolicySpec) -> RankLayout:
-    """Use the planner's groups where it provides a kind; fall back to the
-    local rule for kinds it lacks. Raises if a provided kind disagrees."""
-    local = layout_from_spec(policy)
-    planned = _planner_groups(topology)
-    groups = dict(local.groups)
-    for kind, lists in planned.items():
-        if kind in groups:
-            norm = sorted(sorted(int(r) for r in g) for g in lists)
-            if norm != groups[kind]:
-                raise ValueError(
-                    f"topology group kind {kind!r} disagrees with the mixed-radix rule: {norm} vs {groups[kind]}"
-                )
-    return RankLayout(sizes=local.sizes, coords=local.coords, groups=groups)
+    """The policy role of the run's plan (``topology``: ``harness.spec.topology.Topology``, or
+    its ``to_dict()``), which every rank receives as a value. Raises ``ValueError`` when its
+    sizes are not ``policy``'s (a plan of another spec)."""
+    role = topology.policy if hasattr(topology, "policy") else topology["policy"]
+    layout = _from_role(role)
+    want = _sizes(policy)
+    have = {k: layout.sizes[k] for k in want}
+    if have != want:
+        raise ValueError(f"the plan's policy sizes {have} are not the spec's {want}")
+    return layout
 
 
-def _planner_groups(topology: Any) -> dict[str, list[list[int]]]:
-    """Extract `{kind: [[ranks]]}` for the policy role from A's Topology, whatever
-    its exact shape (object attribute or dict). Unknown shapes give {}."""
-    if topology is None:
-        return {}
-    groups = getattr(topology, "groups", None)
-    if groups is None and isinstance(topology, Mapping):
-        groups = topology.get("groups")
-    if isinstance(groups, Mapping) and "policy" in groups and isinstance(groups["policy"], Mapping):
-        groups = groups["policy"]
-    if not isinstance(groups, Mapping):
-        return {}
-    out = {}
-    for kind, lists in groups.items():
-        if isinstance(lists, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in lists):
-            out[str(kind)] = [list(g) for g in lists]
-    return out
+def _from_role(role: Any) -> RankLayout:
+    """A :class:`RankLayout` of the planner's policy ``RoleLayout`` (or its ``to_dict()``):
+    every group kind this module creates, each kind's groups sorted (the order
+    :meth:`ProcessGroups.create` calls ``new_group`` in on every rank)."""
+    as_dict = role.to_dict() if hasattr(role, "to_dict") else role
+    coords = [{k: int(r["coords"][k]) for k in COORD_ORDER} for r in as_dict["ranks"]]
+    groups = {kind: sorted(sorted(int(r) for r in g) for g in as_dict["groups"][kind]) for kind in GROUP_KINDS}
+    return RankLayout(sizes={k: int(v) for k, v in as_dict["sizes"].items()}, coords=coords, groups=groups)
 
 
 class ProcessGroups:

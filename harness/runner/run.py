@@ -18,19 +18,17 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness import code_identity
 from harness.artifacts import layout
 from harness.portable import pins
 from harness.postflight.placement import PLACEMENT_FILE
 from harness.runner.environment import collect_environment, git_commit
-from harness.spec.load import spec_digest
-from harness.spec.topology import plan
-from harness.spec.typed import as_workload
+from harness.spec.runplan import RunPlan, write_plan
+from harness.spec.typed import Workload, as_workload
 
 
 @dataclass
@@ -47,11 +45,10 @@ def _write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def expected_artifacts(spec: Mapping[str, Any], topology, *, placed: bool = False) -> list[str]:
+def expected_artifacts(spec: Workload, topology, *, placed: bool = False) -> list[str]:
     """Files a complete run must contain: a trace per profiler instance, the metrics, the
     rollout summaries (capture on) and, for a run placed from the plan (``placed``: every
-    cold run), ``placement.json`` (``harness.runner.placement``)."""
-    spec = as_workload(spec)
+    cold run), ``placement.json`` (``harness.runner.placement``). ``spec``: the plan's workload."""
     paths = []
     if spec.plugins.policy_profiler:
         paths += [layout.policy_trace_path(r) for r in range(topology.policy.world)]
@@ -67,9 +64,10 @@ def expected_artifacts(spec: Mapping[str, Any], topology, *, placed: bool = Fals
     return paths
 
 
-def worker_env(spec: Mapping[str, Any], run_dir: Path, run_id: str) -> dict[str, str]:
-    """Environment every worker process gets (the plugin contract is env-only)."""
-    plugins = as_workload(spec).plugins
+def worker_env(spec: Workload, run_dir: Path, run_id: str) -> dict[str, str]:
+    """Environment every worker process gets (the plugin contract is env-only); ``spec``: the
+    plan's workload."""
+    plugins = spec.plugins
     env = {
         **plugins.env,  # the schema reserves the keys set below
         "HARNESS_TRACE_DIR": str(run_dir),
@@ -91,17 +89,27 @@ def worker_env(spec: Mapping[str, Any], run_dir: Path, run_id: str) -> dict[str,
 
 def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] | None = None,
                  warm=None, ray_address: str | None = None) -> RunOutcome:
-    """Run ``spec`` into ``run_dir`` (must not exist or be empty). ``warm``: a
-    ``harness.runner.warm.WarmRuntime`` whose Ray and warm processes the run reuses
-    (the pytest plugin's); None: a private Ray instance, started and torn down.
-    ``ray_address``: join that Ray cluster instead (``warm`` is then not used; check it
-    first with ``harness.runner.cluster.preflight``)."""
+    """Run ``spec`` (a loaded spec, or a dict :func:`~harness.spec.typed.as_workload` completes)
+    into ``run_dir``: :func:`run_planned` of its plan (``harness.spec.runplan.plan_of``: the layout
+    checked, laid out once; ``ray_address``: join that Ray cluster)."""
+    from harness.spec.runplan import plan_of
+
+    return run_planned(plan_of(as_workload(spec), ray_address=ray_address), run_dir, progress=progress, warm=warm)
+
+
+def run_planned(run_plan: RunPlan, run_dir: Path, *, progress: Callable[[str], None] | None = None,
+                warm=None) -> RunOutcome:
+    """Run ``run_plan`` (``harness.spec.runplan``: built and checked once, before this) into
+    ``run_dir`` (must not exist or be empty). ``warm``: a ``harness.runner.warm.WarmRuntime``
+    whose Ray and warm processes the run reuses (the pytest plugin's); None: a private Ray
+    instance, started and torn down. The plan's ``ray_address``: join that Ray cluster instead
+    (``warm`` is then not used; check it first with ``harness.runner.cluster.preflight``).
+    Nothing here loads, plans or checks the spec again."""
     run_dir = Path(run_dir).absolute()  # workers may start in another directory (ray_start.driver_harness_first)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run directory {run_dir} is not empty")
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = as_workload(spec)
-    topology = plan(spec)  # validates before anything starts
+    spec, topology, ray_address = run_plan.workload, run_plan.topology, run_plan.ray_address
     run_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     if ray_address is not None:
         if warm is not None and progress is not None:
@@ -110,7 +118,7 @@ def run_workload(spec: dict, run_dir: Path, *, progress: Callable[[str], None] |
             progress(f"cold start on the Ray cluster at {ray_address}: {WARM_ON_CLUSTER}")
         warm = None
     placed = warm is None or _private_ray(spec)
-    return _execute(spec, topology, run_dir, run_id, _new_run_doc(spec, topology, run_id, placed=placed), None,
+    return _execute(spec, topology, run_dir, run_id, _new_run_doc(run_plan, run_id, placed=placed), None,
                     progress, warm=warm, ray_address=ray_address)
 
 
@@ -122,12 +130,14 @@ def _private_ray(spec) -> bool:
 
 
 def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = None,
-                    ray_address: str | None = None) -> RunOutcome:
+                    ray_address: str | None = None, run_plan: RunPlan | None = None) -> RunOutcome:
     """Continue a stopped run from its newest checkpoint (``golden run --resume``).
 
-    ``ray_address``: resume on that Ray cluster (fresh actors placed from the plan, as
-    in the first segment; the run directory must be one every node sees); None: a
-    private local instance (check the cluster first with ``cluster.preflight``).
+    ``run_plan``: the plan the run stored (``harness.spec.runplan.read_plan`` of its run.json;
+    None: read here, with ``ray_address``). Its ``ray_address``: resume on that Ray cluster
+    (fresh actors placed from the plan, as in the first segment; the run directory must be
+    one every node sees); None: a private local instance (check the cluster first with
+    ``cluster.preflight``).
 
     The spec is the one in the run's ``run.json`` (no overrides); logs are cut
     back to the checkpoint, the data plane and ledger restored from it, and the
@@ -135,6 +145,7 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
     checkpoint boundary.
     """
     from harness.runner import checkpoint
+    from harness.spec.runplan import read_plan
 
     run_dir = Path(run_dir).absolute()
     run_doc = json.loads((run_dir / layout.RUN_JSON).read_text())
@@ -142,8 +153,9 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
     if found is None:
         raise FileNotFoundError(f"{run_dir}: no checkpoint to resume from (set grpo.checkpoint_every)")
     ckpt, state = found
-    spec = as_workload(run_doc["spec"])  # the canonical dict the run stored
-    topology = plan(spec)
+    if run_plan is None:
+        run_plan = read_plan(run_doc, source=str(run_dir / layout.RUN_JSON), ray_address=ray_address)
+    spec, topology = run_plan.workload, run_plan.topology
     checkpoint.rewind_logs(run_dir, state)
     checkpoint.restore_stores(run_dir, ckpt)
     segment = int(run_doc.get("segments", 1))
@@ -152,24 +164,23 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
     resume = (ckpt, state)
     return _execute(spec, topology, run_dir, run_doc["run_id"], run_doc, resume, progress,
                     trace_env={"HARNESS_TRACE_SEGMENT": str(segment), "HARNESS_STEP_OFFSET": str(state["step"])},
-                    ray_address=ray_address)
+                    ray_address=run_plan.ray_address)
 
 
-def _new_run_doc(spec: dict, topology, run_id: str, *, placed: bool = False) -> dict:
-    return {
-        "run_id": run_id,
-        "workload": as_workload(spec).name,
-        "spec": as_workload(spec).to_dict(),
-        "spec_digest": spec_digest(spec),
-        "topology": topology.to_dict(),
+def _new_run_doc(run_plan: RunPlan, run_id: str, *, placed: bool = False) -> dict:
+    spec = run_plan.workload
+    doc = {"run_id": run_id}
+    write_plan(doc, run_plan)  # workload, spec, spec_digest, topology, plan_options
+    doc.update({
         "environment": collect_environment(spec),
         "git_commit": git_commit(),
         "code": {"digest": code_identity.digest(), "root": str(code_identity.package_root())},
         "status": "running",
         "error": None,
-        "expected_artifacts": expected_artifacts(spec, topology, placed=placed),
+        "expected_artifacts": expected_artifacts(spec, run_plan.topology, placed=placed),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    })
+    return doc
 
 
 def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, resume,

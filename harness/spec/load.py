@@ -183,8 +183,8 @@ def check_runnable(spec: dict[str, Any], *, check_trace_settings: bool = True) -
     importing the plugin's module (``probe.static_probe``), in another worker
     interpreter (``HARNESS_WORKER_PYTHON_<BACKEND>``) by running the probe there.
     The trace settings are parsed by the profiler's own parser, which imports
-    torch: call this where the workload half runs (``flows.execute`` does, before
-    ``run_workload``), or pass ``check_trace_settings=False``.
+    torch: call this where the workload half runs (``harness.spec.runplan.build_plan`` does,
+    for ``flows.plan_run``), or pass ``check_trace_settings=False``.
     """
     import sys
 

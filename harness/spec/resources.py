@@ -18,7 +18,7 @@ that would have fitted.
   the engine's tp.
 
 Pure but for one bounded read of ``/proc/meminfo`` (:func:`machine_memory_bytes`).
-``harness.flows.refuse_unrunnable`` refuses a local CPU run whose total exceeds this
+``harness.spec.runplan.build_plan`` refuses a local CPU run whose total exceeds this
 machine's memory before anything starts (:func:`memory_refusal`); ``golden plan``
 prints the estimate and refuses the same. A cuda run (per-device memory) and a run
 joining a cluster are not checked here.
@@ -111,21 +111,21 @@ def machine_memory_bytes(path: str = MEMINFO) -> int | None:
     return None
 
 
-def local_refusal(spec: dict[str, Any], ray_address: str | None) -> SpecError | None:
+def local_refusal(spec: dict[str, Any], ray_address: str | None, need: Resources | None = None) -> SpecError | None:
     """:func:`memory_refusal` against this machine for a run that holds every rank and engine
     here: a CPU run that joins no cluster (``ray_address`` None); None for any other run."""
     if spec["platform"]["device"] != "cpu" or ray_address:
         return None
-    return memory_refusal(spec, machine_memory_bytes())
+    return memory_refusal(spec, machine_memory_bytes(), need)
 
 
-def memory_refusal(spec: dict[str, Any], memory_bytes: int | None) -> SpecError | None:
+def memory_refusal(spec: dict[str, Any], memory_bytes: int | None, need: Resources | None = None) -> SpecError | None:
     """A ``SpecError`` (exit 2) naming the field that most decides it when a run of ``spec`` on one
-    machine of ``memory_bytes`` cannot hold the estimate (module doc); None when it can, or when
-    the memory is unknown."""
+    machine of ``memory_bytes`` cannot hold the estimate (module doc; ``need``: the estimate when
+    the caller made it already); None when it can, or when the memory is unknown."""
     if memory_bytes is None:
         return None
-    need = estimate(spec)
+    need = need if need is not None else estimate(spec)
     if need.total_bytes <= memory_bytes:
         return None
     return SpecError(need.largest(), f"the run needs at least {need.total_bytes / (1 << 30):.3g} GiB and this "

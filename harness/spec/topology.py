@@ -304,8 +304,16 @@ def plan(spec: dict[str, Any]) -> Topology:
 
     ``spec`` is a loaded spec (``load_spec``: defaults filled). Raises
     ``TopologyError`` naming the field and rule of the first violation.
+    A run works its layout out once, in ``harness.spec.runplan.build_plan``; everything
+    after reads the ``RunPlan``'s topology.
     """
     check_spec(spec)
+    return lay_out(spec)
+
+
+def lay_out(spec: dict[str, Any]) -> Topology:
+    """Every rank of a spec whose layout rules hold (:func:`plan` checks them first; call
+    this directly only with a spec already checked, as ``spec.runplan`` does)."""
     plat = spec["platform"]
     gpn, head = plat["gpus_per_node"], 1 if plat["head_node"] else 0
     policy = _plan_policy(spec, gpn, head)
@@ -334,6 +342,15 @@ def plan(spec: dict[str, Any]) -> Topology:
         devices_used=used,
         teacher=teacher,
     )
+
+
+def policy_grid(policy: dict[str, Any]) -> RoleLayout:
+    """The policy ranks' coordinates and groups from the ``policy`` block alone (the sizes
+    tp cp dp pp ep etp; rank g on device slot g of one node): what a policy world built
+    without a whole run's plan uses (``harness.parallel.groups.layout_from_spec``), the same
+    grid :func:`plan` lays out."""
+    return plan_policy_role({"policy": policy}, max(1, int(policy["tp"]) * int(policy["cp"])
+                                                    * int(policy["dp"]) * int(policy["pp"])), 0)
 
 
 def rank_groups(topology: Topology, rank: int, role: str = "policy") -> dict[str, list[int]]:
