@@ -201,14 +201,17 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     (else the spec's ``platform.ray_address``): join that Ray cluster, cold
     (docs/cluster.md). ``canary``: what :func:`pin_numerics` does with the numerics canary of
     a pinned CPU run ("check", or "store" for capture and refresh)."""
+    from harness.footprint import recorder
     from harness.runner.run import run_workload
 
+    recorder.install()  # the driver's reads count too (harness.footprint)
     spec = spec_for_platform(workload, overrides, platform, goldens_root)
     address = refuse_unrunnable(spec, ray_address)
     pin_numerics(spec, goldens_root, canary, say)  # drift.Drift: this machine's pinned bits moved (no verdict)
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
     t = time.perf_counter()
     run_workload(spec, run_dir, progress=say, warm=warm, ray_address=address)
+    recorder.bind(run_dir)  # the driver's record: everything it read since install (run_dir must start empty)
     phase(say, "postflight")
     result = postflight(run_dir)
     return Execution(spec, run_dir, result, time.perf_counter() - t)
@@ -430,7 +433,15 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec.name)
     return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,
-                        provenance, tolerances=tolerances, expect=expect)
+                        provenance, tolerances=tolerances, expect=expect, footprint=_run_footprint(execution.run_dir))
+
+
+def _run_footprint(run_dir: Path) -> dict | None:
+    """The run's ``footprint.json`` (postflight), stored with the golden; None: none was recorded."""
+    from harness.docio import read_json
+
+    path = Path(run_dir) / "footprint.json"
+    return read_json(path) if path.is_file() else None
 
 
 def _tolerance_evidence(golden: Path) -> dict | None:
