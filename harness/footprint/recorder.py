@@ -63,7 +63,7 @@ def bind(run_dir: str | os.PathLike | None = None) -> None:
         return
     install()
     target = os.fspath(run_dir) if run_dir is not None else os.environ.get(_TRACE_VAR)
-    if target:
+    if target and (target != _state["run"] or _state["pid"] != os.getpid()):
         with _lock:
             _open_record(target)
 
