@@ -69,8 +69,9 @@ def bind(run_dir: str | os.PathLike | None = None) -> None:
 
 
 def _remember_modules() -> None:
-    """Every module's file, and every package's folders (the import system listed them, maybe
-    before the hook was there): what a process imported counts, however it got there."""
+    """Every module's file, every package's folders and every ``sys.path`` folder (the import
+    system listed them, maybe before the hook was there): what a process imported counts,
+    however it got there."""
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if isinstance(path, str) and path not in _seen:
@@ -83,6 +84,9 @@ def _remember_modules() -> None:
                         _seen[folder] = "D"
             except Exception:  # noqa: BLE001 - a namespace path that cannot be listed: its modules still count
                 pass
+    for folder in [*sys.path, *list(sys.path_importer_cache)]:  # every folder the import system searches
+        if isinstance(folder, str) and folder and folder not in _seen and os.path.isdir(folder):
+            _seen[folder] = "D"
 
 
 def _hook(event: str, args: tuple) -> None:
