@@ -54,7 +54,7 @@ def affected_names(config: pytest.Config, root: Path, names: list[str]) -> list[
     if not base:
         return names
     by = selections(config, base, root, config.getoption("--golden-platform"))["by_workload"]
-    return [n for n in names if n not in by or by[n].selected]
+    return [n for n in names if n in by and by[n].selected]  # not in it: not scheduled on the platform
 
 
 def deselect_unaffected(config: pytest.Config, items: list, base: str, root: Path, platform: str | None) -> None:
