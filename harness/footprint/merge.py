@@ -72,26 +72,28 @@ def merge_run(run_dir: str | os.PathLike) -> dict | None:
     dists: dict[str, str] = {}
     unresolved: set[str] = set()
     pythons: set[str] = set()
+    lines: set[str] = set()
+    for record in records:  # the processes share most of their lines (a zygote's children): classify each once
+        lines.update(record.read_text("utf-8", "surrogateescape").splitlines())
     external = 0
-    for record in records:
-        for line in record.read_text("utf-8", "surrogateescape").splitlines():
-            kind, _, rest = line.partition(" ")
-            if kind == "P":
-                pythons.add(rest.split(" ", 1)[0])
-                continue
-            if kind not in ("F", "D") or not rest.startswith("/"):
-                continue
-            where = _classify(rest, kind, package, checkout, run_dir)
-            if where is None:
-                external += 1
-            elif where[0] == "repo" and kind == "F":
-                files.add(where[1])
-            elif where[0] == "repo" and (checkout or package.parent).joinpath(where[1]).is_dir():
-                dirs.add(where[1])  # (a listing that failed, such as an import hook's fake path entry, is not)
-            elif where[0] == "dist" and kind == "F":
-                dists[where[1]] = where[2]
-            elif where[0] == "unresolved" and kind == "F":
-                unresolved.add(where[1])
+    for line in sorted(lines):
+        kind, _, rest = line.partition(" ")
+        if kind == "P":
+            pythons.add(rest.split(" ", 1)[0])
+            continue
+        if kind not in ("F", "D") or not rest.startswith("/"):
+            continue
+        where = _classify(rest, kind, package, checkout, run_dir)
+        if where is None:
+            external += 1
+        elif where[0] == "repo" and kind == "F":
+            files.add(where[1])
+        elif where[0] == "repo" and os.path.isdir(os.path.join(checkout or package.parent, where[1])):
+            dirs.add(where[1])  # (a listing that failed, such as an import hook's fake path entry, is not)
+        elif where[0] == "dist" and kind == "F":
+            dists[where[1]] = where[2]
+        elif where[0] == "unresolved" and kind == "F":
+            unresolved.add(where[1])
     return {"format": FORMAT, "python": sorted(pythons), "files": sorted(files), "dirs": sorted(dirs),
             "distributions": dict(sorted(dists.items())), "unresolved": sorted(unresolved),
             "processes": len(records), "external": external}
@@ -111,8 +113,7 @@ def _classify(path: str, kind: str, package: Path, checkout: Path | None, run_di
     m = _PYC.match(path)
     if m and kind == "F":
         path = f"{m['dir']}/{m['name']}.py"
-    p = Path(path)
-    if _under(p, run_dir):
+    if _under(path, str(run_dir)):
         return None
     site = _SITE.match(path)
     if site:
@@ -124,23 +125,23 @@ def _classify(path: str, kind: str, package: Path, checkout: Path | None, run_di
         if owner is None:
             return ("unresolved", "site-packages/" + site["rel"])
         return ("dist", owner[0], owner[1])
-    if _under(p, package):
-        return ("repo", "harness" + ("/" + p.relative_to(package).as_posix() if p != package else ""))
-    if checkout is not None and _under(p, checkout):
-        rel = p.relative_to(checkout).as_posix()
-        if rel != "." and _is_venv(checkout / rel.split("/", 1)[0]):
+    if _under(path, str(package)):
+        return ("repo", "harness" + path[len(str(package)):])
+    if checkout is not None and _under(path, str(checkout)):
+        rel = path[len(str(checkout)) + 1:]
+        if rel and _is_venv(checkout / rel.split("/", 1)[0]):
             return None  # an environment inside the checkout (.venv/bin/...): its packages are counted above
-        return ("repo", "" if rel == "." else rel)
+        return ("repo", rel)
     return None
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")
 
 
 @cache
 def _is_venv(folder: Path) -> bool:
     return (folder / "pyvenv.cfg").is_file()
-
-
-def _under(p: Path, root: Path) -> bool:
-    return p == root or root in p.parents
 
 
 @cache

@@ -103,8 +103,6 @@ def _hook(event: str, args: tuple) -> None:
         path = os.fsdecode(path)
     if not isinstance(path, str) or not path:
         return  # a file descriptor, or the working directory's listing ("." is recorded absolute below)
-    if _from_code_digest():
-        return
     _busy.on = True
     try:
         if not os.path.isabs(path):
@@ -113,6 +111,8 @@ def _hook(event: str, args: tuple) -> None:
         target = os.environ.get(_TRACE_VAR)
         moved = bool(target) and (os.getpid() != _state["pid"] or target != _state["run"])
         if not new and not moved:
+            return
+        if new and _from_code_digest():
             return
         if new:
             _seen[path] = kind
@@ -130,7 +130,10 @@ def _hook(event: str, args: tuple) -> None:
 def _from_code_digest() -> bool:
     """True for the reads of ``harness.code_identity.digest`` (it hashes every harness file to
     compare processes; that is not the code a process runs)."""
-    frame = sys._getframe(2)
+    try:
+        frame = sys._getframe(2)  # 0: here, 1: the hook, 2: the code that opened
+    except ValueError:
+        return False
     for _ in range(8):
         if frame is None:
             return False
