@@ -517,8 +517,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     results = sorted(getattr(config, "_golden_results", []), key=lambda r: (r["workload"], r["platform"] or ""))
     tr = terminalreporter
     from harness import pytest_since
+    from harness.spec.errors import SpecError
 
-    pytest_since.summary(tr, config)
+    try:
+        since_root = _session_config(None).root.resolve()
+    except (SpecError, OSError):
+        since_root = None
+    pytest_since.summary(tr, config, since_root)
     unused = sorted(getattr(config, "_golden_unused", ()))
     if unused:
         strict = config.getoption("--golden-strict-unused")

@@ -92,8 +92,14 @@ def nothing_affected(config: pytest.Config) -> bool:
     return bool(state) and state["left"] == 0 and not hasattr(config, "workerinput")
 
 
-def summary(tr, config: pytest.Config) -> None:
+def summary(tr, config: pytest.Config, root: Path | None = None) -> None:
+    """The ``--golden-since`` section. On a pytest-xdist controller (which collects nothing) the
+    selection is computed again from ``root``; the workers deselected the tests."""
     state = getattr(config, _KEY, None)
+    base = config.getoption("--golden-since")
+    if not state and base and root is not None:
+        state = selections(config, base, root, config.getoption("--golden-platform"))
+        state["left"] = -1  # unknown here: the workers collected
     if not state:
         return
     by = state["by_workload"]
@@ -104,8 +110,11 @@ def summary(tr, config: pytest.Config) -> None:
     for s in sorted((s for s in by.values() if not s.selected), key=lambda s: s.workload):
         tr.write_line(f"{s.workload:<36} not affected (not run, not passed)", yellow=True)
     others = state.get("uses_deselected", 0)
-    tr.write_line(f"{len(chosen)} of {len(by)} workload(s) affected since {state['base']}; "
-                  f"{len(state['deselected'])} test(s) deselected as not affected"
-                  + (f" (of them {others} golden_uses test(s))" if others > 0 else "")
-                  + ("; NOTHING WAS RUN: no golden verdict in this session" if not state["left"] else ""),
-                  yellow=not state["left"], bold=True)
+    line = f"{len(chosen)} of {len(by)} workload(s) affected since {state['base']}; "
+    if state["left"] == -1:
+        line += "the xdist workers deselected the tests of the others"
+    else:
+        line += (f"{len(state['deselected'])} test(s) deselected as not affected"
+                 + (f" (of them {others} golden_uses test(s))" if others > 0 else "")
+                 + ("; NOTHING WAS RUN: no golden verdict in this session" if not state["left"] else ""))
+    tr.write_line(line, yellow=not state["left"], bold=True)
