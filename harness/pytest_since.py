@@ -99,9 +99,10 @@ def summary(tr, config: pytest.Config, root: Path | None = None) -> None:
     base = config.getoption("--golden-since")
     if not state and base and root is not None:
         state = selections(config, base, root, config.getoption("--golden-platform"))
-        state["left"] = -1  # unknown here: the workers collected
     if not state:
         return
+    if state["left"] is None:
+        state["left"] = -1  # this process deselected nothing (an xdist controller): its workers did
     by = state["by_workload"]
     chosen = [s for s in by.values() if s.selected]
     tr.section(f"golden --golden-since {state['base']}")
