@@ -203,8 +203,10 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     a pinned CPU run ("check", or "store" for capture and refresh). ``plan``: the run's
     plan when the caller built it already (:func:`plan_run`; ``workload``, ``overrides``,
     ``platform``, ``ray_address`` are then not read): the spec is not loaded or checked again."""
+    from harness.footprint import recorder
     from harness.runner.run import run_planned
 
+    recorder.install()  # the driver's reads count too (harness.footprint)
     run_plan = plan if plan is not None else plan_run(workload, overrides, platform=platform,
                                                       goldens_root=goldens_root, ray_address=ray_address)
     spec = run_plan.workload
@@ -213,6 +215,7 @@ def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | N
     run_dir = Path(run_dir) if run_dir else default_run_dir(spec.name)
     t = time.perf_counter()
     run_planned(run_plan, run_dir, progress=say, warm=warm)
+    recorder.bind(run_dir)  # the driver's record: everything it read since install (run_dir must start empty)
     phase(say, "postflight")
     result = postflight(run_dir)
     return Execution(spec, run_dir, result, time.perf_counter() - t)
@@ -420,7 +423,15 @@ def store_golden(execution: Execution, platform: str, *, reason: str, goldens_ro
     expect = None if not allow_replace else (execution.golden_seen if execution.golden_seen_known else ANY)
     vendor_builtin_spec(root, spec.name)
     return write_golden(root, spec.name, platform, manifest, execution.postflight.surfaces,
-                        provenance, tolerances=tolerances, expect=expect)
+                        provenance, tolerances=tolerances, expect=expect, footprint=_run_footprint(execution.run_dir))
+
+
+def _run_footprint(run_dir: Path) -> dict | None:
+    """The run's ``footprint.json`` (postflight), stored with the golden; None: none was recorded."""
+    from harness.docio import read_json
+
+    path = Path(run_dir) / "footprint.json"
+    return read_json(path) if path.is_file() else None
 
 
 def _tolerance_evidence(golden: Path) -> dict | None:

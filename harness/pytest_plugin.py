@@ -72,6 +72,8 @@ MARKERS = (
     "megatron: the workload needs megatron-core (policy.backend: megatron); deselect with -m 'not megatron'",
     "vllm: the workload needs vllm (rollout.backend: vllm); deselect with -m 'not vllm'",
     "xdist_group(name): keeps a golden workload's tests on one pytest-xdist worker",
+    ("golden_uses(*workloads, files=()): a golden test that is no golden_params test runs the code of these "
+     "workloads (and reads these files); --golden-since runs it only when one of them is affected"),
 )
 
 # Options of this session, set in pytest_configure (before test modules are imported), so
@@ -101,6 +103,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--golden-platform", default=None, help="golden platform (default: $GOLDEN_PLATFORM or spec device)"
     )
     group.addoption("--golden-summary", default=None, help="write a Markdown summary of golden results here")
+    group.addoption("--golden-since", default=None, metavar="BASE",
+                    help="run only the golden workloads a change since the git revision BASE can affect "
+                         "(harness.footprint; the others are reported as not affected, never as passed)")
     group.addoption("--golden-ray-address", default=None, metavar="ADDR",
                     help="run every golden on this Ray cluster (cold, placed from the plan; docs/cluster.md) "
                          "instead of the warm local runtime")
@@ -109,7 +114,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # The plugin's options that take a value. pytest finds its rootdir and configfile before it loads
 # any plugin, so in the space form (``--goldens-root DIR``) it reads DIR as a path argument
 # (pytest-dev/pytest#8846); the plugin then gets the value right, but pytest's setup may be off.
-VALUE_OPTIONS = ("--goldens-root", "--golden-platform", "--golden-reason", "--golden-summary", "--golden-ray-address")
+VALUE_OPTIONS = ("--goldens-root", "--golden-platform", "--golden-reason", "--golden-summary", "--golden-ray-address",
+                 "--golden-since")
 
 
 def space_form_values(args: list[str]) -> list[tuple[str, str]]:
@@ -407,7 +413,22 @@ def pytest_collection(session: pytest.Session) -> None:
         names = list(cfg.workloads) if cfg.workloads else (list_workloads(root) if root.is_dir() else [])
     except (SpecError, OSError):
         return
+    from harness.pytest_since import affected_names
+
+    names = affected_names(session.config, root, names)  # --golden-since: only what can run
     pytest_prestart.start(session.config, [(name, root) for name in names])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    """``--golden-since BASE``: deselect the golden tests of workloads no change since BASE can
+    affect (``harness.pytest_since``)."""
+    base = config.getoption("--golden-since")
+    if base:
+        from harness import pytest_since
+
+        pytest_since.deselect_unaffected(config, items, base, _session_config(None).root.resolve(),
+                                         _SESSION_OPTIONS["platform"])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -474,8 +495,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     strict_fail = config._golden_unused and config.getoption("--golden-strict-unused")  # type: ignore[attr-defined]
     if strict_fail and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # (no test collected: they are named, not exit 5)
-    from harness import interrupts
+    from harness import interrupts, pytest_since
 
+    if pytest_since.nothing_affected(config) and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK  # nothing to gate: said so in the summary, nothing reads as passed
     if interrupts.last() is not None and session.exitstatus == pytest.ExitCode.INTERRUPTED:
         session.exitstatus = interrupts.exit_code()  # 143 SIGTERM, 130 Ctrl-C (issue 41)
 
@@ -493,6 +516,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     results = sorted(getattr(config, "_golden_results", []), key=lambda r: (r["workload"], r["platform"] or ""))
     tr = terminalreporter
+    from harness import pytest_since
+    from harness.spec.errors import SpecError
+
+    try:
+        since_root = _session_config(None).root.resolve()
+    except (SpecError, OSError):
+        since_root = None
+    pytest_since.summary(tr, config, since_root)
     unused = sorted(getattr(config, "_golden_unused", ()))
     if unused:
         strict = config.getoption("--golden-strict-unused")

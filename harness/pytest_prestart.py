@@ -156,7 +156,15 @@ def would_run(config: pytest.Config, workload: str, root: Path) -> bool:
     when its verdict is decided from files alone (``harness.pytest_before_run.before_run``, the
     session's own pre-run checks). Reads specs and goldens only: no torch, no ray."""
     from harness.pytest_before_run import before_run
+    from harness.spec.backends import missing_backends
+    from harness.spec.errors import SpecError
+    from harness.spec.load import load_spec
 
+    try:
+        if missing_backends(load_spec(str(workload), goldens_root=root).to_dict()):
+            return False  # its tests fail naming the package (or are deselected) before anything starts
+    except SpecError:
+        return False  # its tests fail with the spec error
     return before_run(str(workload), root, platform_opt=config.getoption("--golden-platform"),
                       refresh=bool(config.getoption("--golden-refresh")),
                       capture_missing=bool(config.getoption("--golden-capture-missing")),

@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("harness.cli.diff", "compare a run (or manifest) with a golden"),
     "validate": ("harness.cli.validate", "validate a manifest, a run directory or a golden directory"),
     "lint": ("harness.cli.lint", "check that scheduled workloads and stored goldens match"),
+    "affected": ("harness.cli.affected_cmd", "list the golden workloads a change since BASE can affect"),
     "lock": ("harness.cli.lock_cmd", "record unlocked goldens in the root's GOLDENS.lock (never re-blesses)"),
     "doctor": ("harness.cli.doctor", "check that configured plugins import in every worker environment"),
     "env": ("harness.cli.env_cmd", "build, list and locate the per-backend worker environments"),

@@ -47,6 +47,9 @@ class DataPlaneActor:
         """Serve a new `StagingDB(path)`; refused while another file is open. Returns its path."""
         if self._store is not None:
             raise RuntimeError(f"data plane actor still serves {self._store.path}; close it before opening {path}")
+        from harness.footprint import recorder
+
+        recorder.bind(Path(path).resolve().parent)  # the run's folder (harness.footprint)
         self._store = StagingDB(path)
         return str(self._store.path)
 

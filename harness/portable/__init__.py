@@ -22,8 +22,10 @@ def enter_process(device: str) -> bool:
     process lost a pin on the way (a workload's ``plugins.env``, a launcher that rewrote its
     environment): its bits would be another machine's. Unpinned processes (cuda, vLLM, an
     aarch64 machine, ``GOLDEN_CPU_PINS=0``) are left as they are."""
+    from harness.footprint import recorder
     from harness.portable import pins
 
+    recorder.bind()  # what this process read goes into the run's footprint (harness.footprint)
     if device != "cpu" or not pins.pinned_by_harness():
         return False
     lost = pins.missing()

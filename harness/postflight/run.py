@@ -175,7 +175,19 @@ def postflight(run_dir: str | Path) -> PostflightResult:
     if errors:
         raise ManifestInvalid(run_dir / layout.MANIFEST, errors)
     _atomic_write(run_dir / layout.MANIFEST, surface_file_bytes(manifest))
+    _merge_footprint(run_dir)
     return PostflightResult(run_dir, status, checks, surfaces)
+
+
+def _merge_footprint(run_dir: Path) -> None:
+    """``footprint.json`` from the processes' records (``harness.footprint.merge``). A run whose
+    records cannot be merged gets none, so its golden stores none and is always selected."""
+    from harness.footprint.merge import write_footprint
+
+    try:
+        write_footprint(run_dir)
+    except (OSError, ValueError):
+        (run_dir / "footprint.json").unlink(missing_ok=True)
 
 
 def t_path(section: str) -> str:

@@ -400,7 +400,9 @@ def _serve_loop(server: socket.socket) -> None:
 def serve(address: str, ready: str) -> None:
     """The server loop (``python -m harness.runner.zygote ADDRESS READY_FILE``)."""
     from harness import code_identity
+    from harness.footprint import recorder
 
+    recorder.install()  # its children inherit what it preloads, and the hook (harness.footprint)
     code_identity.check_process("the zygote (fork server)")
     entry = [] if sys.flags.safe_path else sys.path[:1]  # -P (how Zygote starts it): no working-directory entry
     _SERVER_ENTRY[:], _BASE_PATH[:] = entry, sys.path[len(entry):]

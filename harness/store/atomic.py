@@ -136,7 +136,8 @@ def recover(root: str | Path, workload: str, platform: str) -> list[Path]:
 
 def write_golden(root: str | Path, workload: str, platform: str, manifest: Mapping[str, Any],
                  surfaces: Mapping[str, Mapping[str, Any]], provenance: Mapping[str, Any], *,
-                 tolerances: str | None = None, expect: object = ANY) -> Path:
+                 tolerances: str | None = None, expect: object = ANY,
+                 footprint: Mapping[str, Any] | None = None) -> Path:
     """Atomically create or replace ``<root>/<workload>/<platform>/``; returns its path.
 
     The stored manifest's ``surfaces`` list is rewritten to describe the stored
@@ -151,7 +152,7 @@ def write_golden(root: str | Path, workload: str, platform: str, manifest: Mappi
     whatever is stored.
     """
     target = layout.golden_dir(root, workload, platform)
-    files = golden_files(workload, manifest, surfaces, provenance, tolerances, platform=platform)
+    files = golden_files(workload, manifest, surfaces, provenance, tolerances, platform=platform, footprint=footprint)
     workload_dir = target.parent
     _refuse_symlinked_workload(workload_dir)
     lock.read_lock(root)  # an index that cannot be read refuses the write before anything changes
@@ -289,7 +290,7 @@ def _read_tree(target: Path, limits: Limits) -> dict[str, bytes]:
     listed = _listed_surfaces(files[layout.MANIFEST], str(target / layout.MANIFEST), limits) \
         if layout.MANIFEST in files else set()
     wanted = [rel for rel in sizes if rel != layout.MANIFEST
-              and (rel in (layout.PROVENANCE, layout.TOLERANCES) or rel in listed)]
+              and (rel in (layout.PROVENANCE, layout.TOLERANCES, layout.FOOTPRINT) or rel in listed)]
     total = spent + sum(sizes[rel] for rel in wanted)
     if total > limits.max_total:
         biggest = ", ".join(f"{rel} {sizes[rel]} bytes" for rel in sorted(wanted, key=lambda r: -sizes[r])[:3])

@@ -27,12 +27,14 @@ from harness.surfaces.registry import GATED_SURFACES, SURFACES, validate_surface
 __all__ = ["golden_files", "golden_problems", "listed_surfaces", "load_strict_bytes", "stored_golden_problems",
            "tolerance_file_problems", "unknown_files"]
 
-KNOWN_FILES = (layout.MANIFEST, layout.PROVENANCE, layout.TOLERANCES)
+KNOWN_FILES = (layout.MANIFEST, layout.PROVENANCE, layout.TOLERANCES, layout.FOOTPRINT)
 
 
 def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[str, Mapping[str, Any]],
-                  provenance: Mapping[str, Any], tolerances: str | None, *, platform: str = "") -> dict[str, bytes]:
-    """Relative path -> bytes of every file of the golden, validated. With ``tolerances``
+                  provenance: Mapping[str, Any], tolerances: str | None, *, platform: str = "",
+                  footprint: Mapping[str, Any] | None = None) -> dict[str, bytes]:
+    """Relative path -> bytes of every file of the golden, validated. ``footprint`` (the run's
+    ``footprint.json``, ``harness.footprint``) is stored as FOOTPRINT.json. With ``tolerances``
     the stored provenance records its digest (``tolerances: {sha256, bytes}``) and the
     file must pass the tolerance policy of ``platform`` (``policy_problems``)."""
     files: dict[str, bytes] = {}
@@ -77,6 +79,13 @@ def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[s
         raise GoldenStoreError("provenance: " + "; ".join(problems))
     files[layout.MANIFEST] = surface_file_bytes(stored)
     files[layout.PROVENANCE] = surface_file_bytes(provenance)
+    if footprint is not None:
+        from harness.footprint.schema import problems as footprint_problems
+
+        bad = footprint_problems(footprint, layout.FOOTPRINT)
+        if bad:
+            raise GoldenStoreError("; ".join(bad))
+        files[layout.FOOTPRINT] = surface_file_bytes(footprint)
     if tolerances is not None:
         problems = _tolerance_problems(Path(layout.TOLERANCES), files[layout.TOLERANCES], platform=platform,
                                        provenance=provenance)
@@ -118,7 +127,22 @@ def golden_problems(target: Path, manifest: Any, files: Mapping[str, bytes],
                  for e in validate_manifest(manifest, check_artifact_files=False)]
     problems += stored_golden_problems(target, manifest, surfaces)
     problems += tolerance_file_problems(target, files)
+    problems += footprint_file_problems(target, files)
     return problems
+
+
+def footprint_file_problems(target: Path, files: Mapping[str, bytes]) -> list[str]:
+    """A stored FOOTPRINT.json (optional) must be a valid footprint document (``harness.footprint.schema``)."""
+    from harness.footprint.schema import problems as footprint_problems
+
+    if layout.FOOTPRINT not in files:
+        return []
+    where = str(target / layout.FOOTPRINT)
+    try:
+        doc = parse_json(files[layout.FOOTPRINT], source=where)
+    except ValueError as exc:
+        return [str(exc)]
+    return footprint_problems(doc, where)
 
 
 def tolerance_file_problems(target: Path, files: Mapping[str, bytes]) -> list[str]:

@@ -26,6 +26,7 @@ __all__ = ["MANIFEST", "PROVENANCE", "TOLERANCES", "SURFACES_DIR", "check_name",
 MANIFEST = "manifest.json"
 PROVENANCE = "PROVENANCE.json"
 TOLERANCES = "tolerances.yaml"
+FOOTPRINT = "FOOTPRINT.json"  # what the golden's run read (harness.footprint; optional)
 SURFACES_DIR = "surfaces"
 WORKLOAD_FILE = "workload.yaml"
 

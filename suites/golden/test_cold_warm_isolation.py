@@ -42,9 +42,10 @@ from harness.runner.warm import ZYGOTE_ENV
 from suites.stored_goldens import stored_dir
 from suites.worker_pids import PidRecorder
 
-pytestmark = [pytest.mark.slow, pytest.mark.golden]
-
 CHEAP = ("qwen3_moe_tiny_smoke", "qwen3_moe_tiny_streaming")  # 1 and 2 policy ranks, TP1 engines
+pytestmark = [pytest.mark.slow, pytest.mark.golden,
+              pytest.mark.golden_uses(*CHEAP, files=("harness/mutations.py", "suites/stored_goldens.py",
+                                                     "suites/worker_pids.py"))]
 
 
 def _ppid(pid: int) -> int:

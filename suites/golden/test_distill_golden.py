@@ -30,7 +30,8 @@ from suites.stored_goldens import stored_dir
 
 WORKLOAD = "qwen3_moe_tiny_distill"
 
-pytestmark = [pytest.mark.slow, pytest.mark.golden, pytest.mark.xdist_group(WORKLOAD)]
+pytestmark = [pytest.mark.slow, pytest.mark.golden, pytest.mark.xdist_group(WORKLOAD),
+              pytest.mark.golden_uses(WORKLOAD, files=("harness/mutations.py", "suites/stored_goldens.py"))]
 
 
 def test_planted_teacher_logits_fail_the_distillation_golden(golden, tmp_path, monkeypatch):

@@ -49,7 +49,10 @@ WORKLOAD = "qwen3_moe_tiny_multiturn"
 BASE = ("grpo.iterations=2", "grpo.prompts_per_step=2", "grpo.generations_per_prompt=2", "env.turns=2",
         "rollout.max_new_tokens=8", "policy.micro_batch_size=4", "rollout.async=false")
 
-pytestmark = [pytest.mark.slow, pytest.mark.golden]
+# --golden-since: the mutation runs are a cheaper multiturn configuration (a sync engine in the rollout
+# actor, as smoke's), so they run when either workload is affected, or the mutations changed.
+pytestmark = [pytest.mark.slow, pytest.mark.golden,
+              pytest.mark.golden_uses(WORKLOAD, "qwen3_moe_tiny_smoke", files=("harness/mutations.py",))]
 
 
 class PidRecorder:

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 GATE_PACKAGES = ["harness.spec", "harness.registry", "harness.manifest", "harness.surfaces", "harness.parity",
-                 "harness.store", "harness.artifacts", "harness.postflight", "harness.cli", "harness.pytest_plugin"]
+                 "harness.store", "harness.artifacts", "harness.postflight", "harness.cli", "harness.pytest_plugin",
+                 "harness.footprint", "harness.pytest_since"]
 
 PROBE = r"""
 import importlib, json, pkgutil, sys
