@@ -14,7 +14,12 @@ outside what its golden's run read; everything else selects it:
    elsewhere, one stored before footprints), or one that does not read as a footprint;
 4. another interpreter version, or a recorded distribution whose installed version differs
    or that is not installed; a third-party file no distribution owned (``unresolved``);
-5. a changed file the footprint lists; a file added or removed in a directory it lists.
+5. a changed file the footprint lists; a file added or removed in a directory it lists:
+   changed since BASE, or since the commit the golden's footprint was recorded at (its
+   PROVENANCE.json ``repository.commit``, else ``commit``): a listed file changed after the
+   recording may read files the footprint does not name, so the footprint proves nothing
+   until the golden is refreshed; a golden whose commit is not recorded or does not resolve
+   is selected.
 
 Changed paths: ``git diff --raw BASE`` (committed, staged and unstaged changes against
 BASE) plus untracked files not ignored, relative to the work tree holding the goldens root.
@@ -135,6 +140,7 @@ def affected(base: str, goldens_root: Path, platform: str | None = None) -> list
     root = Path(goldens_root).resolve()
     top = work_tree(root)
     changes = changed_paths(top, base)
+    since: dict[str, list[Change] | None] = {}  # commit -> changes since it (footprints recorded earlier)
     everything = _reason_for_all(changes)
     try:
         root_rel = root.relative_to(top).as_posix()
@@ -156,8 +162,32 @@ def affected(base: str, goldens_root: Path, platform: str | None = None) -> list
         folders = sorted(p for p in (root / name).iterdir()
                          if p.is_dir() and base_platform(p.name) == base_platform(plat))
         own = f"{name}/" if root_rel == "." else f"{root_rel}/{name}/"
-        out.append(Selection(name, *_why(folders, changes, own)))
+        out.append(Selection(name, *_why(folders, changes, own, lambda c: _since_recorded(top, c, since))))
     return out
+
+
+def _since_recorded(top: Path, commit: str, memo: dict) -> list[Change] | None:
+    """Changes in ``top`` since the commit a footprint was recorded at (None: it does not
+    resolve); ``memo`` holds one ``affected`` call's answers."""
+    if commit not in memo:
+        try:
+            memo[commit] = changed_paths(top, commit)
+        except AffectedError:
+            memo[commit] = None
+    return memo[commit]
+
+
+def _recorded_commit(folder: Path) -> str | None:
+    """The commit a golden (and so its footprint) was recorded at: PROVENANCE.json's
+    ``repository.commit``, else ``commit``."""
+    try:
+        prov = json.loads((folder / "PROVENANCE.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    repo = prov.get("repository") if isinstance(prov, dict) else None
+    commit = (repo or {}).get("commit") if isinstance(repo, dict) else None
+    commit = commit or (prov.get("commit") if isinstance(prov, dict) else None)
+    return commit if isinstance(commit, str) and commit else None
 
 
 def _reason_for_all(changes: list[Change]) -> str:
@@ -170,7 +200,9 @@ def _reason_for_all(changes: list[Change]) -> str:
     return ""
 
 
-def _why(folders: list[Path], changes: list[Change], own: str) -> tuple[bool, str]:
+def _why(folders: list[Path], changes: list[Change], own: str, since=None) -> tuple[bool, str]:
+    """(selected, reason) for one workload; ``since(commit)``: the changes since a commit
+    (None when it does not resolve), for footprints recorded before BASE."""
     for change in changes:
         if change.path.startswith(own):
             return True, f"{change.path}: the workload's own folder (spec or golden)"
@@ -188,8 +220,16 @@ def _why(folders: list[Path], changes: list[Change], own: str) -> tuple[bool, st
         bad = problems(doc, f"{folder.name}/{GOLDEN_FILE}")
         if bad:
             return True, bad[0]
-        docs.append((folder.name, doc, frozenset(doc["files"]), frozenset(doc["dirs"])))
-    for plat, doc, _, _ in docs:
+        later: list[Change] = []
+        if since is not None:
+            commit = _recorded_commit(folder)
+            later = since(commit) if commit else None
+            if later is None:
+                return True, (f"{folder.name}: the commit its footprint was recorded at "
+                              f"({commit or 'not recorded'}) is not in this repository, so the footprint "
+                              "cannot be dated")
+        docs.append((folder.name, doc, frozenset(doc["files"]), frozenset(doc["dirs"]), later))
+    for plat, doc, _, _, _ in docs:
         here = _platform.python_version()
         if doc["python"] != [here]:
             return True, f"the interpreter: {plat} recorded Python {', '.join(doc['python'])}, this is {here}"
@@ -199,13 +239,19 @@ def _why(folders: list[Path], changes: list[Change], own: str) -> tuple[bool, st
                 return True, f"dependency {dist}: {version} recorded, {now or 'not installed'} now"
         if doc["unresolved"]:
             return True, f"{plat} read files no installed distribution owns ({doc['unresolved'][0]}, ...)"
-    for change in changes:
-        for plat, _, files, dirs in docs:
-            if change.path in files:
-                return True, f"{change.path}: read by its run ({plat}/{GOLDEN_FILE})"
-            parent = change.path.rsplit("/", 1)[0] if "/" in change.path else ""
-            if change.status in ("A", "D", "?") and parent in dirs:
-                return True, f"{change.path}: added or removed in {parent or 'the top folder'}, which its run listed"
+    for plat, _, files, dirs, later in docs:
+        for stale, group in ((False, changes), (True, later)):
+            for change in group:
+                parent = change.path.rsplit("/", 1)[0] if "/" in change.path else ""
+                hit = change.path in files or (change.status in ("A", "D", "?") and parent in dirs)
+                if not hit:
+                    continue
+                what = ("read by its run" if change.path in files
+                        else f"added or removed in {parent or 'the top folder'}, which its run listed")
+                if stale:
+                    return True, (f"{change.path}: {what}, and changed since its footprint was recorded "
+                                  f"({plat}/{GOLDEN_FILE}: refresh the golden to narrow the selection)")
+                return True, f"{change.path}: {what} ({plat}/{GOLDEN_FILE})"
     return False, ""
 
 

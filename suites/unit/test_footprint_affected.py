@@ -47,9 +47,21 @@ def repo(tmp_path: Path) -> Path:
         (folder / "workload.yaml").write_text(text)
         (folder / "cpu" / "FOOTPRINT.json").write_text(json.dumps(_footprint(files, dirs)))
     _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", "-A")
-    _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
+    _commit(tmp_path, "the code")
+    _record_at_head(tmp_path)  # as golden refresh does: the commit the run ran at, then the goldens committed
     return tmp_path
+
+
+def _commit(repo: Path, message: str) -> None:
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", message)
+
+
+def _record_at_head(repo: Path) -> None:
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    for folder in (repo / "goldens").glob("*/cpu"):
+        (folder / "PROVENANCE.json").write_text(json.dumps({"commit": head, "repository": {"commit": head}}))
+    _commit(repo, "goldens")
 
 
 def _selected(repo: Path) -> dict[str, str]:
@@ -132,3 +144,27 @@ def test_the_cli_prints_one_workload_per_line_with_its_first_changed_file(repo):
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"{A}\tsrc/model.py: read by its run (cpu/FOOTPRINT.json)\n"
     assert "1 of 2 workload(s) affected" in out.stderr
+
+
+def test_a_footprint_recorded_before_a_listed_file_changed_proves_nothing(repo):
+    """model.py changed (and was committed) after A's footprint was recorded: the code now may read
+    files the footprint does not name, so a change to an unlisted file still selects A until A's
+    golden is refreshed. Without the staleness rule A is reported unaffected."""
+    (repo / "src" / "model.py").write_text("import helper  # now reads a file the footprint never saw\n")
+    (repo / "helper.py").write_text("h = 1\n")
+    _commit(repo, "model.py imports helper.py")
+    base = _git(repo, "rev-parse", "HEAD").strip()
+    (repo / "helper.py").write_text("h = 2\n")  # the change under review: a file no footprint lists
+    picked = {s.workload: s.reason for s in affected(base, repo / "goldens", "cpu") if s.selected}
+    assert list(picked) == [A] and "changed since its footprint was recorded" in picked[A]
+    _record_at_head(repo)  # what a refresh does: the footprint is dated again (helper.py would be in it)
+    base = _git(repo, "rev-parse", "HEAD").strip()
+    assert {s.workload for s in affected(base, repo / "goldens", "cpu") if s.selected} == set()
+
+
+def test_a_golden_whose_commit_is_not_recorded_or_unknown_is_selected(repo):
+    (repo / "goldens" / A / "cpu" / "PROVENANCE.json").write_text(json.dumps({"commit": "0" * 40}))
+    (repo / "goldens" / B / "cpu" / "PROVENANCE.json").write_text(json.dumps({"commit": None}))
+    _commit(repo, "provenance without a usable commit")
+    picked = _selected(repo)
+    assert set(picked) == {A, B} and all("cannot be dated" in why for why in picked.values())

@@ -51,6 +51,11 @@ def consumer(tmp_path: Path) -> Path:
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
+    head = _git(tmp_path, "rev-parse", "HEAD").strip()  # as a refresh records it: the commit the run ran at
+    for name in (A, B):
+        (tmp_path / "goldens" / name / "cpu" / "PROVENANCE.json").write_text(json.dumps({"commit": head}))
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "goldens")
     return tmp_path
 
 
