@@ -60,6 +60,10 @@ def _repo_with(tmp_path: Path, footprint: Path) -> Path:
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (golden / "PROVENANCE.json").write_text(json.dumps({"commit": head}))  # dated as a refresh dates it
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "golden"], check=True)
     return repo
 
 
