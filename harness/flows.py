@@ -31,7 +31,7 @@ from harness.postflight.run import PostflightResult, postflight
 from harness.progress import phase
 from harness.spec.load import default_goldens_root, load_spec
 from harness.spec.typed import Workload
-from harness.surfaces.build import GATED
+from harness.surfaces.build import GATED, OPTIONAL
 
 Say = Callable[[str], None]
 
@@ -468,4 +468,4 @@ def vendor_builtin_spec(root: Path, workload: str) -> Path | None:
 
 
 def gated_only(docs: dict[str, dict]) -> dict[str, dict]:
-    return {k: v for k, v in docs.items() if k in GATED}
+    return {k: v for k, v in docs.items() if k in GATED or k in OPTIONAL}

@@ -177,6 +177,13 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
     gated = SURFACES[name].gated
     result = SurfaceResult(name=name, gated=gated)
     failed = "fail" if gated else "info"
+    if golden is None and actual is not None and SURFACES[name].optional:
+        # a golden stored before the surface existed: every other surface is still checked
+        # (docs/gate.md, "Optional surfaces"); never a silent pass, never a failure
+        result.findings.append(Finding(surface=name, section=None, kind="added", lane="exact", status="info",
+                                       golden=_MISSING, actual=name,
+                                       note=f"surface {name} is not in this golden (refresh to gate it)"))
+        return result
     if golden is None or actual is None:
         kind = "removed" if actual is None else "added"
         result.findings.append(Finding(surface=name, section=None, kind=kind, lane="exact", status=failed,
