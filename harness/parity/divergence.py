@@ -36,6 +36,10 @@ Consequence rules, tried against each earlier cause in execution order:
 4. ``follows the data``: a data-dependent finding at a later point (step, stage) than
    the cause: training metrics, rollouts, a collective whose only changed field is
    ``numel`` (EP all-to-all split sizes follow the routed tokens) and operator counts.
+
+The numerics surface (docs/locator.md) goes first: its first failing entry in execution
+order (``harness.parity.locate``), the first diverging module, is the first cause and every
+other numerics finding its consequence (5. ``downstream in the model``).
 """
 
 from __future__ import annotations
@@ -44,11 +48,12 @@ import re
 from collections.abc import Iterable
 
 from harness.parity.findings import Divergence, Finding, natural_key, path_key
+from harness.parity.locate import numerics_point
 from harness.surfaces.canonical import canonical_bytes
 
 __all__ = ["divergences", "execution_point", "RULES"]
 
-RULES = ("after topology", "same change", "same rank and phase", "follows the data")
+RULES = ("after topology", "same change", "same rank and phase", "follows the data", "downstream in the model")
 
 _SURFACE_ORDER = {name: i for i, name in enumerate(
     ("topology", "lifecycle", "collectives", "operators", "rollouts", "training", "memory", "timings"))}
@@ -133,11 +138,23 @@ def _rule(cause: Divergence, f: Finding, point: tuple) -> str | None:
     return None
 
 
-def divergences(findings: Iterable[Finding]) -> list[Divergence]:
-    """Causes in execution order, each with its consequences (see the module docstring)."""
+def divergences(findings: Iterable[Finding], *, primary: Finding | None = None) -> list[Divergence]:
+    """Causes in execution order, each with its consequences (see the module docstring).
+
+    ``primary``: the first diverging module (``harness.parity.locate.first_module``). It is
+    the first cause, shown above every other surface's; every other numerics finding is its
+    consequence (``downstream in the model``), and the other surfaces' findings follow the
+    rules above with it as the earliest cause."""
+    findings = list(findings)
+    out: list[Divergence] = []
+    if primary is not None:
+        lead = Divergence(cause=primary, point=numerics_point(primary, None, None))
+        lead.consequences = [(RULES[4], f) for f in findings if f.surface == "numerics" and f is not primary
+                             and f.status in ("fail", "stale")]
+        out.append(lead)
+        findings = [f for f in findings if f.surface != "numerics"]
     gated = sorted(((execution_point(f), f) for f in findings if f.status in ("fail", "stale")),
                    key=lambda item: item[0])
-    out: list[Divergence] = []
     by_signature: dict[tuple, int] = {}   # rules 2 and 3 by lookup: index of the first cause that matches
     by_point: dict[tuple, int] = {}
     for point, f in gated:
