@@ -72,7 +72,8 @@ def moe_forward(
         outs = []
         start = 0
         for e, (gate_w, up_w, down_w), n in zip(expert_ids, experts, per_expert):
-            outs.append(taps.call(f"{prefix}.experts.{e}", ops.swiglu, grouped[start : start + n], gate_w, up_w, down_w))
+            chunk = grouped[start : start + n]
+            outs.append(taps.call(f"{prefix}.experts.{e}", ops.swiglu, chunk, gate_w, up_w, down_w))
             start += n
         y_grouped = torch.cat(outs) if outs else grouped
     inverse = torch.empty_like(perm)

@@ -36,7 +36,6 @@ import torch
 
 from harness import taps
 
-
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
