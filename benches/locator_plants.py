@@ -51,10 +51,13 @@ PLANTS: dict[str, Plant] = {
              "            w = probs.gather(-1, idx)\n"
              "            w = (w / w.sum(dim=-1, keepdim=True) if norm_topk_prob else w).to(logits.dtype)\n")),
     "b": Plant(
-        what="RoPE base theta -> theta + 1 (policy and rollout: ops.rope_cos_sin)",
-        file="harness/ops.py",
-        old="    inv_freq = rope_inv_freq(head_dim, theta).to(positions.device)\n",
-        new="    inv_freq = rope_inv_freq(head_dim, theta + 1.0).to(positions.device)   # PLANT\n"),
+        what=("RoPE base theta -> theta + 1 in the policy model (harness.ops itself is covered by the numerics "
+              "canary: a change there reads as environment drift, exit 3)"),
+        file="harness/policy/native/parallel_model.py",
+        old=("        cos, sin = taps.call(\"model.rotary_emb\", ops.rope_cos_sin, pos, cfg.head_dim, "
+             "cfg.rope_theta, hidden.dtype)\n"),
+        new=("        cos, sin = taps.call(\"model.rotary_emb\", ops.rope_cos_sin, pos, cfg.head_dim,\n"
+             "                             cfg.rope_theta + 1.0, hidden.dtype)   # PLANT\n")),
     "c": Plant(
         what="attention scale in layer 1's backward only (the gradient into q scaled by 1 + 2**-10)",
         file="harness/policy/native/parallel_model.py",
