@@ -85,7 +85,7 @@ def test_schema_errors_carry_pointers(mutate, pointer):
 def test_unknown_surface_is_an_error():
     assert validate_surface({"surface": "losses"}) == [("/surface", ("unknown surface 'losses'; known: "
                                                          "topology, lifecycle, operators, collectives, rollouts, "
-                                                         "training, memory, timings"))]
+                                                         "training, numerics, memory, timings"))]
 
 
 def test_normalise_drops_volatile_keys_but_not_data_names():
