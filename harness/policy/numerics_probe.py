@@ -231,6 +231,9 @@ class NumericsRecorder:
         p = self.probe
         if p is None:
             return
+        done = getattr(self.engine, "steps_done", None)
+        if isinstance(done, int):   # the engine's optimizer steps: a resumed run goes on counting
+            p.step = done
         if p.step == 0:
             p.record_params(self.engine.named)   # step0000: the parameters as initialised
         p.begin_step()
