@@ -39,18 +39,19 @@ from harness import taps
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _cpu_bytes(t: torch.Tensor) -> bytes:
-    """The bytes of CPU tensor ``t`` in memory order, read through its data pointer and
-    strides: no torch operator is dispatched (the operators surface sees none)."""
+def _cpu_buffer(t: torch.Tensor) -> Any:
+    """The bytes of CPU tensor ``t`` in memory order as a buffer (no copy when contiguous), read
+    through its data pointer and strides: no torch operator is dispatched (the operators
+    surface sees none)."""
     n, size = t.numel(), t.element_size()
     if n == 0:
         return b""
     if t.is_contiguous():
-        return ctypes.string_at(t.data_ptr(), n * size)
+        return (ctypes.c_char * (n * size)).from_address(t.data_ptr())
     span = 1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride()) if d > 0)
     raw = np.frombuffer((ctypes.c_char * (span * size)).from_address(t.data_ptr()), dtype=_UINT[size], count=span)
     view = np.lib.stride_tricks.as_strided(raw, shape=tuple(t.shape), strides=tuple(st * size for st in t.stride()))
-    return np.ascontiguousarray(view).tobytes()
+    return np.ascontiguousarray(view).data
 
 
 def digest(t: torch.Tensor) -> str:
@@ -59,7 +60,7 @@ def digest(t: torch.Tensor) -> str:
     if t.device.type != "cpu" or t.element_size() not in _UINT:
         with torch.no_grad():
             t = t.detach().to("cpu").contiguous()
-    return hashlib.sha256(_cpu_bytes(t)).hexdigest()
+    return hashlib.sha256(_cpu_buffer(t)).hexdigest()
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
