@@ -154,3 +154,21 @@ def test_equal_not_recorded_sections_pass_but_stay_visible_in_the_document():
     assert compare({"numerics": doc}, {"numerics": copy.deepcopy(doc)}).status == "parity"
     recorded = _doc()
     assert compare({"numerics": doc}, {"numerics": recorded}).status == "fail"
+
+
+def test_an_earlier_cause_keeps_the_lead_and_the_module_follows_from_it():
+    # a changed rollout of step 1 (stage 0) precedes the training step that consumes it: the
+    # first diverging module of step 1 is its consequence, not a cause of its own
+    golden, actual = _doc(), _doc()
+    _bump(actual, "policy/rank00000", "step0001/forward/mb000/model.layers.0.self_attn.q_proj#0")
+    _bump(actual, "policy/rank00000", "step0001/forward/mb000/model.layers.0.mlp.gate#0")
+    rollout = {"surface": "rollouts", "version": 1, "workload": "w",
+               "sections": {"step0001-attempt1-row0000": {"tokens_digest": "a"}}}
+    changed = copy.deepcopy(rollout)
+    changed["sections"]["step0001-attempt1-row0000"]["tokens_digest"] = "b"
+    verdict = compare({"numerics": golden, "rollouts": rollout}, {"numerics": actual, "rollouts": changed})
+    assert len(verdict.divergences) == 1
+    d = verdict.divergences[0]
+    assert d.cause.surface == "rollouts"
+    surfaces = sorted((rule, f.surface) for rule, f in d.consequences)
+    assert surfaces == [("downstream in the model", "numerics"), ("follows the data", "numerics")]
