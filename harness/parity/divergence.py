@@ -176,8 +176,8 @@ def divergences(findings: Iterable[Finding], *, primary: Finding | None = None) 
                 at, rule = found[0]
         if at is not None and rule is not None:
             out[at].consequences.append((rule, f))
-            if f is primary and lead is not None:   # the module's own consequences go with it
-                out[at].consequences.extend(lead.consequences)
+            if f is primary and lead is not None:   # the module's own consequences go with it, by its rule
+                out[at].consequences.extend((rule, c) for _, c in lead.consequences)
                 continue
             if f.section is not None:   # a repeat's own rank and phase belong to the same cause
                 by_point.setdefault((f.section, f.phase), at)

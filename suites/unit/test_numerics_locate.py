@@ -171,4 +171,4 @@ def test_an_earlier_cause_keeps_the_lead_and_the_module_follows_from_it():
     d = verdict.divergences[0]
     assert d.cause.surface == "rollouts"
     surfaces = sorted((rule, f.surface) for rule, f in d.consequences)
-    assert surfaces == [("downstream in the model", "numerics"), ("follows the data", "numerics")]
+    assert surfaces == [("follows the data", "numerics"), ("follows the data", "numerics")]
