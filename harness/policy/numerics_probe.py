@@ -113,8 +113,10 @@ class NumericsProbe:
         self._mb = -1
 
     def end_step(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Close the step: digest every parameter after the optimizer step."""
+        """Close the step: digest every parameter after the optimizer step; drop the step's
+        references to module outputs."""
         self.recording = False
+        self._producers = {}
         self.record_params(named)
 
     def record_params(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
