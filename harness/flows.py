@@ -32,7 +32,7 @@ from harness.progress import phase
 from harness.spec.load import default_goldens_root
 from harness.spec.runplan import RunPlan
 from harness.spec.typed import Workload
-from harness.surfaces.build import GATED
+from harness.surfaces.build import GATED, OPTIONAL
 
 Say = Callable[[str], None]
 
@@ -469,4 +469,4 @@ def vendor_builtin_spec(root: Path, workload: str) -> Path | None:
 
 
 def gated_only(docs: dict[str, dict]) -> dict[str, dict]:
-    return {k: v for k, v in docs.items() if k in GATED}
+    return {k: v for k, v in docs.items() if k in GATED or k in OPTIONAL}

@@ -68,6 +68,30 @@ def parse_trace_segment(rel_path: str) -> tuple[str, int, int]:
     return match.group(1), int(match.group(2)), int(match.group(3) or 0)
 
 
+NUMERICS_DIR = f"{ARTIFACTS_DIR}/numerics"
+_NUMERICS_RE = re.compile(r"^artifacts/numerics/(policy)/rank(\d{5,})\.step(\d{4,})\.json$")
+
+
+def numerics_path(role: str, rank: int, step: int) -> str:
+    """``artifacts/numerics/{role}/rank{rank:05d}.step{step:04d}.json``: the numerics digests
+    a rank recorded in train step ``step`` (step 0: the initial parameters, or the record of a
+    rank that records none). Only the policy role records numerics."""
+    if role != "policy":
+        raise ValueError(f"numerics role must be 'policy', got {role!r}")
+    trace_path(role, rank)  # validates the rank
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"numerics step must be a non-negative int, got {step!r}")
+    return f"{NUMERICS_DIR}/{role}/rank{rank:05d}.step{step:04d}.json"
+
+
+def parse_numerics_path(rel_path: str) -> tuple[str, int, int]:
+    """Inverse of :func:`numerics_path`: ``(role, rank, step)``."""
+    match = _NUMERICS_RE.match(rel_path)
+    if match is None:
+        raise ValueError(f"not a numerics artifact path: {rel_path!r}")
+    return match.group(1), int(match.group(2)), int(match.group(3))
+
+
 def section_name(role: str, rank: int) -> str:
     """Surface section of a per-rank artifact, e.g. ``policy/rank00003``."""
     trace_path(role, rank)  # validates

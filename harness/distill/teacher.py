@@ -78,6 +78,8 @@ def logits_job(engine: Any, input_ids: torch.Tensor) -> torch.Tensor:
 class TeacherWorkerImpl(PolicyWorkerImpl):
     """One teacher rank: a policy rank of the teacher's spec that serves logits by IPC."""
 
+    records_numerics = False  # the numerics surface is the student's (docs/locator.md)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._buffer: torch.Tensor | None = None

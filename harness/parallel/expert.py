@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness import ops
+from harness import ops, taps
 from harness.model.grouped import grouped_swiglu, stack_experts, use_grouped
 from harness.parallel import comm
 
@@ -36,11 +36,20 @@ def moe_forward(
     norm_topk_prob: bool,
     ep_group,
     ep: int,
+    names: tuple[str, list[int]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """tokens `[T, H]`; `experts` = this rank's local (gate, up, down) weights in
-    expert order. Returns (output `[T, H]`, router logits `[T, E]`)."""
-    router_logits = F.linear(tokens, router_weight)
-    _, weights, indices = ops.route(router_logits, top_k, norm_topk_prob)
+    expert order. Returns (output `[T, H]`, router logits `[T, E]`). ``names``: the
+    block's module prefix and the local experts' global ids, for the numerics taps
+    (``harness.taps``: the router ``<prefix>.gate``, each expert ``<prefix>.experts.<e>``)."""
+    prefix, expert_ids = names if names is not None else ("mlp", list(range(len(experts))))
+
+    def router(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = F.linear(t, router_weight)
+        _, w, idx = ops.route(logits, top_k, norm_topk_prob)
+        return logits, w, idx
+
+    router_logits, weights, indices = taps.call(prefix + ".gate", router, tokens)
     order, counts = ops.moe_dispatch_order(indices, num_experts)
     token_of_slot = order // top_k
     slot_weight = weights.reshape(-1)[order]
@@ -62,8 +71,9 @@ def moe_forward(
         per_expert = recv_counts.sum(0).tolist()
         outs = []
         start = 0
-        for (gate_w, up_w, down_w), n in zip(experts, per_expert):
-            outs.append(ops.swiglu(grouped[start : start + n], gate_w, up_w, down_w))
+        for e, (gate_w, up_w, down_w), n in zip(expert_ids, experts, per_expert):
+            chunk = grouped[start : start + n]
+            outs.append(taps.call(f"{prefix}.experts.{e}", ops.swiglu, chunk, gate_w, up_w, down_w))
             start += n
         y_grouped = torch.cat(outs) if outs else grouped
     inverse = torch.empty_like(perm)

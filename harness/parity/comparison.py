@@ -32,6 +32,7 @@ from typing import Any
 
 from harness.parity.divergence import divergences
 from harness.parity.findings import _MISSING, Finding, SurfaceResult, Verdict
+from harness.parity.locate import first_module
 from harness.parity.tolerances import ToleranceTable
 from harness.parity.walk import RawDiff, diff_section
 from harness.surfaces.canonical import canonical_bytes, json_pointer
@@ -64,6 +65,9 @@ def _phase_and_key(surface: str, section_id: str, path: tuple, golden: Any, actu
         return str(path[1]), json_pointer(path[2:])
     if surface == "training":
         return section_id, json_pointer(path)
+    if surface == "numerics" and len(path) >= 2 and path[0] == "entries" and str(path[1]).count("/") >= 3:
+        step, phase, mb, entry = str(path[1]).split("/", 3)   # stepNNNN/<phase>/mbMMM/<module>#<call>
+        return f"{step}/{phase}/{mb}", json_pointer((entry, *path[2:]))
     if len(path) >= 2 and path[0] == "events" and isinstance(path[1], int):
         for side in (golden, actual):
             if isinstance(side, Mapping) and side.get("phase") is not None:
@@ -177,6 +181,13 @@ def compare_surface(name: str, golden: Mapping[str, Any] | None, actual: Mapping
     gated = SURFACES[name].gated
     result = SurfaceResult(name=name, gated=gated)
     failed = "fail" if gated else "info"
+    if golden is None and actual is not None and SURFACES[name].optional:
+        # a golden stored before the surface existed: every other surface is still checked
+        # (docs/gate.md, "Optional surfaces"); never a silent pass, never a failure
+        result.findings.append(Finding(surface=name, section=None, kind="added", lane="exact", status="info",
+                                       golden=_MISSING, actual=name,
+                                       note=f"surface {name} is not in this golden (refresh to gate it)"))
+        return result
     if golden is None or actual is None:
         kind = "removed" if actual is None else "added"
         result.findings.append(Finding(surface=name, section=None, kind=kind, lane="exact", status=failed,
@@ -233,6 +244,13 @@ def compare(golden_docs: Mapping[str, Mapping[str, Any]], actual_docs: Mapping[s
     for name in sorted(set(golden_docs) | set(actual_docs)):
         surfaces[name] = compare_surface(name, golden_docs.get(name), actual_docs.get(name),
                                          tolerances=table, deterministic=deterministic)
+    primary = None
+    if "numerics" in surfaces:   # the first diverging module leads (docs/locator.md)
+        result = surfaces["numerics"]
+        located = first_module(result.findings, golden_docs.get("numerics"), actual_docs.get("numerics"))
+        if located is not None:
+            first, primary = located
+            result.findings = [primary if f is first else f for f in result.findings]
     verdict = Verdict(deterministic=deterministic, surfaces=surfaces, lane_source=lane_source)
-    verdict.divergences = divergences(verdict.findings)
+    verdict.divergences = divergences(verdict.findings, primary=primary)
     return verdict

@@ -36,6 +36,12 @@ Consequence rules, tried against each earlier cause in execution order:
 4. ``follows the data``: a data-dependent finding at a later point (step, stage) than
    the cause: training metrics, rollouts, a collective whose only changed field is
    ``numel`` (EP all-to-all split sizes follow the routed tokens) and operator counts.
+
+The numerics surface (docs/locator.md): its first failing entry in execution order
+(``harness.parity.locate``), the first diverging module, stands for the surface: every other
+numerics finding is its consequence (5. ``downstream in the model``). It is placed at its
+(step, stage) ahead of every other finding there, so it leads unless a cause strictly
+precedes it (a changed rollout of the same step), from which it then follows (rule 4).
 """
 
 from __future__ import annotations
@@ -44,11 +50,12 @@ import re
 from collections.abc import Iterable
 
 from harness.parity.findings import Divergence, Finding, natural_key, path_key
+from harness.parity.locate import numerics_point
 from harness.surfaces.canonical import canonical_bytes
 
 __all__ = ["divergences", "execution_point", "RULES"]
 
-RULES = ("after topology", "same change", "same rank and phase", "follows the data")
+RULES = ("after topology", "same change", "same rank and phase", "follows the data", "downstream in the model")
 
 _SURFACE_ORDER = {name: i for i, name in enumerate(
     ("topology", "lifecycle", "collectives", "operators", "rollouts", "training", "memory", "timings"))}
@@ -113,7 +120,7 @@ def _signature(f: Finding) -> tuple:
 
 
 def _data_dependent(f: Finding) -> bool:
-    if f.surface in ("training", "rollouts"):
+    if f.surface in ("training", "rollouts", "numerics"):
         return True
     if f.surface == "collectives":
         return f.kind == "changed" and tuple(f.fields) == ("numel",)
@@ -133,10 +140,25 @@ def _rule(cause: Divergence, f: Finding, point: tuple) -> str | None:
     return None
 
 
-def divergences(findings: Iterable[Finding]) -> list[Divergence]:
-    """Causes in execution order, each with its consequences (see the module docstring)."""
-    gated = sorted(((execution_point(f), f) for f in findings if f.status in ("fail", "stale")),
-                   key=lambda item: item[0])
+def divergences(findings: Iterable[Finding], *, primary: Finding | None = None) -> list[Divergence]:
+    """Causes in execution order, each with its consequences (see the module docstring).
+
+    ``primary``: the first diverging module (``harness.parity.locate.first_module``); every
+    other numerics finding is its consequence (``downstream in the model``). It takes its
+    place in execution order at its (step, stage), ahead of every other finding of the same
+    (step, stage); a cause strictly before it (a rollout of the same step, an engine's
+    init) stays first, and the module follows from it by rule 4 (numerics are data)."""
+    findings = list(findings)
+    lead: Divergence | None = None
+    if primary is not None:
+        lead = Divergence(cause=primary, point=numerics_point(primary, None, None))
+        lead.consequences = [(RULES[4], f) for f in findings if f.surface == "numerics" and f is not primary
+                             and f.status in ("fail", "stale")]
+        findings = [f for f in findings if f.surface != "numerics"]
+    gated = [(execution_point(f), f) for f in findings if f.status in ("fail", "stale")]
+    if lead is not None:
+        gated.append((lead.point[:2] + ((),), primary))   # () sorts before every rank: first at its point
+    gated.sort(key=lambda item: item[0])
     out: list[Divergence] = []
     by_signature: dict[tuple, int] = {}   # rules 2 and 3 by lookup: index of the first cause that matches
     by_point: dict[tuple, int] = {}
@@ -145,7 +167,7 @@ def divergences(findings: Iterable[Finding]) -> list[Divergence]:
         if out:
             rule = _rule(out[0], f, point)   # rules 1 and 4 can only pick the earliest cause first
             at = 0 if rule is not None else None
-        if at is None:
+        if at is None and f is not primary:
             candidates = [(by_signature.get(_signature(f)), "same change")]
             if f.section is not None:
                 candidates.append((by_point.get((f.section, f.phase)), "same rank and phase"))
@@ -154,8 +176,14 @@ def divergences(findings: Iterable[Finding]) -> list[Divergence]:
                 at, rule = found[0]
         if at is not None and rule is not None:
             out[at].consequences.append((rule, f))
+            if f is primary and lead is not None:   # the module's own consequences go with it, by its rule
+                out[at].consequences.extend((rule, c) for _, c in lead.consequences)
+                continue
             if f.section is not None:   # a repeat's own rank and phase belong to the same cause
                 by_point.setdefault((f.section, f.phase), at)
+            continue
+        if f is primary and lead is not None:
+            out.append(lead)
             continue
         out.append(Divergence(cause=f, point=point[:3]))
         by_signature.setdefault(_signature(f), len(out) - 1)

@@ -38,6 +38,7 @@ _IMPORTED = time.time()
 
 
 class PolicyWorkerImpl:
+    records_numerics = True  # the numerics surface (docs/locator.md); a teacher rank records none
     def __init__(
         self,
         spec: Mapping[str, Any],
@@ -57,6 +58,9 @@ class PolicyWorkerImpl:
         self.engine = create_engine(spec, rank, topology=topology)
         t2 = time.time()
         self.hooks = _load_hooks(rank)
+        from harness.policy.numerics_probe import NumericsRecorder
+
+        self.numerics = NumericsRecorder(spec, self.engine, rank, run_dir, enabled=self.records_numerics)
         self.timings = _start_timings(init_started=t0, process_groups=t1, engine=t2, profiler=time.time())
         from harness.refit.broadcast import SideGroupSlot
 
@@ -75,18 +79,32 @@ class PolicyWorkerImpl:
 
     def train(self, batch: Mapping[str, torch.Tensor], eval_mode: bool = False) -> dict[str, float]:
         with self.hooks.train_step(eval_mode=eval_mode):
-            return self.engine.train(batch, eval_mode=eval_mode)
+            if eval_mode:
+                return self.engine.train(batch, eval_mode=eval_mode)
+            self.numerics.begin()
+            try:
+                out = self.engine.train(batch, eval_mode=eval_mode)
+            except BaseException:
+                self.numerics.abort()
+                raise
+            self.numerics.finish()
+            return out
 
     def begin_train_step(self) -> None:
-        return self.hooks.begin_step(self.engine.begin_train_step, worker_step_open=self.engine.step_open)
+        out = self.hooks.begin_step(self.engine.begin_train_step, worker_step_open=self.engine.step_open)
+        self.numerics.begin()
+        return out
 
     def train_microbatch(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
         return self.hooks.train_microbatch(self.engine.train_microbatch, batch)
 
     def finish_train_step(self) -> dict[str, float]:
-        return self.hooks.finish_step(self.engine.finish_train_step)
+        out = self.hooks.finish_step(self.engine.finish_train_step)
+        self.numerics.finish()
+        return out
 
     def abort_train_step(self) -> None:
+        self.numerics.abort()
         return self.hooks.abort_step(self.engine.abort_train_step)
 
     # -- data-plane variants (the "dataplane" trainer passes keys, not tensors) -----------
@@ -216,6 +234,7 @@ class PolicyWorkerImpl:
                     if dist.is_initialized():
                         dist.destroy_process_group()
 
+        self.numerics.close()
         self.hooks.close(cleanup)
 
 
@@ -254,7 +273,10 @@ class PolicyWorkerHost(WarmHost, PolicyWorkerImpl):
                 dist.destroy_process_group()
                 raise RuntimeError(f"warm policy process {os.getpid()}: process group left from a failed start")
         finally:
-            for name in ("engine", "hooks", "_side_group", "_dataplane_clients", "timings"):
+            numerics = self.__dict__.get("numerics")
+            if numerics is not None:
+                numerics.close()
+            for name in ("engine", "hooks", "_side_group", "_dataplane_clients", "timings", "numerics"):
                 self.__dict__.pop(name, None)
             self._adopted = False
             gc.collect()

@@ -24,7 +24,7 @@ from harness.manifest.build import artifact_entry, new_manifest, surface_entry
 from harness.manifest.validate import ManifestInvalid, validate_manifest
 from harness.postflight.placement import placement_check
 from harness.spec.typed import as_workload
-from harness.surfaces.build import GATED, INFORMATIONAL, RunArtifacts, build_all
+from harness.surfaces.build import GATED, INFORMATIONAL, OPTIONAL, RunArtifacts, build_all
 from harness.surfaces.canonical import surface_file_bytes
 from harness.surfaces.registry import normalise
 
@@ -168,7 +168,7 @@ def postflight(run_dir: str | Path) -> PostflightResult:
         iterations=spec.grpo.iterations,
         status=status,
         artifacts=artifacts,
-        surfaces=[surface_entry(run_dir, n) for n in (*GATED, *INFORMATIONAL)],
+        surfaces=[surface_entry(run_dir, n) for n in (*GATED, *OPTIONAL, *INFORMATIONAL) if n in surfaces],
         checks=checks,
     )
     errors = validate_manifest(manifest, base_dir=run_dir)

@@ -22,7 +22,7 @@ from harness.store.provenance import provenance_errors
 from harness.surfaces.canonical import surface_file_bytes
 from harness.surfaces.digest import sha256_hex
 from harness.surfaces.portability import absolute_paths, describe
-from harness.surfaces.registry import GATED_SURFACES, SURFACES, validate_surface
+from harness.surfaces.registry import GATED_SURFACES, OPTIONAL_SURFACES, SURFACES, validate_surface
 
 __all__ = ["golden_files", "golden_problems", "listed_surfaces", "load_strict_bytes", "stored_golden_problems",
            "tolerance_file_problems", "unknown_files"]
@@ -47,7 +47,7 @@ def golden_files(workload: str, manifest: Mapping[str, Any], surfaces: Mapping[s
             raise GoldenStoreError(f"surface {name}: {pointer or '/'}: {message} ({len(errors)} error(s))")
         if doc.get("workload") != workload:
             raise GoldenStoreError(f"surface {name}: /workload is {doc.get('workload')!r}, expected {workload!r}")
-        if name in GATED_SURFACES and not doc.get("sections"):
+        if (name in GATED_SURFACES or name in OPTIONAL_SURFACES) and not doc.get("sections"):
             raise GoldenStoreError(f"surface {name}: /sections is empty (a golden of nothing would pass any run "
                                    "that also records nothing)")
         paths = absolute_paths(doc)
@@ -184,7 +184,7 @@ def stored_golden_problems(target: Path, manifest: Any, surfaces: Mapping[str, A
         if name != target.parent.name:
             problems.append(f"{where}#/workload/name: {short(repr(name), 80)}, expected {target.parent.name!r} "
                             "(the workload folder it is stored in)")
-    for name in GATED_SURFACES:
+    for name in (*GATED_SURFACES, *OPTIONAL_SURFACES):
         doc = surfaces.get(name)
         if isinstance(doc, dict) and isinstance(doc.get("sections"), dict) and not doc["sections"]:
             problems.append(f"{target / layout.SURFACES_DIR / (name + '.json')}#/sections: empty (a golden of "

@@ -24,6 +24,7 @@ from harness.surfaces.digest import document_digest, section_digests
 from harness.surfaces.registry import (
     GATED_SURFACES,
     INFORMATIONAL_SURFACES,
+    OPTIONAL_SURFACES,
     SURFACES,
     SurfaceSpec,
     ToleranceRule,
@@ -36,6 +37,6 @@ from harness.surfaces.registry import (
 __all__ = [
     "NonFiniteError", "StrictJSONError", "canonical_bytes", "load_strict", "loads_strict",
     "surface_file_bytes", "document_digest", "section_digests", "GATED_SURFACES",
-    "INFORMATIONAL_SURFACES", "SURFACES", "SurfaceSpec", "ToleranceRule", "get_spec",
+    "INFORMATIONAL_SURFACES", "OPTIONAL_SURFACES", "SURFACES", "SurfaceSpec", "ToleranceRule", "get_spec",
     "normalise", "schema_for", "validate_surface",
 ]

@@ -20,6 +20,7 @@ from harness.artifacts.segments import merge_segments
 from harness.artifacts.trace import TraceFile, read_trace
 
 GATED = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
+OPTIONAL = ("numerics",)   # gated where a golden has it; built only when the run recorded it
 INFORMATIONAL = ("memory", "timings")
 
 
@@ -131,6 +132,37 @@ def build_rollouts(art: RunArtifacts) -> dict:
     return _doc("rollouts", art, sections)
 
 
+def numerics_files(run_dir: Path) -> dict[str, list[Path]]:
+    """The run's numerics artifacts by section (``policy/rankNNNNN``), in step order."""
+    out: dict[str, list[tuple[int, Path]]] = {}
+    folder = run_dir / layout.NUMERICS_DIR / "policy"
+    for path in folder.glob("rank*.step*.json"):
+        role, rank, step = layout.parse_numerics_path(path.relative_to(run_dir).as_posix())
+        out.setdefault(layout.section_name(role, rank), []).append((step, path))
+    return {section: [p for _, p in sorted(items)] for section, items in sorted(out.items())}
+
+
+def build_numerics(art: RunArtifacts) -> dict | None:
+    """Per policy rank: every digest the rank recorded (docs/locator.md), merged over its
+    step files; ``None`` when the run recorded none (a run from before the surface). A rank
+    that records none keeps ``recorded: false`` and its reason."""
+    files = numerics_files(art.run_dir)
+    if not files:
+        return None
+    sections = {}
+    for section, paths in files.items():
+        body: dict[str, Any] = {}
+        entries: dict[str, Any] = {}
+        for path in paths:
+            doc = json.loads(path.read_text())
+            entries.update(doc.get("entries") or {})
+            body = {k: v for k, v in doc.items() if k != "entries"}
+        body["coords"] = art.coords(section) or body.get("coords", {})
+        body["entries"] = entries
+        sections[section] = body
+    return _doc("numerics", art, sections)
+
+
 def build_training(art: RunArtifacts) -> dict:
     """Per step: every logged metric. Non-finite values (stored as text in
     metrics.jsonl) are kept under ``nonfinite`` so parity reports them."""
@@ -146,19 +178,22 @@ def build_training(art: RunArtifacts) -> dict:
     return _doc("training", art, sections)
 
 
-BUILDERS: dict[str, Callable[[RunArtifacts], dict]] = {
+BUILDERS: dict[str, Callable[[RunArtifacts], dict | None]] = {
     "topology": build_topology,
     "lifecycle": build_lifecycle,
     "operators": build_operators,
     "collectives": build_collectives,
     "rollouts": build_rollouts,
     "training": build_training,
+    "numerics": build_numerics,
     "memory": build_memory,
     "timings": build_timings,
 }
 
 
 def build_all(run_dir: str | Path) -> dict[str, dict]:
-    """Every surface (gated and informational) of one run, keyed by name."""
+    """Every surface (gated, optional and informational) of one run, keyed by name; an
+    optional surface the run did not record is absent."""
     art = RunArtifacts(run_dir)
-    return {name: build(art) for name, build in BUILDERS.items()}
+    docs = {name: build(art) for name, build in BUILDERS.items()}
+    return {name: doc for name, doc in docs.items() if doc is not None}

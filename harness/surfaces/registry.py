@@ -48,6 +48,7 @@ __all__ = [
     "SURFACES",
     "GATED_SURFACES",
     "INFORMATIONAL_SURFACES",
+    "OPTIONAL_SURFACES",
     "get_spec",
     "schema_for",
     "validate_surface",
@@ -121,6 +122,10 @@ class SurfaceSpec:
     drop_globs: tuple[str, ...] = ()
     tolerances: tuple[ToleranceRule, ...] = field(default_factory=tuple)
     version: int = 1
+    # optional: a gated surface a golden may lack (stored before the surface existed): such a
+    # golden is checked on every other surface and the report says "not in this golden
+    # (refresh to gate it)" (docs/gate.md, "Optional surfaces"); a golden that has it gates it
+    optional: bool = False
 
 
 _SPECS = [
@@ -140,6 +145,9 @@ _SPECS = [
                     "training", "metrics.*", abs=1e-8, rel=1e-2, when="nondeterministic",
                     reason="reduction order differs on nondeterministic platforms; NeMo-RL/Megatron GRPO "
                            "loss gates use 1% relative"),)),
+    SurfaceSpec("numerics", True, "bit-exact sha256 per module output, gradient and parameter, per policy "
+                                  "rank, step, microbatch and phase (docs/locator.md)", True,
+                opaque_keys=frozenset({"entries"}), optional=True),
     SurfaceSpec("memory", False, "informational: bytes per rank and phase", True,
                 volatile_keys=frozenset(), opaque_keys=frozenset({"phases"}),
                 tolerances=(ToleranceRule(
@@ -154,7 +162,9 @@ _SPECS = [
 ]
 
 SURFACES: dict[str, SurfaceSpec] = {spec.name: spec for spec in _SPECS}
-GATED_SURFACES: tuple[str, ...] = tuple(s.name for s in _SPECS if s.gated)
+# the surfaces every golden must hold (an optional surface is gated where a golden has it)
+GATED_SURFACES: tuple[str, ...] = tuple(s.name for s in _SPECS if s.gated and not s.optional)
+OPTIONAL_SURFACES: tuple[str, ...] = tuple(s.name for s in _SPECS if s.optional)
 INFORMATIONAL_SURFACES: tuple[str, ...] = tuple(s.name for s in _SPECS if not s.gated)
 
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 WORKLOAD = "qwen3_moe_tiny_smoke"
 OVERRIDES = ["grpo.iterations=4", "grpo.checkpoint_every=1"]
-GATED = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
+GATED = ("topology", "lifecycle", "operators", "collectives", "rollouts", "training", "numerics")
 
 
 def test_killed_and_resumed_run_matches_uninterrupted(tmp_path):

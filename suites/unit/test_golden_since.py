@@ -72,9 +72,9 @@ def test_a_docs_only_change_runs_nothing_and_says_so(consumer):
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     assert f"{A:<36} not affected (not run, not passed)" in text and f"{B:<36} not affected" in text
-    assert "0 of 2 workload(s) affected since HEAD; 13 test(s) deselected" in text
+    assert "0 of 2 workload(s) affected since HEAD; 15 test(s) deselected" in text
     assert "NOTHING WAS RUN" in text
-    assert not re.search(r"\d+ passed", text) and "13 deselected in" in text
+    assert not re.search(r"\d+ passed", text) and "15 deselected in" in text
 
 
 def test_only_the_affected_workloads_tests_are_collected(consumer):
@@ -84,7 +84,7 @@ def test_only_the_affected_workloads_tests_are_collected(consumer):
     assert out.returncode == 0, text
     collected = [line for line in out.stdout.splitlines() if "::" in line]
     assert collected and all(B in line or "self_check_of_b" in line for line in collected), collected
-    assert len(collected) == 7  # B's six surfaces and B's self-check
+    assert len(collected) == 8  # B's seven surfaces and B's self-check
     assert f"{B:<36} affected: src/vllm/engine.py: read by its run" in text
     assert f"{A:<36} not affected (not run, not passed)" in text
 

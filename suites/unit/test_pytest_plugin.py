@@ -57,7 +57,7 @@ def test_xdist_keeps_a_workload_on_one_worker_and_the_controller_writes_the_summ
     summary = pytester.path / "summary.md"
     result = pytester.runpytest_subprocess("-n", "2", "-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
                                            "--goldens-root", str(root), f"--golden-summary={summary}", "-rf")
-    result.assert_outcomes(failed=12)
+    result.assert_outcomes(failed=14)
     out = result.stdout.str()
     assert "test_golden_surface[wl_a-training]@wl_a" in out and "test_golden_surface[wl_b-topology]@wl_b" in out
     text = summary.read_text()
@@ -73,14 +73,14 @@ def test_a_damaged_golden_fails_every_surface_without_running(inner):
     (stored_dir(SMOKE, root=root) / "surfaces" / "rollouts.json").write_text("{}\n")
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
                                            "--goldens-root", str(root))
-    result.assert_outcomes(failed=6)
+    result.assert_outcomes(failed=7)
     out = result.stdout.str()
     # One failure body per surface. Lines of pytest's short summary start with
     # "FAILED" and repeat the message in full where pytest sees CI=1 (no truncation).
     label = stored_dir(SMOKE, root=root).name  # cpu, or this machine's CPU-numerics variant of it
     bodies = re.findall(rf"^golden {SMOKE}/{re.escape(label)} is unusable: .*rollouts\.json: sha256", out,
                         re.MULTILINE)
-    assert len(bodies) == 6
+    assert len(bodies) == 7
     assert "golden-runs" not in out  # no run directory: the workload never started
     assert f"{SMOKE:<36} {label:<8} error" in out
 
@@ -139,12 +139,12 @@ def test_a_broken_spec_fails_its_own_tests_not_the_collection(inner):
     _workload(root, "fine", golden=False)
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", "-p", "no:benchmark",
                                            "--goldens-root", str(root))
-    result.assert_outcomes(failed=12)
+    result.assert_outcomes(failed=14)
     out = result.stdout.str()
     # Failure bodies only (anchored): with CI=1 pytest's short summary repeats each message, so a
     # plain count could be met by the summary lines alone.
-    assert len(re.findall(r"^workload typo: SpecError: .*policy\.tpp: unknown key", out, re.MULTILINE)) == 6
-    assert len(re.findall(r"^no golden for workload 'fine' on platform 'cpu'", out, re.MULTILINE)) == 6
+    assert len(re.findall(r"^workload typo: SpecError: .*policy\.tpp: unknown key", out, re.MULTILINE)) == 7
+    assert len(re.findall(r"^no golden for workload 'fine' on platform 'cpu'", out, re.MULTILINE)) == 7
 
 
 @pytest.mark.parametrize(("pytest_version", "xdist_version", "broken"), [
@@ -225,14 +225,14 @@ def test_backend_workloads_collect_under_strict_markers_and_a_missing_backend_fa
     collected = pytester.runpytest_subprocess(*STRICT, "-p", "no:xdist", "--co", "-q", "--goldens-root", str(root))
     assert collected.ret == 0, collected.stdout.str()
     result = pytester.runpytest_subprocess(*STRICT, "-p", "no:xdist", "--goldens-root", str(root))
-    result.assert_outcomes(failed=6)
+    result.assert_outcomes(failed=7)
     out = result.stdout.str()
     assert len(re.findall(r"^workload .*: BackendMissing: .*policy\.backend: megatron needs the package "
-                          r"megatron-core .*pip install 'grpo-golden-harness\[megatron\]'", out, re.MULTILINE)) == 6
+                          r"megatron-core .*pip install 'grpo-golden-harness\[megatron\]'", out, re.MULTILINE)) == 7
     assert "golden-runs" not in out and "skipped" not in out
     deselected = pytester.runpytest_subprocess("-m", "golden and not megatron", "--strict-markers", "-p",
                                                "no:cacheprovider", "--goldens-root", str(root))
-    assert deselected.ret == pytest.ExitCode.NO_TESTS_COLLECTED and "6 deselected" in deselected.stdout.str()
+    assert deselected.ret == pytest.ExitCode.NO_TESTS_COLLECTED and "7 deselected" in deselected.stdout.str()
 
 
 def test_unused_goldens_are_reported_and_fail_under_the_strict_flag(pytester: pytest.Pytester, monkeypatch):

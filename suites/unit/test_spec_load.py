@@ -46,8 +46,9 @@ def test_schema_is_valid_draft_2020_12_and_its_defaults_validate():
     Draft202012Validator.check_schema(schema.load_schema())
     filled = schema.fill_defaults({"name": "x", "model": dict(MODEL)})
     schema.validate(filled)  # every default is itself valid
-    # every top-level block but the optional distill: block (absent = no distillation, docs/spec.md)
-    assert set(filled) == set(schema.load_schema()["properties"]) - {"distill"}
+    # every top-level block but the optional distill: and numerics: blocks (absent = no distillation,
+    # numerics at its default depth; docs/spec.md, docs/locator.md)
+    assert set(filled) == set(schema.load_schema()["properties"]) - {"distill", "numerics"}
 
 
 def test_every_golden_workload_loads_and_is_complete():

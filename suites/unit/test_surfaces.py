@@ -11,6 +11,7 @@ from harness.parity.synthetic import synthetic_surfaces
 from harness.surfaces import (
     GATED_SURFACES,
     INFORMATIONAL_SURFACES,
+    OPTIONAL_SURFACES,
     NonFiniteError,
     StrictJSONError,
     canonical_bytes,
@@ -26,7 +27,8 @@ from harness.surfaces import (
 def test_six_gated_and_two_informational_surfaces():
     assert GATED_SURFACES == ("topology", "lifecycle", "operators", "collectives", "rollouts", "training")
     assert INFORMATIONAL_SURFACES == ("memory", "timings")
-    for name in GATED_SURFACES + INFORMATIONAL_SURFACES:
+    assert OPTIONAL_SURFACES == ("numerics",)   # gated where a golden holds it (docs/gate.md)
+    for name in GATED_SURFACES + OPTIONAL_SURFACES + INFORMATIONAL_SURFACES:
         assert schema_for(name)["properties"]["surface"] == {"const": name}
 
 
@@ -85,7 +87,7 @@ def test_schema_errors_carry_pointers(mutate, pointer):
 def test_unknown_surface_is_an_error():
     assert validate_surface({"surface": "losses"}) == [("/surface", ("unknown surface 'losses'; known: "
                                                          "topology, lifecycle, operators, collectives, rollouts, "
-                                                         "training, memory, timings"))]
+                                                         "training, numerics, memory, timings"))]
 
 
 def test_normalise_drops_volatile_keys_but_not_data_names():

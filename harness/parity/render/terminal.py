@@ -119,6 +119,10 @@ def render_terminal(verdict: Verdict, *, title: str = "golden parity", color: bo
         findings = verdict.surfaces[name].findings
         if not findings:
             continue
+        whole = [f for f in findings if f.status == "info" and f.section is None and f.note]
+        if not show_info and len(whole) == len(findings):   # e.g. an optional surface not in this golden
+            lines += ["", *(f"{name}: {f.note}" for f in whole)]
+            continue
         if not show_info and all(f.status == "info" for f in findings):
             lines += ["", (f"{name}: {len(findings)} informational finding(s), not gated "
                            "(--show-info or --format json lists them)")]

@@ -62,6 +62,7 @@ def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
 class NativePolicyEngine(EngineCommon, TrainStep, ShardedCheckpoint):
     backend = "native"
     DEVICE_STATE_DICT = True  # hf_state_dict(on_device=True): the refit source for CUDA IPC staging
+    NUMERICS_TAPS = True  # ParallelQwen3Moe calls harness.taps: the numerics surface (docs/locator.md)
     MASTER_WEIGHTS = True  # model.dtype bfloat16/float16: AdamW over fp32 masters (policy.master_weights)
 
     def __init__(self, spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> None:

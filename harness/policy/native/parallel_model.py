@@ -31,11 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import ops
+from harness import ops, taps
 from harness.model.config import ModelConfig
 from harness.parallel import context, expert, tensor
 from harness.parallel.data import EXPERT, TP_REPLICATED, TP_SHARDED
 from harness.parallel.groups import ProcessGroups
+from harness.taps import BLOCK
 
 
 @dataclass(frozen=True)
@@ -136,41 +137,59 @@ class ParallelQwen3Moe(nn.Module):
                 f"input_ids has sequence length {input_ids.shape[1]}, expected policy.seq_len={self.seq_len}"
             )
         pos = self.positions
+        probe = taps.active()
+        if probe is not None:
+            probe.begin_microbatch()
         if self.is_first:
-            hidden = tensor.vocab_parallel_embedding(
-                input_ids[:, pos], self.p("model.embed_tokens.weight"), self.vocab_start, g["tp"]
-            )
-        cos, sin = ops.rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, hidden.dtype)
+            hidden = taps.call("model.embed_tokens", lambda ids: tensor.vocab_parallel_embedding(
+                ids, self.p("model.embed_tokens.weight"), self.vocab_start, g["tp"]), input_ids[:, pos], level=BLOCK)
+        cos, sin = taps.call("model.rotary_emb", ops.rope_cos_sin, pos, cfg.head_dim, cfg.rope_theta, hidden.dtype)
         for i in self.layer_ids:
             hidden = self._layer(i, hidden, cos, sin)
         if not self.is_last:
             return hidden
-        h = tensor.sp_gather(ops.rms_norm(hidden, self.p("model.norm.weight"), cfg.rms_eps), g["tp"])
-        logits = F.linear(h, self.p("lm_head.weight"))
+        h = taps.call("model.norm", lambda x: tensor.sp_gather(
+            ops.rms_norm(x, self.p("model.norm.weight"), cfg.rms_eps), g["tp"]), hidden, level=BLOCK)
+        logits = taps.call("lm_head", F.linear, h, self.p("lm_head.weight"), level=BLOCK)
         targets = input_ids[:, (pos + 1).clamp(max=self.seq_len - 1)]
         lp = tensor.vocab_parallel_logprobs(logits, targets, self.vocab_start, g["tp"])  # [b, s] at pos -> pos+1
         full = context.unchunk(lp, self.seq_len, g["cp"], self.cp)  # [b, S], entry t predicts t+1
         return F.pad(full[:, :-1], (1, 0), value=0.0)
 
     def _layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        pre = f"model.layers.{i}."
+        x = x + taps.call(pre + "self_attn", self._attention, i, x, cos, sin, level=BLOCK)
+        return x + taps.call(pre + "mlp", self._moe, i, x, level=BLOCK)
+
+    def _attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The attention block's output (before the residual add); SP around it."""
         cfg, g = self.cfg, self.groups
         pre = f"model.layers.{i}."
+        at = pre + "self_attn."
         b = x.shape[0]
         d = cfg.head_dim
-        # attention block (column-parallel q/k/v, row-parallel o, SP around it)
-        h = tensor.sp_gather(ops.rms_norm(x, self.p(pre + "input_layernorm.weight"), cfg.rms_eps), g["tp"])
+        # column-parallel q/k/v, row-parallel o
+        h = taps.call(pre + "input_layernorm", lambda t: tensor.sp_gather(
+            ops.rms_norm(t, self.p(pre + "input_layernorm.weight"), cfg.rms_eps), g["tp"]), x)
         s = h.shape[1]
-        q = F.linear(h, self.p(pre + "self_attn.q_proj.weight")).view(b, s, -1, d)
-        k = F.linear(h, self.p(pre + "self_attn.k_proj.weight")).view(b, s, -1, d)
-        v = F.linear(h, self.p(pre + "self_attn.v_proj.weight")).view(b, s, -1, d)
+        q = taps.call(at + "q_proj", lambda t: F.linear(t, self.p(at + "q_proj.weight")).view(b, s, -1, d), h)
+        k = taps.call(at + "k_proj", lambda t: F.linear(t, self.p(at + "k_proj.weight")).view(b, s, -1, d), h)
+        v = taps.call(at + "v_proj", lambda t: F.linear(t, self.p(at + "v_proj.weight")).view(b, s, -1, d), h)
         if cfg.qk_norm:
-            q = ops.rms_norm(q, self.p(pre + "self_attn.q_norm.weight"), cfg.rms_eps)
-            k = ops.rms_norm(k, self.p(pre + "self_attn.k_norm.weight"), cfg.rms_eps)
-        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        attn = context.cp_attention(q, k, v, self.positions, self.seq_len, g["cp"], self.cp)
-        x = x + tensor.row_parallel_sp(attn.reshape(b, s, -1), self.p(pre + "self_attn.o_proj.weight"), g["tp"])
-        # MoE block on this rank's sequence-parallel tokens
-        h = ops.rms_norm(x, self.p(pre + "post_attention_layernorm.weight"), cfg.rms_eps)
+            q = taps.call(at + "q_norm", ops.rms_norm, q, self.p(at + "q_norm.weight"), cfg.rms_eps)
+            k = taps.call(at + "k_norm", ops.rms_norm, k, self.p(at + "k_norm.weight"), cfg.rms_eps)
+        q, k = taps.call(at + "rotary", lambda a, c: (ops.apply_rope(a, cos, sin), ops.apply_rope(c, cos, sin)), q, k)
+        attn = taps.call(at + "attention", lambda a, c, e: context.cp_attention(
+            a, c, e, self.positions, self.seq_len, g["cp"], self.cp), q, k, v)
+        return taps.call(at + "o_proj", lambda t: tensor.row_parallel_sp(
+            t.reshape(b, s, -1), self.p(at + "o_proj.weight"), g["tp"]), attn)
+
+    def _moe(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """The MoE block's output (before the residual add) on this rank's sequence-parallel tokens."""
+        cfg, g = self.cfg, self.groups
+        pre = f"model.layers.{i}."
+        h = taps.call(pre + "post_attention_layernorm", ops.rms_norm, x,
+                      self.p(pre + "post_attention_layernorm.weight"), cfg.rms_eps)
         experts = [
             tuple(self.p(f"{pre}mlp.experts.{e}.{w}_proj.weight") for w in ("gate", "up", "down"))
             for e in self.local_experts
@@ -184,5 +203,6 @@ class ParallelQwen3Moe(nn.Module):
             norm_topk_prob=cfg.norm_topk_prob,
             ep_group=g["ep"],
             ep=self.ep,
+            names=(pre + "mlp", self.local_experts),
         )
-        return x + out.view_as(x)
+        return out.view_as(x)
