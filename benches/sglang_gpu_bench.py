@@ -63,9 +63,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--group-backend", default="gloo")
     ap.add_argument("--mem-fraction", type=float, default=0.3)
+    ap.add_argument("--engine-kwargs", default="{}", help="JSON merged into sglang.Engine's arguments")
     ap.add_argument("--out", default="sglang_gpu_bench.json")
     args = ap.parse_args()
-    report: dict = {"workload": args.workload, "steps": {}}
+    report: dict = {"workload": args.workload, "steps": {}, "engine_kwargs": json.loads(args.engine_kwargs)}
 
     def save() -> None:
         with open(args.out, "w") as f:
@@ -121,7 +122,8 @@ def main() -> None:
 
     def start():
         st["engine"] = SGLangEngine(os.path.join(tmp, "hf"), eos_token_id=eos, max_position=cfg.max_position,
-                                    dtype=spec["model"]["dtype"], seed=seed, mem_fraction_static=args.mem_fraction)
+                                    dtype=spec["model"]["dtype"], seed=seed, mem_fraction_static=args.mem_fraction,
+                                    **json.loads(args.engine_kwargs))
         return {}
     if not step("engine_start", start):
         return
