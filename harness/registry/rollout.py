@@ -122,10 +122,10 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
                    requires=Requirement("sglang", "sglang",
                                         "sglang==0.5.17 on a CUDA machine with torch 2.11 (0.5.18-0.5.21 pin torch "
                                         "2.13 but need CUDA)", "gpu"),
-                   unsupported="the harness has no adapter for the real SGLang engine, and no SGLang build runs on "
-                               "CPU: sglang==0.5.17 (or 0.5.16; torch==2.11.0, CUDA 13) would run on the GPU "
-                               "machine; the native engine serves SGLang's weight-update API (rollout.backend: "
-                               "native), see docs/sglang.md"),
+                   unsupported="no rollout worker drives the real SGLang engine yet (harness.rollout.sglang runs "
+                               "sglang==0.5.17 with torch==2.11.0 on cuda in benches/sglang_gpu_bench.py only), and "
+                               "no SGLang build runs on CPU; the native engine serves SGLang's weight-update API "
+                               "(rollout.backend: native), see docs/sglang.md"),
 )}
 
 
