@@ -219,22 +219,15 @@ def stage(root: str | Path, workload: str, platform: str, files: Mapping[str, by
     and ``files``, as ``pending``. The golden on disk keeps its place only if the entry
     accepted it already (a write that died earlier left it there): a hand edit is never
     recorded. Creates the index like ``record``; returns whether it did."""
-    root = Path(root)
-    with root_lock(root):
-        index = read_lock(root)
-        created = index is None
-        if created:
-            index = dict(seed or {})
-        name = key(workload, platform)
-        entry = index.get(name, {})
+    def staged(entry: dict) -> dict:
         current = {k: v for k, v in entry.items() if k != "pending"}
         if on_disk is not None:
             held = entry_for(on_disk)
             if any(state["digest"] == held["digest"] for state in accepted(entry)):
                 current = held
-        index[name] = {**current, "pending": entry_for(files)}
-        write_lock(root, index)
-    return created
+        return {**current, "pending": entry_for(files)}
+
+    return _update(Path(root), key(workload, platform), staged, seed)
 
 
 def record(root: str | Path, workload: str, platform: str, files: Mapping[str, bytes], *,
@@ -245,12 +238,17 @@ def record(root: str | Path, workload: str, platform: str, files: Mapping[str, b
     workload lock, and reading another workload here could deadlock with its writer). Returns
     True when it created the index. An index that cannot be read is not overwritten
     (GoldenStoreError)."""
-    root = Path(root)
+    return _update(Path(root), key(workload, platform), lambda entry: entry_for(files), seed)
+
+
+def _update(root: Path, name: str, change, seed: Mapping[str, dict] | None) -> bool:
+    """Replace the entry ``name`` of the root's index with ``change(old entry or {})`` under the
+    root lock, creating the index (from ``seed``) when the root has none; returns whether it did."""
     with root_lock(root):
         index = read_lock(root)
         created = index is None
         if created:
             index = dict(seed or {})
-        index[key(workload, platform)] = entry_for(files)
+        index[name] = change(index.get(name, {}))
         write_lock(root, index)
     return created
