@@ -129,13 +129,13 @@ def test_the_consumer_walkthrough_runs_as_written(isolated: IsolatedInstall, tmp
     assert f"goldens root {repo / 'goldens'} does not exist" in out and wall < 15
     # 4. capture: created, provenance with the spec, the built-in spec vendored
     out, _ = first("run", "--golden-capture-missing")
-    assert "6 passed" in out and "created" in out
+    assert "7 passed" in out and "created" in out
     # lint said what to do about cuda
     out, _ = first("exit", "golden lint")
     assert f"remove 'cuda' from platform.platforms in {repo / 'goldens' / WORKLOAD / 'workload.yaml'}" in out
     # 5. the gate passed both ways; golden check announced its run directory outside the repository
     gate = next(out for b, out, _ in outputs if "golden check" in b.text)
-    assert "6 passed" in gate and f"run directory {cache / 'grpo-golden-harness' / 'runs'}/{WORKLOAD}-" in gate
+    assert "7 passed" in gate and f"run directory {cache / 'grpo-golden-harness' / 'runs'}/{WORKLOAD}-" in gate
     assert not (repo / "runs").exists() and not (work / "runs").exists()
     # 6. the planted seed: the spec finding, before anything ran
     planted = [(out, wall) for b, out, wall in outputs if b.kind == "exit" and "pytest" in b.text][-1]
