@@ -59,7 +59,7 @@ def _pyproject(pytester: pytest.Pytester, workloads: str = "") -> None:
 def test_a_missing_golden_fails_without_starting_ray(consumer: pytest.Pytester):
     _pyproject(consumer)
     result = _session(consumer)
-    result.assert_outcomes(failed=6)
+    result.assert_outcomes(failed=7)  # one test per gated surface, numerics included
     assert "no golden for workload 'my_smoke'" in result.stdout.str()
 
 
@@ -72,5 +72,5 @@ def test_k_selecting_no_golden_ends_without_starting_ray(consumer: pytest.Pytest
 def test_an_unknown_workload_fails_without_starting_ray(consumer: pytest.Pytester):
     _pyproject(consumer, 'workloads = ["no_such_workload"]\n')
     result = _session(consumer)
-    result.assert_outcomes(failed=6)
+    result.assert_outcomes(failed=7)  # one test per gated surface, numerics included
     assert "no workload named 'no_such_workload'" in result.stdout.str()
