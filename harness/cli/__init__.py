@@ -174,7 +174,10 @@ def _main(argv: list[str] | None = None) -> int:
     previous = interrupts.install()  # SIGTERM at any point ends the command like Ctrl-C (issue 41)
     try:
         module = importlib.import_module(args._module)
-        return int(module.run(args) or 0)
+        code = int(module.run(args) or 0)
+        if interrupts.last() is not None and code != interrupts.exit_code():  # the signal came as the command ended
+            raise KeyboardInterrupt
+        return code
     except BrokenPipeError:
         raise  # main() ends it quietly
     except KeyboardInterrupt:
