@@ -170,7 +170,6 @@ def rollout_token_changed_in_step2() -> None:
 
     from harness.rollout.engine_procs import EngineProcesses
     from harness.rollout.engine_worker import EngineWorker
-    from harness.spec.typed import as_workload
 
     state: dict = {"step": None, "done": False, "vocab": None}
 
@@ -189,7 +188,7 @@ def rollout_token_changed_in_step2() -> None:
     start = EngineProcesses.start.__func__
 
     def start_recording(cls, spec, **kwargs):
-        state["vocab"] = as_workload(spec).model.vocab
+        state["vocab"] = spec.model.vocab  # the plan's typed workload
         return start(cls, spec, **kwargs)
 
     _patch(EngineProcesses, "start", classmethod(start_recording))
@@ -205,7 +204,7 @@ def rollout_token_changed_in_step2() -> None:
     init = EngineWorker.__init__
 
     def init_recording(self, spec, *args, **kwargs):
-        state["vocab"] = as_workload(spec).model.vocab
+        state["vocab"] = spec.model.vocab
         init(self, spec, *args, **kwargs)
 
     _patch(EngineWorker, "__init__", init_recording)

@@ -44,8 +44,8 @@ from harness.distill.teacher_ipc import (
 from harness.parallel import tensor
 from harness.policy.group import PolicyGroup
 from harness.policy.worker import PolicyWorkerImpl
-from harness.spec.distill import TEACHER_ROLE, teacher_spec
-from harness.spec.typed import as_workload
+from harness.spec.distill import TEACHER_ROLE
+from harness.spec.typed import Workload
 
 ROLE_ENV = "HARNESS_TRACE_ROLE"
 
@@ -138,14 +138,15 @@ class TeacherGroup(PolicyGroup):
     worker_actor = TeacherWorker
     role = TEACHER_ROLE
 
-    def __init__(self, spec: Mapping[str, Any], topology: Any, run_dir: str, *,
+    def __init__(self, spec: Workload, topology: Any, run_dir: str, *,
                  env_vars: Mapping[str, str] | None = None, placement: Any = None) -> None:
-        """``placement``: the run's ``harness.runner.placement.Placement``; each teacher rank
+        """``spec``: the teacher's typed workload (``RunPlan.teacher``: derived once, in the plan);
+        ``topology``: the run's (``topology.teacher`` lays its ranks out). ``placement``: the run's ``harness.runner.placement.Placement``; each teacher rank
         is pinned to the bundle of its planned slot (``topology.teacher``), like a policy rank."""
         if getattr(topology, "teacher", None) is None:
             raise ValueError("topology has no teacher layout (is the distill: block missing?)")
         env = {**(env_vars or {}), ROLE_ENV: TEACHER_ROLE}
-        super().__init__(as_workload(teacher_spec(spec)), TeacherTopology(topology.teacher), run_dir, env_vars=env,
+        super().__init__(spec, TeacherTopology(topology.teacher), run_dir, env_vars=env,
                          placement=placement)
 
     def logits_refs(self, batch: Mapping[str, torch.Tensor]) -> list[dict[str, list]]:

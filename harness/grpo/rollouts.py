@@ -32,7 +32,6 @@ import ray
 
 from harness.capture.admission import AdmissionRequest, AdmissionResult, CaptureAdmitter
 from harness.capture.finalize import Placeholder, Sample, finalize_from_ledger
-from harness.spec.typed import as_workload
 
 
 @dataclass
@@ -84,8 +83,7 @@ class RolloutDriver:
         capture: tuple | None,
         on_summary: Callable[[dict], None] | None = None,
     ) -> None:
-        spec = as_workload(spec)
-        self.spec = spec
+        self.spec = spec  # the plan's typed workload
         self.workers = workers
         self.tokenizer = tokenizer
         self.env = env

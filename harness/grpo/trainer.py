@@ -34,7 +34,7 @@ from harness.algos import compute_advantages, expand_to_tokens, reward_metrics, 
 from harness.capture.finalize import Placeholder, Sample, mask_cause
 from harness.grpo.batch import build_train_batch, prompt_rows
 from harness.grpo.rollouts import AttemptResult, RolloutDriver
-from harness.spec.typed import as_workload
+from harness.spec.typed import Workload, as_workload
 
 
 class EmptyTrainingStep(RuntimeError):
@@ -81,10 +81,9 @@ class Trainer:
 
     name = "base"
 
-    def __init__(self, spec: Mapping[str, Any], policy, workers: list, driver: RolloutDriver, loader, tokenizer,
+    def __init__(self, spec: Workload, policy, workers: list, driver: RolloutDriver, loader, tokenizer,
                  env, refit: Callable[[int], dict], dataplane=None) -> None:
-        spec = as_workload(spec)
-        self.spec = spec
+        self.spec = spec  # the plan's typed workload
         self.policy = policy
         self.workers = workers
         self.driver = driver

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.spec.typed import as_workload
 
 CHECKPOINT_MARKER = "COMPLETE.json"
 
@@ -48,7 +47,7 @@ class ShardedCheckpoint:
         os.replace(tmp, path)
         dist.barrier()
         if self.rank == 0:
-            policy = as_workload(self.spec).policy
+            policy = self.spec.policy  # the plan's typed workload (EngineCommon._bind)
             marker = {"world": dist.get_world_size(), "backend": self.backend,
                       "policy": {k: getattr(policy, k) for k in ("tp", "pp", "cp", "dp", "ep", "etp")},
                       "steps_done": self.steps_done}

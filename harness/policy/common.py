@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from harness.algos.loss import ClippedPGLoss, aggregate_microbatch_metrics
 from harness.policy.master_weights import MasterWeightsAdamW, needs_master_weights
-from harness.spec.typed import Workload, as_workload
+from harness.spec.typed import Workload
 
 TRAIN_KEYS = (
     "input_ids", "input_lengths", "token_mask", "sample_mask", "advantages",
@@ -29,13 +29,13 @@ TRAIN_KEYS = (
 
 
 class EngineCommon:
-    def _bind(self, spec: Mapping[str, Any], rank: int) -> Workload:
-        """Keep ``spec`` (as a ``Workload``: a plain spec dict is converted) and ``rank``."""
-        self.spec = as_workload(spec)
+    def _bind(self, spec: Workload, rank: int) -> Workload:
+        """Keep ``spec`` (the plan's typed workload, received as a value) and ``rank``."""
+        self.spec = spec
         self.rank = rank
         return self.spec
 
-    def _init_training_state(self, spec: Mapping[str, Any]) -> None:
+    def _init_training_state(self, spec: Workload) -> None:
         """Reference weights (the initial ``named`` parameters, on the CPU), AdamW
         over ``named`` in that order (over fp32 master copies for a low-precision
         model of a backend that sets ``MASTER_WEIGHTS``), the loss and the step
@@ -47,7 +47,6 @@ class EngineCommon:
         tensor; they round differently, so only where the golden was refreshed on
         them). On the CPU AdamW always steps tensor by tensor."""
         self.reference_state = {n: p.detach().clone().cpu() for n, p in self.named}
-        spec = as_workload(spec)
         opt = spec.policy.optimizer
         self.lr, self.wd = opt.lr, opt.weight_decay  # floats (the typed block converts numbers)
         self.max_grad_norm = opt.max_grad_norm

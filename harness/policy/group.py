@@ -1,7 +1,8 @@
 """`PolicyGroup`: starts the policy world as Ray actors and fans calls out.
 
-- The layout is validated before any actor starts (`harness.spec` planner
-  rules and the native implementation's limits); errors name the field.
+- The group receives the run's plan as values (`harness.spec.runplan.RunPlan`: the typed
+  `Workload` and its `Topology`); the layout was validated there, before any process
+  started, so nothing here converts, plans or checks the spec again.
 - A train/logprob batch is split into contiguous DP shards; TP/CP/PP peers of
   a DP rank receive the same shard.
 - Outputs: metrics from the last pipeline stage's (tp=0, cp=0, dp=0) rank;
@@ -24,10 +25,9 @@ import ray
 import torch
 
 from harness.parallel.data import shard_for_dp
-from harness.parallel.groups import validate_policy_layout
 from harness.parallel.rendezvous import RendezvousServer
 from harness.policy.worker import PolicyWorker
-from harness.spec.typed import as_workload
+from harness.spec.typed import Workload
 from harness.workerenv.select import actor_runtime_env
 
 DEATH_GRACE_S = 10.0
@@ -104,7 +104,7 @@ class PolicyGroup:
 
     def __init__(
         self,
-        spec: Mapping[str, Any],
+        spec: Workload,
         topology: Any,
         run_dir: str,
         *,
@@ -113,18 +113,14 @@ class PolicyGroup:
         pool: Any = None,
         placement: Any = None,
     ) -> None:
-        """``pool``: a ``harness.runner.warm.WarmRuntime`` whose warm policy processes the ranks
+        """``spec``, ``topology``: the plan's typed workload and layout (``RunPlan.workload``,
+        ``RunPlan.topology``; a ``ValueError`` before any actor starts when ``topology`` has no
+        policy layout of the spec's world). ``pool``: a ``harness.runner.warm.WarmRuntime`` whose warm policy processes the ranks
         adopt (Ray must be up); shutdown hands them back when every rank retired cleanly,
         else kills them. Without it every rank is a new actor (a cold start).
         ``placement``: a ``harness.runner.placement.Placement`` pinning each new rank to its
         planned bundle; when it spans nodes the rendezvous store is handed out on this
         process's node address (reachable from every node), else on loopback."""
-        spec = as_workload(spec)
-        if topology is None:
-            from harness.spec.topology import plan
-
-            topology = plan(spec)  # raises TopologyError naming the field
-        validate_policy_layout(spec.policy, spec.model)
         self.spec = spec
         self.run_dir = run_dir
         self.world = spec.policy.world_size

@@ -25,7 +25,7 @@ import torch
 from harness.plugins.loader import load_rollout_profiler
 from harness.plugins.rollout_hooks import RolloutLifecycleRPC, RolloutProfilerHooks
 from harness.rollout.native.engine import Engine, as_model_config
-from harness.spec.typed import as_workload
+from harness.spec.typed import Workload, as_workload
 
 WARMUP_REQUEST = {
     "request_id": "__warmup__",
@@ -93,7 +93,7 @@ def configure_determinism(device: str = "cpu") -> None:
 class EngineWorker(RolloutLifecycleRPC):
     def __init__(
         self,
-        spec: Mapping[str, Any],
+        spec: Workload,
         *,
         tp_rank: int = 0,
         tp_size: int = 1,
@@ -101,7 +101,7 @@ class EngineWorker(RolloutLifecycleRPC):
         profiler_rank: int,
         weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        spec = as_workload(spec)
+        # spec: the plan's typed workload, received as a value (pickled by EngineProcesses)
         drawn = draw_initial_weights(spec) if weights is None and spec.platform.device != "cpu" else None
         configure_determinism(spec.platform.device)
         self.tp_rank = tp_rank

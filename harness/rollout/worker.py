@@ -46,7 +46,7 @@ from harness.registry.rollout import start_function
 from harness.rollout.refit_calls import per_rank_refit_calls
 from harness.rollout.sharding import ShardPlan
 from harness.runner.process_state import WarmHost
-from harness.spec.typed import as_workload
+from harness.spec.typed import Workload
 
 CAPTURE_ABORT_REASON = "generation_error"
 _IMPORTED = time.time()  # start-up timings (``ready()["timings"]``)
@@ -57,20 +57,21 @@ class RolloutWorker:
 
     def __init__(
         self,
-        spec: Mapping[str, Any],
+        spec: Workload,
         engine_index: int,
         rank_prefix: int,
         run_dir: str,
         env_vars: Mapping[str, str] | None = None,
         capture_config: Mapping[str, Any] | None = None,
     ) -> None:
-        """``capture_config``: the ``CaptureSink.from_config`` dict (the runner's
+        """``spec``: the plan's typed workload (``RunPlan.workload``, received as a value: not
+        converted or checked again). ``capture_config``: the ``CaptureSink.from_config`` dict (the runner's
         data-plane actor and ledger); default: derived from the spec and run dir."""
         init_started = time.time()
         self._capture_config = dict(capture_config) if capture_config else None
         if env_vars:
             os.environ.update({k: str(v) for k, v in env_vars.items()})
-        self.spec = as_workload(spec)
+        self.spec = spec
         self.engine_index = int(engine_index)
         self.rank_prefix = int(rank_prefix)
         self.run_dir = str(run_dir)

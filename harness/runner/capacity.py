@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from harness.spec.errors import SpecError
-from harness.spec.typed import as_workload
+from harness.spec.typed import Workload
 
 FIELD = "platform.ray_address"
 WARM_ON_CLUSTER = ("warm processes live in this machine's private Ray instance and are not placed from the plan; "
@@ -118,12 +118,12 @@ def cross_node_engines(topology: dict) -> list[int]:
     return [e["engine"] for e in topology["engines"] if ranks[e["rank_prefix"]]["node"] != sender]
 
 
-def assign_nodes(spec: dict, topology: dict, nodes: list[NodeView], *, driver_node: str | None,
+def assign_nodes(spec: Workload, topology: dict, nodes: list[NodeView], *, driver_node: str | None,
                  where: str, gpus: bool = True) -> dict[int, NodeView]:
     """{planned node index: the Ray node that plays it}; ``ClusterRefused`` when the cluster
     cannot hold the plan. ``where`` names the cluster in the message (its address);
     ``gpus``: as in :func:`slot_resources`."""
-    plat = as_workload(spec).platform
+    plat = spec.platform  # the plan's typed workload
     per_node = plat.gpus_per_node
     need = {k: v * per_node for k, v in slot_resources(plat.device, gpus=gpus).items()}
     alive = [n for n in nodes if n.alive]

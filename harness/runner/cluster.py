@@ -21,6 +21,7 @@ import os
 import ray
 
 from harness.runner import capacity
+from harness.spec.typed import Workload
 
 
 def node_views() -> list[capacity.NodeView]:
@@ -38,11 +39,10 @@ def driver_node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def local_cpus(spec: dict) -> int:
-    """Logical CPUs of a private local instance: the cores plus the plan's slot CPUs."""
-    from harness.spec.typed import as_workload
-
-    slots = int(as_workload(spec).platform.gpus_per_node) * int(capacity.SLOT_CPU)
+def local_cpus(spec: Workload) -> int:
+    """Logical CPUs of a private local instance: the cores plus the plan's slot CPUs
+    (``spec``: the plan's typed workload)."""
+    slots = int(spec.platform.gpus_per_node) * int(capacity.SLOT_CPU)
     return max(2, os.cpu_count() or 2) + slots
 
 

@@ -47,7 +47,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from harness.runner import capacity
 from harness.runner.cluster import driver_node_id, node_views
-from harness.spec.typed import as_workload
+from harness.spec.typed import Workload
 
 PLACEMENT_FILE = "placement.json"
 READY_TIMEOUT_S = 120
@@ -92,14 +92,14 @@ class Placement:
         self._swap = _swap()
 
     @classmethod
-    def create(cls, spec: dict, topology: dict, *, where: str, local: bool = False) -> Placement:
+    def create(cls, spec: Workload, topology: dict, *, where: str, local: bool = False) -> Placement:
         """``local``: the run's own private instance (bundles reserve CPUs only, see
         ``capacity.slot_resources``)."""
         gpus = not local
         mapping = capacity.assign_nodes(spec, topology, node_views(), driver_node=driver_node_id(), where=where,
                                         gpus=gpus)
         per_node = _per_node(topology)
-        slot = capacity.slot_resources(as_workload(spec).platform.device, gpus=gpus)
+        slot = capacity.slot_resources(spec.platform.device, gpus=gpus)
         bundles, selectors = [], []
         for planned in _device_nodes(topology):
             for _ in range(per_node):

@@ -109,7 +109,7 @@ def run_planned(run_plan: RunPlan, run_dir: Path, *, progress: Callable[[str], N
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run directory {run_dir} is not empty")
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec, topology, ray_address = run_plan.workload, run_plan.topology, run_plan.ray_address
+    spec, ray_address = run_plan.workload, run_plan.ray_address
     run_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     if ray_address is not None:
         if warm is not None and progress is not None:
@@ -118,8 +118,8 @@ def run_planned(run_plan: RunPlan, run_dir: Path, *, progress: Callable[[str], N
             progress(f"cold start on the Ray cluster at {ray_address}: {WARM_ON_CLUSTER}")
         warm = None
     placed = warm is None or _private_ray(spec)
-    return _execute(spec, topology, run_dir, run_id, _new_run_doc(run_plan, run_id, placed=placed), None,
-                    progress, warm=warm, ray_address=ray_address)
+    return _execute(run_plan, run_dir, run_id, _new_run_doc(run_plan, run_id, placed=placed), None,
+                    progress, warm=warm)
 
 
 def _private_ray(spec) -> bool:
@@ -155,16 +155,14 @@ def resume_workload(run_dir: Path, *, progress: Callable[[str], None] | None = N
     ckpt, state = found
     if run_plan is None:
         run_plan = read_plan(run_doc, source=str(run_dir / layout.RUN_JSON), ray_address=ray_address)
-    spec, topology = run_plan.workload, run_plan.topology
     checkpoint.rewind_logs(run_dir, state)
     checkpoint.restore_stores(run_dir, ckpt)
     segment = int(run_doc.get("segments", 1))
     run_doc.update(status="running", error=None, segments=segment + 1,
                    resumed=[*run_doc.get("resumed", []), {"segment": segment, "after_step": state["step"]}])
     resume = (ckpt, state)
-    return _execute(spec, topology, run_dir, run_doc["run_id"], run_doc, resume, progress,
-                    trace_env={"HARNESS_TRACE_SEGMENT": str(segment), "HARNESS_STEP_OFFSET": str(state["step"])},
-                    ray_address=run_plan.ray_address)
+    return _execute(run_plan, run_dir, run_doc["run_id"], run_doc, resume, progress,
+                    trace_env={"HARNESS_TRACE_SEGMENT": str(segment), "HARNESS_STEP_OFFSET": str(state["step"])})
 
 
 def _new_run_doc(run_plan: RunPlan, run_id: str, *, placed: bool = False) -> dict:
@@ -183,9 +181,10 @@ def _new_run_doc(run_plan: RunPlan, run_id: str, *, placed: bool = False) -> dic
     return doc
 
 
-def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, resume,
+def _execute(run_plan: RunPlan, run_dir: Path, run_id: str, run_doc: dict, resume,
              progress: Callable[[str], None] | None, trace_env: dict[str, str] | None = None,
-             warm=None, ray_address: str | None = None) -> RunOutcome:
+             warm=None) -> RunOutcome:
+    spec = run_plan.workload
     say = progress or (lambda msg: None)
     _write_json(run_dir / layout.RUN_JSON, run_doc)
     t0 = time.perf_counter()
@@ -201,8 +200,7 @@ def _execute(spec: dict, topology, run_dir: Path, run_id: str, run_doc: dict, re
 
         freeze_driver_heap()
 
-        with Session(spec, topology, run_dir, env, say, resume=resume, warm=warm,
-                     ray_address=ray_address) as session:
+        with Session(run_plan, run_dir, env, say, resume=resume, warm=warm) as session:
             session.run_iterations()
     except KeyboardInterrupt:
         error = "interrupted (Ctrl-C or SIGTERM)"

@@ -41,7 +41,7 @@ from harness.progress import phase
 from harness.progress import step as step_progress
 from harness.registry import rollout as rollout_registry
 from harness.registry.trainer import trainer_class
-from harness.spec.typed import as_workload
+from harness.spec.runplan import RunPlan
 
 SHUTDOWN_TIMEOUT_S = 60
 
@@ -60,20 +60,24 @@ def deterministic_driver() -> None:
 
 
 class Session:
-    def __init__(self, spec: dict, topology, run_dir: Path, env_vars: dict[str, str],
-                 say: Callable[[str], None], resume: tuple[Path, dict] | None = None, warm=None,
-                 ray_address: str | None = None) -> None:
-        """``resume``: (checkpoint dir, its state) from ``checkpoint.latest``; the
+    def __init__(self, run_plan: RunPlan, run_dir: Path, env_vars: dict[str, str],
+                 say: Callable[[str], None], resume: tuple[Path, dict] | None = None, warm=None) -> None:
+        """``run_plan``: the run worked out once (``harness.spec.runplan``): its typed
+        ``workload`` and ``topology`` are the values every worker receives (nothing here
+        converts, plans or checks the spec again); its ``ray_address``: join that Ray cluster
+        instead of starting a private local instance (``harness.runner.cluster``); its
+        ``options``: the run's behaviour switches (``RunOptions``).
+        ``resume``: (checkpoint dir, its state) from ``checkpoint.latest``; the
         stores must already be restored (``checkpoint.restore_stores``). ``warm``: a
         ``harness.runner.warm.WarmRuntime`` to take Ray and warm processes from (ignored,
         i.e. a cold start, when ``warm.cold_reason`` names one for this spec, or when
-        ``ray_address`` is given). ``ray_address``: join that Ray cluster instead of
-        starting a private local instance (``harness.runner.cluster``); every cold run
-        places its ranks from the plan (``harness.runner.placement``)."""
-        self.spec = as_workload(spec)
+        the plan joins a cluster). Every cold run places its ranks from the plan
+        (``harness.runner.placement``)."""
+        self.plan = run_plan
+        self.spec = run_plan.workload
         self.resume = resume
         self.first_step = 1 if resume is None else int(resume[1]["step"]) + 1
-        self.topology = topology
+        self.topology = run_plan.topology
         self.run_dir = Path(run_dir)
         self.env_vars = env_vars
         self.say = say
@@ -92,7 +96,7 @@ class Session:
         self._dataplane_name: str | None = None
         self._reaper = None
         self._zygote = None  # a cold local run's fork server (harness.runner.zygote), while Ray is up
-        self.ray_address = ray_address
+        self.ray_address = ray_address = run_plan.ray_address
         self.placement = None  # harness.runner.placement.Placement of a cold run
         if ray_address is not None:
             self.warm = None  # a cluster run places fresh actors; the warm pool lives in its own Ray
@@ -202,7 +206,7 @@ class Session:
             from harness.distill.teacher import TeacherGroup
 
             phase(self.say, f"spawning {self.topology.teacher.world} teacher workers")
-            self.teacher = TeacherGroup(spec, self.topology, self.run_dir, env_vars=self.env_vars,
+            self.teacher = TeacherGroup(self.plan.teacher, self.topology, self.run_dir, env_vars=self.env_vars,
                                         placement=self.placement)
             self._detail("teacher workers", self.teacher.ready_info)
         phase(self.say, f"spawning {len(self.topology.engines)} rollout engine(s), tp={spec.rollout.tp}")

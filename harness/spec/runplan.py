@@ -8,7 +8,16 @@ starts (TorchTitan's ``ParallelDims`` in spirit: derived once, passed down):
 * ``topology``: the parallel layout with the rank map (``harness.spec.topology``): every
   rank's node, device, coordinates and groups, the engines, the stage layers;
 * ``resources``: the memory estimate (``harness.spec.resources``);
-* ``options``: the run's options that are not spec fields (:class:`RunOptions`).
+* ``options``: the run's options that are not spec fields (:class:`RunOptions`);
+* ``teacher``: a distillation workload's teacher, a typed ``Workload`` of its own (None
+  otherwise).
+
+Workers receive the plan's slices as values (TorchTitan style: each component gets the
+typed part it needs): the policy and rollout workers ``workload`` and ``topology`` (a
+frozen dataclass each: pickled to Ray actors and to engine processes as they are), the
+teacher ranks ``teacher``; the switches of ``options`` that a worker reads cross in its
+environment (:meth:`RunOptions.worker_env`). Nothing outside ``spec/`` converts, plans
+or checks them again.
 
 :func:`build_plan` is the one function that builds it from (workload file or name,
 overrides, platform, CLI options), running every check of the spec half there, once:
@@ -73,6 +82,7 @@ class RunPlan:
     resources: Resources
     options: RunOptions
     source: str = ""  # the file (or run.json) the spec came from, for messages
+    teacher: Workload | None = None  # a distillation workload's teacher spec (harness.spec.distill.teacher_spec)
 
     @property
     def spec(self) -> Workload:
@@ -166,7 +176,13 @@ def plan_of(spec: Workload, *, platform: str | None = None, ray_address: str | N
             raise refused
     except SpecError as exc:
         raise exc.with_source(source) if source else exc from None
-    return RunPlan(spec, topology, resources, RunOptions(platform or None, address), source)
+    teacher = None
+    if spec.distill is not None:
+        from harness.spec.distill import teacher_spec
+        from harness.spec.typed import as_workload
+
+        teacher = as_workload(teacher_spec(spec))
+    return RunPlan(spec, topology, resources, RunOptions(platform or None, address), source, teacher)
 
 
 def write_plan(run_doc: dict[str, Any], run_plan: RunPlan) -> dict[str, Any]:

@@ -192,8 +192,14 @@ def test_session_stop_closes_the_driver_connection(ray_session, tmp_path):
     from harness.envs.tokenizer import load_tokenizer
     from harness.runner.session import Session
 
+    from types import SimpleNamespace
+
+    from harness.spec.typed import as_workload
+
     spec = {"seed": 0, "capture": {"enabled": True, "fail_stage_rate": 0.0}, "grpo": {"trainer": "grpo"}}
-    session = Session(spec, None, tmp_path, {}, say=lambda _msg: None)
+    # the parts of a RunPlan this half of a Session reads (a partial spec: no layout to plan)
+    part = SimpleNamespace(workload=as_workload(spec), topology=None, ray_address=None)
+    session = Session(part, tmp_path, {}, say=lambda _msg: None)
     session.tokenizer = load_tokenizer()
     admitter, _ledger, client = session._start_capture()
     res = admitter.admit_root("r", "c0", [1, 2, 3])

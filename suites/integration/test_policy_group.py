@@ -16,6 +16,7 @@ import torch
 from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from harness.spec.topology import plan
+from harness.spec.typed import as_workload
 from suites.local_world import with_layout
 
 ray = pytest.importorskip("ray")
@@ -72,7 +73,7 @@ def single(ray_session, tmp_path_factory):
     spec = _spec(tp=1, pp=1, cp=1, ep=1, dp=1)
     batch = synthetic_batch(spec, 8, seed=0)
     tmp = tmp_path_factory.mktemp("single")
-    group = PolicyGroup(spec, plan(spec), str(tmp))
+    group = PolicyGroup(as_workload(spec), plan(spec), str(tmp))
     try:
         out = _drive(group, batch, tmp)
         # split-API misuse through the actors raises the documented errors
@@ -104,7 +105,7 @@ def test_eight_rank_world_matches_single_rank(single, tmp_path):
 
     batch, (mono1, _, sums1, logprobs1, _) = single
     spec = _spec(tp=2, pp=2, cp=2, ep=2, dp=1)
-    group = PolicyGroup(spec, plan(spec), str(tmp_path))
+    group = PolicyGroup(as_workload(spec), plan(spec), str(tmp_path))
     try:
         mono, split, sums, logprobs, ref_logprobs = _drive(group, batch, tmp_path)
     finally:
@@ -138,9 +139,11 @@ def test_invalid_topology_refused_before_any_actor(ray_session, tmp_path, monkey
     monkeypatch.setattr(group_module, "PolicyWorker", NoActor)
     spec = _spec(tp=1, pp=1, cp=1, ep=1, dp=1, etp=2)
     with pytest.raises(ValueError, match="etp"):
-        PolicyGroup(spec, None, str(tmp_path))
+        plan(spec)  # the plan refuses it: no group is ever built from it
     bad_kv = _spec(tp=4, pp=1, cp=1, ep=1, dp=1)
     bad_kv["model"] = {**bad_kv["model"], "kv_heads": 2}
     with pytest.raises(ValueError, match="kv_heads"):
-        PolicyGroup(bad_kv, None, str(tmp_path))
+        plan(bad_kv)
+    with pytest.raises(ValueError, match="topology has no policy layout"):  # a group needs the run's plan
+        PolicyGroup(as_workload(_spec(tp=1, pp=1, cp=1, ep=1, dp=1)), None, str(tmp_path))
     assert started == []

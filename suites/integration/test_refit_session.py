@@ -25,6 +25,7 @@ import torch
 from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
 from harness.spec.topology import plan
+from harness.spec.typed import as_workload
 from suites.tcp_connections import settles_to
 
 ray = pytest.importorskip("ray")
@@ -81,11 +82,12 @@ def session(tmp_path_factory):
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     run_dir = tmp_path_factory.mktemp("run")
     spec = _spec()
-    policy = PolicyGroup(spec, plan(spec), str(run_dir))
+    policy = PolicyGroup(as_workload(spec), plan(spec), str(run_dir))
     engine_spec = {**spec, "seed": int(spec["seed"]) + 1}  # engines start from other weights than the policy
     actor = rollout_worker_actor()
-    workers = [actor.remote(engine_spec, 0, 0, str(run_dir)),
-               actor.remote({**engine_spec, "rollout": {**spec["rollout"], "async": True}}, 1, 1, str(run_dir))]
+    workers = [actor.remote(as_workload(engine_spec), 0, 0, str(run_dir)),
+               actor.remote(as_workload({**engine_spec, "rollout": {**spec["rollout"], "async": True}}), 1, 1,
+                            str(run_dir))]
     ray.get([w.ready.remote() for w in workers], timeout=300)
     dataplane = start_dataplane_actor(f"dataplane-refit-{os.getpid()}", str(run_dir / "dataplane.sqlite"))
     squatter = SquattingPolicy(policy)

@@ -127,6 +127,7 @@ def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path, monke
     from harness.policy.group import PolicyGroup
     from harness.policy.synthetic import synthetic_batch
     from harness.runner.warm import WarmRuntime
+    from harness.spec.typed import as_workload
 
     spec = load_spec(str(SMOKE)).to_dict()
     spec["plugins"] = {**spec["plugins"], "policy_profiler": None}
@@ -136,7 +137,7 @@ def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path, monke
         runtime.ensure_ray()
 
         def group(name: str) -> PolicyGroup:
-            return PolicyGroup(spec, topology, str(tmp_path / name), env_vars={"HARNESS_RUN_ID": name}, pool=runtime)
+            return PolicyGroup(as_workload(spec), topology, str(tmp_path / name), env_vars={"HARNESS_RUN_ID": name}, pool=runtime)
 
         first = group("a")
         pid, sums = first.ready_info[0]["pid"], first.parameter_checksums()

@@ -39,6 +39,7 @@ from harness.policy.native.engine import NativePolicyEngine
 from harness.policy.split_step import EMPTY_STEP, NO_STEP_OPEN, STEP_ALREADY_OPEN
 from harness.policy.synthetic import synthetic_batch
 from harness.spec import load_spec
+from harness.spec.typed import as_workload
 from suites.local_world import with_layout
 
 SPEC_PATH = str(Path(__file__).resolve().parents[2] / "goldens/qwen3_moe_tiny_tp2pp2cp2ep2/workload.yaml")
@@ -50,7 +51,7 @@ def _spec():
     spec = with_layout(spec, tp=1, pp=1, cp=1, ep=1, dp=1, micro_batch_size=1, seq_len=16)
     spec["model"] = {**spec["model"], "layers": 1}
     spec["plugins"] = {**spec["plugins"], "policy_profiler": None}
-    return spec
+    return as_workload(spec)  # an engine receives the typed workload (a plan's), never a dict
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,12 +13,13 @@ import asyncio
 import pytest
 
 from harness.rollout.worker import RolloutWorker
+from harness.spec.typed import as_workload
 
 MODEL = dict(layers=1, hidden=16, heads=2, kv_heads=1, head_dim=8, experts=2, top_k=1,
              moe_intermediate=8, vocab=32, max_position=32)
-SPEC = {"seed": 1, "model": MODEL, "platform": {"device": "cpu"},
-        "rollout": {"backend": "native", "tp": 1, "pp": 1, "ep": 1, "async": False, "max_batch_size": 2,
-                    "worker_cls": None}}
+SPEC = as_workload({"seed": 1, "model": MODEL, "platform": {"device": "cpu"},
+                    "rollout": {"backend": "native", "tp": 1, "pp": 1, "ep": 1, "async": False, "max_batch_size": 2,
+                                "worker_cls": None}})
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.rollout.worker import RolloutWorker
+from harness.spec.typed import as_workload
 
 MODEL = dict(layers=1, hidden=16, heads=2, kv_heads=1, head_dim=8, experts=2, top_k=1,
              moe_intermediate=8, vocab=32, max_position=32)
@@ -13,7 +14,7 @@ MODEL = dict(layers=1, hidden=16, heads=2, kv_heads=1, head_dim=8, experts=2, to
 def _spec(**rollout):
     base = {"backend": "native", "tp": 1, "pp": 1, "ep": 1, "async": False, "max_batch_size": 2, "worker_cls": None}
     base.update(rollout)
-    return {"seed": 1, "model": MODEL, "rollout": base, "platform": {"device": "cpu"}}
+    return as_workload({"seed": 1, "model": MODEL, "rollout": base, "platform": {"device": "cpu"}})
 
 
 def test_custom_worker_cls_is_rejected(tmp_path):

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.spec.typed import Workload
 
 
-def start_engine(spec: Mapping[str, Any], *, in_actor: bool, profiler_rank: int, rank_prefix: int, label: str,
+def start_engine(spec: Workload, *, in_actor: bool, profiler_rank: int, rank_prefix: int, label: str,
                  run_dir: str, engine_index: int, env_vars: Mapping[str, str] | None) -> Any:
-    """In the actor: an ``EngineWorker`` (profiler rank ``profiler_rank``). Otherwise one
+    """``spec``: the plan's typed workload (a value, as the worker received it).
+    In the actor: an ``EngineWorker`` (profiler rank ``profiler_rank``). Otherwise one
     internal engine process per ``rollout.tp`` rank (``EngineProcesses``, profiler ranks
     ``rank_prefix + r``), started with this process's environment."""
     if in_actor:
@@ -18,7 +22,6 @@ def start_engine(spec: Mapping[str, Any], *, in_actor: bool, profiler_rank: int,
 
         return EngineWorker(spec, profiler_rank=profiler_rank)
     from harness.rollout.engine_procs import EngineProcesses
-    from harness.spec.typed import as_workload
 
-    return EngineProcesses.start(spec, tp_size=as_workload(spec).rollout.tp, rank_prefix=rank_prefix, label=label,
+    return EngineProcesses.start(spec, tp_size=spec.rollout.tp, rank_prefix=rank_prefix, label=label,
                                  env=dict(os.environ))
