@@ -18,6 +18,10 @@ driver called each step of working the plan out: a workload file read
 (``resources.estimate``), the runnable check (``load.check_runnable``), ``as_workload``.
 Worker processes are not counted (they receive the plan as a value). Counts, not times:
 nothing here is timed.
+
+``python benches/plan_counts.py --pytest`` counts the same steps in one pytest process running
+the smoke workload's golden tests (``pytest -m golden -k "qwen3_moe_tiny_smoke and not
+mutation"``: collection, the pre-run verdicts, the run, the comparison).
 """
 
 from __future__ import annotations
@@ -124,6 +128,27 @@ def run_counts() -> dict[str, int]:
             profile.disable()
         if code != 0:
             raise SystemExit(f"golden run exited {code}")
+    return _step_counts(profile)
+
+
+def pytest_counts() -> dict[str, int]:
+    """The smoke workload's golden tests in this process under cProfile; count the plan steps."""
+    import pytest
+
+    sys.path.insert(0, str(ROOT))
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        code = pytest.main(["-q", "-m", "golden", "-k", "qwen3_moe_tiny_smoke and not mutation", "-p", "no:cacheprovider",
+                            str(ROOT / "suites")])
+    finally:
+        profile.disable()
+    if code != 0:
+        raise SystemExit(f"pytest exited {code}")
+    return _step_counts(profile)
+
+
+def _step_counts(profile: cProfile.Profile) -> dict[str, int]:
     stats = pstats.Stats(profile).stats
     counts = {label: 0 for label, _, _ in RUN_STEPS}
     for (file, _line, func), (_cc, ncalls, *_rest) in stats.items():
@@ -136,12 +161,18 @@ def run_counts() -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="store_true", help="also count the plan steps of one smoke run")
+    parser.add_argument("--pytest", action="store_true",
+                        help="also count them in a pytest process running the smoke workload's golden tests")
     args = parser.parse_args()
     for label, n in static_counts().items():
         print(f"{label:45s} {n}")
     if args.run:
         print("-- one smoke run (qwen3_moe_tiny_smoke, grpo.iterations=1), driver process --")
         for label, n in run_counts().items():
+            print(f"{label:45s} {n}")
+    if args.pytest:
+        print('-- pytest -m golden -k "qwen3_moe_tiny_smoke and not mutation", pytest process --')
+        for label, n in pytest_counts().items():
             print(f"{label:45s} {n}")
 
 

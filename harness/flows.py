@@ -180,13 +180,27 @@ def spec_for_platform(workload: str, overrides: tuple[str, ...] = (), platform: 
 
 
 def plan_run(workload: str, overrides: tuple[str, ...] = (), *, platform: str | None = None,
-             goldens_root: Path | None = None, ray_address: str | None = None) -> RunPlan:
+             goldens_root: Path | None = None, ray_address: str | None = None,
+             options: tuple[str, ...] = ()) -> RunPlan:
     """The run's :class:`~harness.spec.runplan.RunPlan`, every check of the spec half made
     (``build_plan``, the runnable check with the trace settings: this imports torch when a
-    built-in trace profiler is configured). ``SpecError`` (exit 2) before anything starts."""
+    built-in trace profiler is configured). ``options``: the run's switches (``FIELD=VALUE``,
+    ``harness.spec.runplan.SWITCHES``). ``SpecError`` (exit 2) before anything starts."""
     from harness.spec.runplan import build_plan
 
-    return build_plan(workload, overrides, platform=platform, goldens_root=goldens_root, ray_address=ray_address)
+    return build_plan(workload, overrides, platform=platform, goldens_root=goldens_root, ray_address=ray_address,
+                      options=options)
+
+
+def runnable_plan(run_plan: RunPlan) -> RunPlan:
+    """``run_plan`` (built with ``runnable=False``: the pytest session's pre-run verdicts,
+    ``harness.pytest_before_run``) once the runnable check ``plan_run`` makes has passed too
+    (``load.check_runnable`` with the trace settings: this imports torch when a built-in trace
+    profiler is configured), as ``build_plan`` makes it. ``SpecError`` (exit 2) naming the field."""
+    from harness.spec.load import check_runnable
+
+    check_runnable(run_plan.workload)
+    return run_plan
 
 
 def execute(workload: str, *, overrides: tuple[str, ...] = (), run_dir: Path | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["BeforeRun", "before_run", "capture_missing_hint"]
 
@@ -20,23 +21,28 @@ class BeforeRun:
     """What :func:`before_run` decided for one workload without running it: ``decided``, the
     outcome tuple (missing, error, or a spec verdict) when no run is needed, else None and
     what the run needs (the golden compared with, the one a capture/refresh writes, the
-    digest a refresh replaces, whether a missing golden is created)."""
+    digest a refresh replaces, whether a missing golden is created) and ``plan``: the run's
+    ``RunPlan`` (``harness.spec.runplan.build_plan`` without the runnable check, which imports
+    torch: the workload file read once, for the verdicts and the run alike)."""
 
     platform: str | None
     decided: tuple | None = None
     store: str | None = None
     replaces: str | None = None
     create: bool = False
+    plan: Any = None
 
 
 def before_run(workload: str, root: Path, *, platform_opt: str | None, refresh: bool, capture_missing: bool,
-               allow_dirty: bool) -> BeforeRun:
+               allow_dirty: bool, ray_address: str | None = None, options: tuple[str, ...] = ()) -> BeforeRun:
     """Every verdict of a golden workload decidable from files alone, in order: the spec loads,
     a capture/refresh targets a scheduled platform, the golden exists and is usable (unless
     it is to be captured), the spec equals the golden's, a store is not from a dirty tree.
     Reads specs and goldens only (no torch, no ray): ``GoldenSession`` runs a workload only
     when nothing is decided, and the prestart (``harness.pytest_prestart.would_run``) asks
-    the same question before it starts the warm runtime."""
+    the same question before it starts the warm runtime. The spec is read and planned once
+    (``build_plan(..., runnable=False)``, joining ``ray_address``): the plan comes back in
+    ``BeforeRun.plan`` for the run (``flows.execute(plan=...)``), which loads nothing again."""
     from harness import flows
     from harness.parity.tolerances import ToleranceFileError
     from harness.store.atomic import GoldenStoreError, golden_digest
@@ -45,7 +51,11 @@ def before_run(workload: str, root: Path, *, platform_opt: str | None, refresh: 
     create = False
     replaces: str | None = None  # the golden a refresh overwrites, read before the run
     try:
-        spec = flows.spec_for_platform(workload, (), platform_opt, root)
+        from harness.spec.runplan import build_plan
+
+        run_plan = build_plan(workload, (), platform=platform_opt, goldens_root=root, ray_address=ray_address,
+                              runnable=False, options=options)
+        spec = run_plan.workload
         platform = flows.platform_of(spec, platform_opt)
         if (refresh or capture_missing) and platform not in spec.platform.platforms:
             why = (f"cannot {'refresh' if refresh else 'capture'} {workload}: platform {platform!r} "
@@ -84,7 +94,7 @@ def before_run(workload: str, root: Path, *, platform_opt: str | None, refresh: 
         changes = uncommitted_changes(root)
         if changes is not None:
             return BeforeRun(platform, ("error", f"cannot store {workload}: {dirty_refusal(changes)}", None, None))
-    return BeforeRun(platform, None, store, replaces, create)
+    return BeforeRun(platform, None, store, replaces, create, run_plan)
 
 
 def capture_missing_hint(workload: str, platform: str | None, root: Path | None) -> str:

@@ -108,6 +108,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--golden-since", default=None, metavar="BASE",
                     help="run only the golden workloads a change since the git revision BASE can affect "
                          "(harness.footprint; the others are reported as not affected, never as passed)")
+    group.addoption("--golden-option", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a run option of every golden run (harness.spec.runplan.SWITCHES: worker_logs, "
+                         "cuda_graphs, decode_kernels, grouped_fp32, collective_timeout_s; docs/spec.md)")
     group.addoption("--golden-ray-address", default=None, metavar="ADDR",
                     help="run every golden on this Ray cluster (cold, placed from the plan; docs/cluster.md) "
                          "instead of the warm local runtime")
@@ -117,7 +120,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # any plugin, so in the space form (``--goldens-root DIR``) it reads DIR as a path argument
 # (pytest-dev/pytest#8846); the plugin then gets the value right, but pytest's setup may be off.
 VALUE_OPTIONS = ("--goldens-root", "--golden-platform", "--golden-reason", "--golden-summary", "--golden-ray-address",
-                 "--golden-since")
+                 "--golden-since", "--golden-option")
 
 
 def space_form_values(args: list[str]) -> list[tuple[str, str]]:

@@ -43,6 +43,7 @@ import pytest
 log = logging.getLogger(__name__)
 
 _KEY = "_golden_prestart"
+_BEFORE_KEY = "_golden_before_run"  # {(workload, root): BeforeRun} of would_run, taken once by the session
 PRESTART_ENV = "GOLDEN_PRESTART"  # "0": the first workload starts the runtime, as before
 
 
@@ -102,10 +103,10 @@ class Prestart:
     thread that ended after the start would take the zygote, and every worker still to be
     forked, with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker_logs: bool = False) -> None:
         from harness.runner.warm import WarmRuntime
 
-        self.runtime = WarmRuntime()
+        self.runtime = WarmRuntime(worker_logs=worker_logs)
         self.error: BaseException | None = None
         self.started = threading.Event()
         self.closed = threading.Event()
@@ -156,19 +157,52 @@ def would_run(config: pytest.Config, workload: str, root: Path) -> bool:
     when its verdict is decided from files alone (``harness.pytest_before_run.before_run``, the
     session's own pre-run checks). Reads specs and goldens only: no torch, no ray."""
     from harness.pytest_before_run import before_run
-    from harness.spec.backends import missing_backends
+
+    # a spec that does not load or plan, or names a backend whose package is missing, is decided
+    # there (its tests fail with the error, or are deselected) before anything starts
+    before = before_run(str(workload), root, platform_opt=config.getoption("--golden-platform"),
+                        refresh=bool(config.getoption("--golden-refresh")),
+                        capture_missing=bool(config.getoption("--golden-capture-missing")),
+                        allow_dirty=bool(config.getoption("--golden-allow-dirty")),
+                        ray_address=config.getoption("--golden-ray-address", None),
+                        options=config.getoption("--golden-option", None) or ())
+    held = getattr(config, _BEFORE_KEY, None)
+    if held is None:
+        held = {}
+        setattr(config, _BEFORE_KEY, held)
+    held[(str(workload), str(root))] = before  # the session's run takes it: the spec is read once
+    return before.decided is None
+
+
+def worker_logs(config: pytest.Config) -> bool:
+    """The run option ``worker_logs`` of ``--golden-option`` (the session's one Ray shows the
+    workers' output); False for pairs that do not parse (each workload's plan refuses them, so
+    its tests fail naming ``options.FIELD``)."""
     from harness.spec.errors import SpecError
-    from harness.spec.load import load_spec
+    from harness.spec.runplan import parse_options
 
     try:
-        if missing_backends(load_spec(str(workload), goldens_root=root).to_dict()):
-            return False  # its tests fail naming the package (or are deselected) before anything starts
+        return bool(parse_options(config.getoption("--golden-option", None) or ()).get("worker_logs", False))
     except SpecError:
-        return False  # its tests fail with the spec error
-    return before_run(str(workload), root, platform_opt=config.getoption("--golden-platform"),
-                      refresh=bool(config.getoption("--golden-refresh")),
-                      capture_missing=bool(config.getoption("--golden-capture-missing")),
-                      allow_dirty=bool(config.getoption("--golden-allow-dirty"))).decided is None
+        return False
+
+
+def taken_before_run(config: pytest.Config, workload: str, root: Path) -> Any:
+    """The ``BeforeRun`` (with its plan) :func:`would_run` decided for ``workload`` under ``root``
+    in this session, handed over once (None when it asked none). ``GoldenSession`` takes it
+    in a session that stores nothing (no refresh, no capture: the files it read do not change
+    while the session runs) instead of reading and planning the spec again."""
+    held = getattr(config, _BEFORE_KEY, None) or {}
+    return held.pop((str(workload), str(root)), None)
+
+
+def _planned_backend(config: pytest.Config, name: str, root: Path) -> str | None:
+    """The policy backend of a workload :func:`would_run` planned (its ``BeforeRun``, not taken),
+    else None."""
+    held = getattr(config, _BEFORE_KEY, None) or {}
+    before = held.get((str(name), str(root)))
+    run_plan = getattr(before, "plan", None)
+    return run_plan.workload.policy.backend if run_plan is not None else None
 
 
 def _selected(config: pytest.Config, items: list) -> tuple[list[tuple[str, Path]], bool]:
@@ -199,7 +233,7 @@ def start(config: pytest.Config, candidates: list[tuple[str, Path]]) -> None:
     if getattr(config, _KEY, None) is not None or not wanted(config) or (config.getoption("keyword") or "").strip():
         return
     if any(would_run(config, name, root) for name, root in candidates):
-        setattr(config, _KEY, Prestart())
+        setattr(config, _KEY, Prestart(worker_logs(config)))
 
 
 def start_flavours(config: pytest.Config, items: list) -> None:
@@ -212,18 +246,16 @@ def start_flavours(config: pytest.Config, items: list) -> None:
         discard(config)
         return
     if prestart is None and (selected or unknown) and wanted(config):
-        prestart = Prestart()
+        prestart = Prestart(worker_logs(config))
         setattr(config, _KEY, prestart)
     if prestart is None:
         return
     from harness.runner.zygote import FLAVOURS
-    from harness.spec.load import load_spec
 
     backends: list[str] = []
     for name, root in selected:
-        try:
-            backend = load_spec(name, goldens_root=root).policy.backend
-        except Exception:  # noqa: BLE001 - a spec that does not load fails its own tests
+        backend = _planned_backend(config, name, root)  # would_run planned every selected workload
+        if backend is None:  # a spec that does not load fails its own tests
             continue
         if backend in FLAVOURS and backend not in backends:
             backends.append(backend)

@@ -35,6 +35,7 @@ class GoldenSession:
         self.capture_missing = bool(config.getoption("--golden-capture-missing"))
         self.reason = config.getoption("--golden-reason")
         self.allow_dirty = bool(config.getoption("--golden-allow-dirty"))
+        self.run_options = tuple(config.getoption("--golden-option", None) or ())  # FIELD=VALUE run switches
         self._cache: dict[tuple[str, str], tuple] = {}
         self._compared: dict[tuple[str, str], str | None] = {}  # the stored golden each run was compared with
         self.stored_by_current_test: str | None = None
@@ -52,9 +53,10 @@ class GoldenSession:
 
             self._warm = pytest_prestart.take(self.config)  # started while pytest collected, if it was
         if self._warm is None:
+            from harness.pytest_prestart import worker_logs
             from harness.runner.warm import WarmRuntime  # ray is imported only when it starts
 
-            self._warm = WarmRuntime()
+            self._warm = WarmRuntime(worker_logs=worker_logs(self.config))
         return self._warm
 
     def close_warm(self) -> None:
@@ -137,15 +139,24 @@ class GoldenSession:
         from harness.parity.tolerances import ToleranceFileError
         from harness.store.atomic import GoldenStoreError
 
-        before = before_run(workload, root, platform_opt=self.platform_opt, refresh=self.refresh,
-                            capture_missing=self.capture_missing, allow_dirty=self.allow_dirty)
+        before = None
+        if not (self.refresh or self.capture_missing):  # the prestart's verdicts and plan (files unchanged since)
+            from harness import pytest_prestart
+
+            before = pytest_prestart.taken_before_run(self.config, workload, root)
+        if before is None:
+            before = before_run(workload, root, platform_opt=self.platform_opt, refresh=self.refresh,
+                                capture_missing=self.capture_missing, allow_dirty=self.allow_dirty,
+                                ray_address=self.ray_address, options=self.run_options)
         if before.decided is not None:
             return before.platform, before.decided
         platform, store, replaces, create = before.platform, before.store, before.replaces, before.create
         progress = self._progress(workload)
         try:
+            run_plan = flows.runnable_plan(before.plan)  # the pre-run verdicts' plan: the spec is not read again
             execution = flows.execute(workload, run_dir=self.tmp_root / workload, goldens_root=root,
                                       platform=self.platform_opt, say=progress, ray_address=self.ray_address,
+                                      plan=run_plan,
                                       warm=self.warm_runtime(),  # with an address: cold, the reason said
                                       canary="store" if self.refresh or self.capture_missing else "check")
         except Exception as exc:  # noqa: BLE001 - becomes each surface's failure

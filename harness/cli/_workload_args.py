@@ -48,6 +48,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, workload_optional
                              "(default: the spec's platform.ray_address, else local; RAY_ADDRESS is not followed); "
                              "a cluster that cannot hold the plan is refused before anything starts "
                              "(docs/cluster.md)")
+    parser.add_argument("--option", action="append", default=[], metavar="FIELD=VALUE", dest="run_options",
+                        help="a run option, part of the plan (worker_logs, cuda_graphs, decode_kernels, grouped_fp32, "
+                             "collective_timeout_s; docs/spec.md, \"The run plan\"); repeatable")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--worker-env", default=None, metavar="current|auto|DIR",
                         help="interpreter of the policy/rollout workers: current (default), auto (each backend's "
@@ -97,7 +100,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
         try:
             root = resolve_goldens_root(args.goldens)
             run_plan = flows.plan_run(args.workload, tuple(args.overrides), platform=args.platform,
-                                      goldens_root=root, ray_address=getattr(args, "ray_address", None))
+                                      goldens_root=root, ray_address=getattr(args, "ray_address", None),
+                                      options=tuple(getattr(args, "run_options", None) or ()))
         except SpecError as exc:
             raise Refused(str(exc)) from None
         spec = run_plan.workload

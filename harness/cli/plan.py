@@ -20,6 +20,9 @@ HELP = "lay out a workload's ranks and process groups (no processes started)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="workload name (goldens/<name>/workload.yaml) or path to a workload.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="spec overrides, YAML-typed")
+    parser.add_argument("--option", action="append", default=[], metavar="FIELD=VALUE", dest="run_options",
+                        help="a run option, part of the plan (worker_logs, cuda_graphs, decode_kernels, grouped_fp32, "
+                             "collective_timeout_s; docs/spec.md, \"The run plan\"); repeatable")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (spec digest, summary, topology)")
     from harness.cli._options import add_goldens_root
 
@@ -127,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # the layout, resource and value rules of a run; not what only this machine decides
         # (the runnable check: a planned-only spec names a task no worker here runs; the packages)
         run_plan = build_plan(args.workload, args.overrides, platform="", goldens_root=args.goldens_root,
-                              runnable=False, packages=False)
+                              runnable=False, packages=False, options=args.run_options)
     except SpecError as exc:
         print(f"golden plan: {exc}", file=sys.stderr)
         return 2

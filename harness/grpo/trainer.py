@@ -34,17 +34,17 @@ from harness.algos import compute_advantages, expand_to_tokens, reward_metrics, 
 from harness.capture.finalize import Placeholder, Sample, mask_cause
 from harness.grpo.batch import build_train_batch, prompt_rows
 from harness.grpo.rollouts import AttemptResult, RolloutDriver
-from harness.spec.typed import Workload, as_workload
+from harness.spec.typed import Workload
 
 
 class EmptyTrainingStep(RuntimeError):
     """A step had fewer verified samples than ``grpo.min_verified_samples``."""
 
 
-def min_verified_samples(spec: Mapping[str, Any]) -> int:
+def min_verified_samples(spec: Workload) -> int:
     """``grpo.min_verified_samples``; 1 when absent (the schema writes no default into a
     loaded spec, so the digests of specs that do not set it stay what they were)."""
-    minimum = as_workload(spec).grpo.min_verified_samples
+    minimum = spec.grpo.min_verified_samples
     return 1 if minimum is None else minimum
 
 

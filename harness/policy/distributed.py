@@ -34,6 +34,7 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     settle.install()  # autograd's in-place choices must not depend on gloo's thread timing
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
-        timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESS_COLLECTIVE_TIMEOUT_S", "300")))
+        # run option collective_timeout_s, carried here by the runner (harness.spec.runplan); "": the default
+        timeout = datetime.timedelta(seconds=float(os.environ.get("HARNESS_COLLECTIVE_TIMEOUT_S") or "300"))
         store = join_rendezvous(master_addr, master_port, timeout.total_seconds())
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)

@@ -27,7 +27,7 @@ from harness.artifacts import layout
 from harness.portable import pins
 from harness.postflight.placement import PLACEMENT_FILE
 from harness.runner.environment import collect_environment, git_commit
-from harness.spec.runplan import RunPlan, write_plan
+from harness.spec.runplan import RunOptions, RunPlan, write_plan
 from harness.spec.typed import Workload, as_workload
 
 
@@ -64,12 +64,14 @@ def expected_artifacts(spec: Workload, topology, *, placed: bool = False) -> lis
     return paths
 
 
-def worker_env(spec: Workload, run_dir: Path, run_id: str) -> dict[str, str]:
+def worker_env(spec: Workload, run_dir: Path, run_id: str, options: RunOptions | None = None) -> dict[str, str]:
     """Environment every worker process gets (the plugin contract is env-only); ``spec``: the
-    plan's workload."""
+    plan's workload; ``options``: its run options, whose switches a worker reads cross here
+    (``RunOptions.worker_env``: each one set, so the driver's own environment never decides)."""
     plugins = spec.plugins
     env = {
         **plugins.env,  # the schema reserves the keys set below
+        **(options or RunOptions()).worker_env(),
         "HARNESS_TRACE_DIR": str(run_dir),
         "HARNESS_RUN_ID": run_id,
         "OMP_NUM_THREADS": "1",
@@ -189,7 +191,7 @@ def _execute(run_plan: RunPlan, run_dir: Path, run_id: str, run_doc: dict, resum
     _write_json(run_dir / layout.RUN_JSON, run_doc)
     t0 = time.perf_counter()
     error = None
-    env = {**worker_env(spec, run_dir, run_id), **(trace_env or {})}
+    env = {**worker_env(spec, run_dir, run_id, run_plan.options), **(trace_env or {})}
     previous = _terminate_as_interrupt()
     try:
         from harness.progress import phase

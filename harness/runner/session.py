@@ -164,7 +164,7 @@ class Session:
             from harness.runner.cluster import init_ray
 
             extra = self._start_zygote()  # after the reaper (it carries the token); imports while Ray starts
-            init_ray(self.spec, self.ray_address, log_to_driver=bool(os.environ.get("GOLDEN_WORKER_LOGS")),
+            init_ray(self.spec, self.ray_address, log_to_driver=self.plan.options.worker_logs,
                      runtime_env=runtime_env, **extra)
             if sigterm is not None:  # ray.init replaces it with sys.exit(15); the caller's shutdown path wins
                 signal.signal(signal.SIGTERM, sigterm)

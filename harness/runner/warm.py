@@ -75,6 +75,7 @@ from harness.portable.pins import MARK_VAR as PIN_MARK
 from harness.portable.pins import PINS
 from harness.registry.policy import policy_backend
 from harness.registry.rollout import rollout_backend
+from harness.spec.runplan import SWITCHES
 
 if TYPE_CHECKING:
     from harness.spec.typed import Workload
@@ -101,9 +102,12 @@ ZYGOTE_ENV = "GOLDEN_ZYGOTE"  # "0": the runtime's workers start as fresh interp
 # HARNESS_TRACE_ROLE (a distillation teacher's ranks) and the resume segment variables are read
 # when a profiler is built, never at import.
 # The CPU numerics pins (harness.portable.pins) are the zygote's own too: it starts pinned.
+# The run options' carriers (harness.spec.runplan.SWITCHES) are read when an engine or a process
+# group is built, never at import.
 ZYGOTE_START_VARS = frozenset({*BASE_ENV, *PINS, PIN_MARK, "HARNESS_TRACE_DIR", "HARNESS_RUN_ID",
                                "NRL_POLICY_PROFILER_CLASS", "NRL_ROLLOUT_PROFILER_CLASS", "HARNESS_TRACE_ROLE",
-                               "HARNESS_TRACE_SEGMENT", "HARNESS_STEP_OFFSET", DIGEST_VAR, ROOT_VAR})
+                               "HARNESS_TRACE_SEGMENT", "HARNESS_STEP_OFFSET", DIGEST_VAR, ROOT_VAR,
+                               *(var for _name, _kind, var, _what in SWITCHES if var is not None)})
 
 _current: WarmRuntime | None = None  # the runtime whose Ray is up in this process
 _lock = threading.Lock()
@@ -249,9 +253,11 @@ def step_aside() -> None:
         runtime.close()
 
 
-def start_local_ray(runtime_env: dict, say: Callable[[str], None] | None = None) -> None:
+def start_local_ray(runtime_env: dict, say: Callable[[str], None] | None = None, *,
+                    log_to_driver: bool = False) -> None:
     """A fresh local Ray instance (``address="local"``: ``RAY_ADDRESS`` is not followed), actors
-    at ``num_cpus=0`` on a ``num_cpus`` = cores node; the caller's SIGTERM handler survives."""
+    at ``num_cpus=0`` on a ``num_cpus`` = cores node; the caller's SIGTERM handler survives.
+    ``log_to_driver``: the workers' output is shown here (run option ``worker_logs``)."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -262,7 +268,6 @@ def start_local_ray(runtime_env: dict, say: Callable[[str], None] | None = None)
             "local Ray instance (no shared cluster, no other jobs' actors)")
     from harness.runner.ray_start import local_start
 
-    log_to_driver = bool(os.environ.get("GOLDEN_WORKER_LOGS"))
     with local_start(log_to_driver):
         ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
                  log_to_driver=log_to_driver, runtime_env=runtime_env,
@@ -275,7 +280,10 @@ def start_local_ray(runtime_env: dict, say: Callable[[str], None] | None = None)
 class WarmRuntime:
     """One Ray instance and the idle warm processes of one driver process (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, worker_logs: bool = False) -> None:
+        """``worker_logs``: its Ray shows the workers' output (run option ``worker_logs``:
+        ``--golden-option worker_logs=true``; one Ray serves every workload of the session)."""
+        self.worker_logs = worker_logs
         self._idle: dict[str, list] = {k: [] for k in KINDS}
         self._idle_dataplanes: list[tuple[Any, str]] = []  # (handle, its name), the last released first
         self._dataplane_seq = 0
@@ -315,7 +323,7 @@ class WarmRuntime:
             self._start_reaper()  # before ray.init: every process of this Ray inherits the token
             self._start_zygote()  # after the reaper (it carries the token); imports torch while Ray starts
             try:
-                start_local_ray({"env_vars": dict(BASE_ENV)}, say)
+                start_local_ray({"env_vars": dict(BASE_ENV)}, say, log_to_driver=self.worker_logs)
             except BaseException:
                 if self._zygote is not None:
                     self._zygote.close()

@@ -50,26 +50,111 @@ from harness.spec.resources import Resources, estimate, local_refusal
 from harness.spec.topology import Topology, plan
 from harness.spec.typed import Workload
 
-__all__ = ["DEVICE_PLATFORMS", "PLATFORM_ENV", "RunOptions", "RunPlan", "build_plan", "load_for_platform", "plan_of",
-           "read_plan", "write_plan"]
+__all__ = ["DEVICE_PLATFORMS", "PLATFORM_ENV", "SWITCHES", "RunOptions", "RunPlan", "build_plan", "load_for_platform",
+           "parse_options", "plan_of", "read_plan", "write_plan"]
 
 DEVICE_PLATFORMS = ("cpu", "cuda")  # golden platforms that name the device a workload runs on
 PLATFORM_ENV = "GOLDEN_PLATFORM"  # the platform when no --platform names one
 OPTIONS_KEY = "plan_options"  # run.json's record of the RunOptions
 
 
+# The run's behaviour switches the spec does not know: (field, type, the variable that carries
+# it into every worker process or None where only the driver reads it, what it does). Set with
+# ``--option FIELD=VALUE`` (``golden run|check|capture|refresh|plan``) or ``--golden-option``
+# (pytest); a worker reads its variable, which the runner sets from the plan (docs/spec.md,
+# "The run plan").
+SWITCHES: tuple[tuple[str, type, str | None, str], ...] = (
+    ("worker_logs", bool, None, "worker stdout/stderr shown on the driver (Ray's log_to_driver)"),
+    ("cuda_graphs", bool, "HARNESS_NATIVE_CUDA_GRAPHS",
+     "native rollout engine: decode steps replayed as CUDA graphs (default: on for cuda at TP 1)"),
+    ("decode_kernels", str, "HARNESS_NATIVE_DECODE_KERNELS",
+     "native rollout engine: 'standard' or 'invariant' decode kernels (default: the device's)"),
+    ("grouped_fp32", bool, "HARNESS_GROUPED_FP32",
+     "policy MoE on cuda: float32 experts as grouped GEMMs (default: on; false: the per-expert loop)"),
+    ("collective_timeout_s", float, "HARNESS_COLLECTIVE_TIMEOUT_S",
+     "policy ranks: seconds before a collective or the rendezvous times out (default 300)"),
+)
+DECODE_KERNELS = ("standard", "invariant")
+_TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """What a run was asked for besides the spec: the golden platform named (``--platform``
-    or ``$GOLDEN_PLATFORM``; None: the spec's device) and the Ray cluster it joins
+    or ``$GOLDEN_PLATFORM``; None: the spec's device), the Ray cluster it joins
     (``--ray-address``, else the spec's ``platform.ray_address``; None: a private local
-    instance)."""
+    instance) and the behaviour switches of :data:`SWITCHES` (None: the default)."""
 
     platform: str | None = None
     ray_address: str | None = None
+    worker_logs: bool = False
+    cuda_graphs: bool | None = None
+    decode_kernels: str | None = None
+    grouped_fp32: bool | None = None
+    collective_timeout_s: float | None = None
+
+    def switches(self) -> dict[str, Any]:
+        """The switches of :data:`SWITCHES` and their values."""
+        return {name: getattr(self, name) for name, *_ in SWITCHES}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"platform": self.platform, "ray_address": self.ray_address}
+        return {"platform": self.platform, "ray_address": self.ray_address, **self.switches()}
+
+    def worker_env(self) -> dict[str, str]:
+        """The variables that carry the switches into every worker process: each one set,
+        ``""`` where the switch is at its default, so that a value inherited from the
+        driver's own environment never decides (the plan does)."""
+        out = {}
+        for name, _kind, var, _what in SWITCHES:
+            if var is None:
+                continue
+            value = getattr(self, name)
+            out[var] = "" if value is None else ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return out
+
+
+def parse_options(pairs: Iterable[str] | Mapping[str, Any] = (), *, source: str | None = None) -> dict[str, Any]:
+    """``FIELD=VALUE`` pairs (``--option``; or a mapping of them, run.json's ``plan_options``)
+    as the switches they set, checked: ``SpecError`` (exit 2) naming ``options.FIELD`` and
+    the rule for an unknown field or a value of the wrong kind."""
+    kinds = {name: kind for name, kind, *_ in SWITCHES}
+    items = pairs.items() if isinstance(pairs, Mapping) else [_split(p, source) for p in pairs]
+    out: dict[str, Any] = {}
+    for name, value in items:
+        field = f"options.{name}"
+        if name not in kinds:
+            raise SpecError(field, f"unknown run option (one of {', '.join(kinds)})", source=source)
+        if value is None or value == "":
+            out[name] = False if name == "worker_logs" else None
+            continue
+        kind, text = kinds[name], str(value).strip().lower()
+        if kind is bool:
+            if isinstance(value, bool):
+                out[name] = value
+            elif text in _TRUE or text in _FALSE:
+                out[name] = text in _TRUE
+            else:
+                raise SpecError(field, f"must be true or false, got {value!r}", source=source)
+        elif kind is float:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                number = float("nan")
+            if not number > 0 or number == float("inf") or isinstance(value, bool):
+                raise SpecError(field, f"must be a number of seconds > 0, got {value!r}", source=source)
+            out[name] = number
+        else:
+            if text not in DECODE_KERNELS:
+                raise SpecError(field, f"must be one of {', '.join(DECODE_KERNELS)}, got {value!r}", source=source)
+            out[name] = text
+    return out
+
+
+def _split(pair: str, source: str | None) -> tuple[str, str]:
+    name, sep, value = str(pair).partition("=")
+    if not sep or not name.strip():
+        raise SpecError("options", f"{pair!r} is not FIELD=VALUE", source=source)
+    return name.strip(), value.strip()
 
 
 @dataclass(frozen=True)
@@ -107,12 +192,14 @@ class RunPlan:
 
 def build_plan(workload: str | Path, overrides: Iterable[str] = (), *, platform: str | None = None,
                goldens_root: str | Path | None = None, ray_address: str | None = None,
-               runnable: bool = True, check_trace_settings: bool = True, packages: bool = True) -> RunPlan:
+               runnable: bool = True, check_trace_settings: bool = True, packages: bool = True,
+               options: Iterable[str] | Mapping[str, Any] = ()) -> RunPlan:
     """The plan of ``workload`` (a name under ``goldens_root`` or a path) with ``overrides``
     on ``platform`` (None: ``$GOLDEN_PLATFORM``; ``""``: the spec's own device; one of
     :data:`DEVICE_PLATFORMS` runs the workload on that device: ``platform.device`` is
     overridden; other names, ``cpu-vllm``, only select the golden), joining ``ray_address``
-    (else the spec's ``platform.ray_address``).
+    (else the spec's ``platform.ray_address``), with the switches ``options`` sets
+    (``FIELD=VALUE`` pairs, :func:`parse_options`; checked first).
 
     The workload file is read once and the layout checked once. ``runnable``: also refuse
     what a worker would refuse (``load.check_runnable``; ``check_trace_settings`` as
@@ -122,9 +209,10 @@ def build_plan(workload: str | Path, overrides: Iterable[str] = (), *, platform:
     and the file."""
     from harness.spec.load import check_runnable
 
+    switches = parse_options(options)
     spec, source = load_for_platform(workload, overrides, platform=platform, goldens_root=goldens_root,
                                      packages=packages)
-    run_plan = plan_of(spec, platform=platform, ray_address=ray_address, source=source)
+    run_plan = plan_of(spec, platform=platform, ray_address=ray_address, source=source, options=switches)
     if runnable:
         check_runnable(spec, check_trace_settings=check_trace_settings)
     return run_plan
@@ -163,11 +251,16 @@ def load_for_platform(workload: str | Path, overrides: Iterable[str] = (), *, pl
 
 
 def plan_of(spec: Workload, *, platform: str | None = None, ray_address: str | None = None,
-            source: str = "") -> RunPlan:
+            source: str = "", options: Mapping[str, Any] | None = None) -> RunPlan:
     """The plan of a spec already validated (loaded, or read from run.json): the layout
     checked and laid out (once), the resources estimated, a local CPU run this machine's
-    memory cannot hold refused (``SpecError`` naming the field that most decides it)."""
+    memory cannot hold refused (``SpecError`` naming the field that most decides it).
+    ``options``: the switches (:func:`parse_options`' result)."""
     try:
+        for _name, _kind, var, _what in SWITCHES:
+            if var is not None and var in spec.plugins.env:  # the runner sets it from the plan
+                raise SpecError(f"plugins.env.{var}", f"carries the run option {_name} to the workers: set it with "
+                                f"--option {_name}=VALUE (docs/spec.md, \"The run plan\")")
         topology = plan(spec)
         resources = estimate(spec)
         address = ray_address or spec.platform.ray_address or None  # RAY_ADDRESS is not followed
@@ -182,7 +275,8 @@ def plan_of(spec: Workload, *, platform: str | None = None, ray_address: str | N
         from harness.spec.typed import as_workload
 
         teacher = as_workload(teacher_spec(spec))
-    return RunPlan(spec, topology, resources, RunOptions(platform or None, address), source, teacher)
+    run_options = RunOptions(platform or None, address, **dict(options or {}))
+    return RunPlan(spec, topology, resources, run_options, source, teacher)
 
 
 def write_plan(run_doc: dict[str, Any], run_plan: RunPlan) -> dict[str, Any]:
@@ -210,9 +304,12 @@ def read_plan(run_doc: Mapping[str, Any], *, source: str, ray_address: str | Non
     stored = run_doc.get(OPTIONS_KEY)
     stored = stored if isinstance(stored, Mapping) else {}
     platform = stored.get("platform") if isinstance(stored.get("platform"), str) else None
-    # the address is asked again (docs/cluster.md, "Resume on a cluster"): the stored one is a record,
-    # never followed, so a resume without --ray-address lands on no cluster by accident
-    run_plan = plan_of(spec, platform=platform, ray_address=ray_address, source=f"{source}#/spec")
+    names = {name for name, *_ in SWITCHES}
+    # the switches resume as they ran (checked as --option is); the address is asked again
+    # (docs/cluster.md, "Resume on a cluster"): the stored one is a record, never followed, so
+    # a resume without --ray-address lands on no cluster by accident
+    switches = parse_options({k: v for k, v in stored.items() if k in names}, source=f"{source}#/{OPTIONS_KEY}")
+    run_plan = plan_of(spec, platform=platform, ray_address=ray_address, source=f"{source}#/spec", options=switches)
     topology = run_doc.get("topology")
     if topology is not None and topology != run_plan.topology.to_dict():
         raise SpecError("topology", "differs from the layout its spec plans to (run.json edited by hand?)",

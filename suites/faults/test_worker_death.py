@@ -55,12 +55,12 @@ def _session_members(sid: int) -> set[int]:
 def test_dead_policy_worker_fails_the_run_with_its_rank(tmp_path):
     run_dir = tmp_path / "run"
     stamp = tmp_path / "died_at"
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", GOLDEN_FAULT_STAMP=str(stamp), HARNESS_COLLECTIVE_TIMEOUT_S="3600",
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", GOLDEN_FAULT_STAMP=str(stamp),
                GOLDEN_WORKER_SETUP_HOOK="harness.mutations.policy_rank1_dies_in_step2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", "qwen3_moe_tiny_streaming",
          "plugins.policy_profiler=null", "plugins.rollout_profiler=null", "grpo.trainer=sync",
-         "--run-dir", str(run_dir)],
+         "--option", "collective_timeout_s=3600", "--run-dir", str(run_dir)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:

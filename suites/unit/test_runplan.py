@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -67,7 +68,8 @@ def test_the_plan_round_trips_through_run_json_and_a_changed_topology_is_refused
     run_plan = build_plan(FLAGSHIP, runnable=False)
     doc = json.loads(json.dumps(write_plan({"run_id": "x"}, run_plan), sort_keys=True))
     assert doc["run_id"] == "x" and doc["workload"] == FLAGSHIP and doc["plan_options"] == {
-        "platform": None, "ray_address": None}
+        "platform": None, "ray_address": None, "worker_logs": False, "cuda_graphs": None, "decode_kernels": None,
+        "grouped_fp32": None, "collective_timeout_s": None}
     back = read_plan(doc, source="r/run.json")
     assert back.workload == run_plan.workload and back.topology == run_plan.topology
     assert read_plan(doc, source="r/run.json", ray_address="10.0.0.1:6379").ray_address == "10.0.0.1:6379"
@@ -77,6 +79,48 @@ def test_the_plan_round_trips_through_run_json_and_a_changed_topology_is_refused
     with pytest.raises(SpecError) as exc:
         read_plan(doc, source="r/run.json")
     assert exc.value.field == "topology" and "r/run.json#/topology" in str(exc.value)
+
+
+def test_run_options_are_plan_fields_that_resume_as_they_ran_and_cross_to_workers_set(monkeypatch):
+    from harness.runner.run import worker_env
+
+    monkeypatch.delenv("GOLDEN_PLATFORM", raising=False)
+    monkeypatch.setenv("HARNESS_NATIVE_CUDA_GRAPHS", "1")  # the driver's own environment decides nothing
+    run_plan = build_plan(SMOKE, options=["cuda_graphs=off", "collective_timeout_s=3600", "worker_logs=true"],
+                          runnable=False)
+    opts = run_plan.options
+    assert (opts.cuda_graphs, opts.collective_timeout_s, opts.worker_logs, opts.grouped_fp32) == (False, 3600.0,
+                                                                                                   True, None)
+    env = worker_env(run_plan.workload, Path("/r"), "rid", opts)
+    assert env["HARNESS_NATIVE_CUDA_GRAPHS"] == "0" and env["HARNESS_COLLECTIVE_TIMEOUT_S"] == "3600.0"
+    assert env["HARNESS_GROUPED_FP32"] == "" and env["HARNESS_NATIVE_DECODE_KERNELS"] == ""  # "": the default
+    assert "GOLDEN_WORKER_LOGS" not in env  # the driver's switch: no carrier
+    default = worker_env(run_plan.workload, Path("/r"), "rid", build_plan(SMOKE, runnable=False).options)
+    assert default["HARNESS_NATIVE_CUDA_GRAPHS"] == ""  # the plan's default, not the inherited "1"
+    doc = json.loads(json.dumps(write_plan({"run_id": "x"}, run_plan)))
+    assert read_plan(doc, source="r/run.json").options == opts  # a resume runs with the same switches
+    doc["plan_options"]["decode_kernels"] = "quick"
+    with pytest.raises(SpecError, match=r"options.decode_kernels: must be one of standard, invariant"):
+        read_plan(doc, source="r/run.json")
+
+
+@pytest.mark.parametrize(("pair", "field", "message"), [
+    ("cuda_graphs=maybe", "options.cuda_graphs", "must be true or false"),
+    ("collective_timeout_s=-1", "options.collective_timeout_s", "must be a number of seconds > 0"),
+    ("decode_kernels=quick", "options.decode_kernels", "must be one of standard, invariant"),
+    ("graphs=1", "options.graphs", "unknown run option"),
+    ("cuda_graphs", "options", "is not FIELD=VALUE"),
+])
+def test_a_bad_run_option_is_refused_by_golden_plan_with_exit_2(pair, field, message, capsys):
+    assert main(["plan", SMOKE, "--option", pair]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}: " in err and message in err and "Traceback" not in err
+
+
+def test_a_carrier_of_a_run_option_in_plugins_env_is_refused(monkeypatch):
+    with pytest.raises(SpecError) as exc:
+        build_plan(SMOKE, ['plugins.env.HARNESS_GROUPED_FP32="0"'], runnable=False)
+    assert exc.value.field == "plugins.env.HARNESS_GROUPED_FP32" and "--option grouped_fp32=" in str(exc.value)
 
 
 CASES = [  # (workload, overrides, field, rule)
