@@ -139,7 +139,8 @@ def pytest_counts() -> dict[str, int]:
     profile = cProfile.Profile()
     profile.enable()
     try:
-        code = pytest.main(["-q", "-m", "golden", "-k", "qwen3_moe_tiny_smoke and not mutation", "-p", "no:cacheprovider",
+        code = pytest.main(["-q", "-m", "golden", "-k", "qwen3_moe_tiny_smoke and not mutation",
+                            "-p", "no:cacheprovider",
                             str(ROOT / "suites")])
     finally:
         profile.disable()

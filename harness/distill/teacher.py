@@ -141,8 +141,9 @@ class TeacherGroup(PolicyGroup):
     def __init__(self, spec: Workload, topology: Any, run_dir: str, *,
                  env_vars: Mapping[str, str] | None = None, placement: Any = None) -> None:
         """``spec``: the teacher's typed workload (``RunPlan.teacher``: derived once, in the plan);
-        ``topology``: the run's (``topology.teacher`` lays its ranks out). ``placement``: the run's ``harness.runner.placement.Placement``; each teacher rank
-        is pinned to the bundle of its planned slot (``topology.teacher``), like a policy rank."""
+        ``topology``: the run's (``topology.teacher`` lays its ranks out). ``placement``: the
+        run's ``harness.runner.placement.Placement``; each teacher rank is pinned to the bundle
+        of its planned slot (``topology.teacher``), like a policy rank."""
         if getattr(topology, "teacher", None) is None:
             raise ValueError("topology has no teacher layout (is the distill: block missing?)")
         env = {**(env_vars or {}), ROLE_ENV: TEACHER_ROLE}

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-
 CHECKPOINT_MARKER = "COMPLETE.json"
 
 

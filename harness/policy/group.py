@@ -115,9 +115,9 @@ class PolicyGroup:
     ) -> None:
         """``spec``, ``topology``: the plan's typed workload and layout (``RunPlan.workload``,
         ``RunPlan.topology``; a ``ValueError`` before any actor starts when ``topology`` has no
-        policy layout of the spec's world). ``pool``: a ``harness.runner.warm.WarmRuntime`` whose warm policy processes the ranks
-        adopt (Ray must be up); shutdown hands them back when every rank retired cleanly,
-        else kills them. Without it every rank is a new actor (a cold start).
+        policy layout of the spec's world). ``pool``: a ``harness.runner.warm.WarmRuntime``
+        whose warm policy processes the ranks adopt (Ray must be up); shutdown hands them back
+        when every rank retired cleanly, else kills them. Without it every rank is a new actor (a cold start).
         ``placement``: a ``harness.runner.placement.Placement`` pinning each new rank to its
         planned bundle; when it spans nodes the rendezvous store is handed out on this
         process's node address (reachable from every node), else on loopback."""

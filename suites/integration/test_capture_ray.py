@@ -189,11 +189,10 @@ def test_session_stop_closes_the_driver_connection(ray_session, tmp_path):
     """Teardown of the capture half of a real `Session` (no engines, no policy):
     the driver's local read connection is closed before the actor's, so no
     WAL file outlives the run."""
-    from harness.envs.tokenizer import load_tokenizer
-    from harness.runner.session import Session
-
     from types import SimpleNamespace
 
+    from harness.envs.tokenizer import load_tokenizer
+    from harness.runner.session import Session
     from harness.spec.typed import as_workload
 
     spec = {"seed": 0, "capture": {"enabled": True, "fail_stage_rate": 0.0}, "grpo": {"trainer": "grpo"}}

@@ -137,7 +137,8 @@ def test_policy_processes_are_reused_only_after_a_clean_shutdown(tmp_path, monke
         runtime.ensure_ray()
 
         def group(name: str) -> PolicyGroup:
-            return PolicyGroup(as_workload(spec), topology, str(tmp_path / name), env_vars={"HARNESS_RUN_ID": name}, pool=runtime)
+            return PolicyGroup(as_workload(spec), topology, str(tmp_path / name), env_vars={"HARNESS_RUN_ID": name},
+                               pool=runtime)
 
         first = group("a")
         pid, sums = first.ready_info[0]["pid"], first.parameter_checksums()

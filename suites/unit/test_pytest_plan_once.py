@@ -66,7 +66,7 @@ def test_the_prestarts_plan_is_the_runs_and_the_file_is_read_once(tmp_path, read
     session = GoldenSession(config, tmp_path, session_root=lambda: root)
     monkeypatch.setattr(session, "warm_runtime", lambda: None)
     monkeypatch.setenv("GOLDEN_PROGRESS", "off")
-    platform, entry = session._outcome(SMOKE, root)
+    _platform, entry = session._outcome(SMOKE, root)
     assert entry[0] == "error" and "Stop" in entry[1]  # the stand-in stopped the run
     (kwargs,) = executed
     run_plan = kwargs["plan"]
