@@ -44,7 +44,9 @@ def test_overlay_env_builds_reuses_runs_a_policy_worker_and_passes_doctor(tmp_pa
 
     spec = load_spec("qwen3_moe_tiny_smoke", ["model.layers=2", "policy.seq_len=32", "plugins.policy_profiler=null"])
     monkeypatch.setenv(select.SELECT_ENV, str(cache))
-    group = PolicyGroup(spec, None, str(tmp_path / "run"))
+    from harness.spec.topology import plan
+
+    group = PolicyGroup(spec, plan(spec), str(tmp_path / "run"))  # a group gets the run's plan
     try:
         assert [r["python"] for r in group.ready_info] == [str(python)]  # the worker ran the env's Python
         metrics = group.train(synthetic_batch(spec, 4, seed=0))
