@@ -48,9 +48,9 @@ def _calls_outside_spec() -> tuple[dict[str, int], list[str]]:
                 name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
                 if name == "as_workload":
                     conversions[rel] = conversions.get(rel, 0) + 1
-            if isinstance(node, ast.ImportFrom) and node.module == "harness.spec.topology":
-                if any(a.name == "plan" for a in node.names):
-                    planners.append(rel)
+            if (isinstance(node, ast.ImportFrom) and node.module == "harness.spec.topology"
+                    and any(a.name == "plan" for a in node.names)):
+                planners.append(rel)
     return conversions, planners
 
 
