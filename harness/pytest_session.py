@@ -110,14 +110,14 @@ class GoldenSession:
         ``workload`` resolves to here (same goldens root and platform, no overrides). The verdict
         is computed as :meth:`check` computes it. False, and nothing changes, when the workload was
         evaluated already, the spec differs, a worker setup hook is set (a planted regression's
-        run), or the session refreshes, captures or runs on a Ray cluster (those runs are the
-        session's own)."""
+        run), or the session refreshes, captures, runs on a Ray cluster or with run options
+        (``--golden-option``; those runs are the session's own)."""
         from harness import flows
 
         root = self.root_of(workload)
         key = (str(root), str(workload))
         if (key in self._cache or self.refresh or self.capture_missing or self.ray_address is not None
-                or not execution.ok or os.environ.get("GOLDEN_WORKER_SETUP_HOOK", "").strip()):
+                or self.run_options or not execution.ok or os.environ.get("GOLDEN_WORKER_SETUP_HOOK", "").strip()):
             return False
         try:
             spec = flows.spec_for_platform(str(workload), (), self.platform_opt, root)

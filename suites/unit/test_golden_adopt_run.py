@@ -58,9 +58,10 @@ def test_the_fixtures_own_run_is_adopted_and_answers_the_checks(tmp_path, compar
     assert session.adopt_run(SMOKE, _execution()) is False  # evaluated once, never replaced
 
 
-@pytest.mark.parametrize("case", ["override", "incomplete", "hook", "refresh", "cluster", "evaluated"])
+@pytest.mark.parametrize("case", ["override", "incomplete", "hook", "refresh", "cluster", "evaluated", "run option"])
 def test_a_run_other_than_the_fixtures_own_is_not_adopted(tmp_path, monkeypatch, compared, case):
-    options = {"refresh": {"--golden-refresh": True}, "cluster": {"--golden-ray-address": "10.0.0.1:6379"}}
+    options = {"refresh": {"--golden-refresh": True}, "cluster": {"--golden-ray-address": "10.0.0.1:6379"},
+               "run option": {"--golden-option": ["collective_timeout_s=60"]}}  # the session's runs use it
     session = _session(tmp_path, **options.get(case, {}))
     execution = _execution(("grpo.iterations=2",) if case == "override" else (), ok=case != "incomplete")
     if case == "hook":
