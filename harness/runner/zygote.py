@@ -102,7 +102,12 @@ PRELOAD = ("torch", "torch.distributed", "torch._inductor.config", "numpy", "num
 # dtensor backends; every other worker forks from the plain server. An entry "module:function"
 # imports the module and calls the function (no arguments). Declared by each backend's record
 # (``harness.registry.policy``: ``flavour``), read here: {policy.backend: imports}.
-FLAVOURS: dict[str, tuple[str, ...]] = {name: b.flavour for name, b in POLICY_BACKENDS.items() if b.flavour}
+def _flavours(backends: dict = POLICY_BACKENDS) -> dict[str, tuple[str, ...]]:
+    """{policy.backend: its record's ``flavour``} for every backend that declares one."""
+    return {name: b.flavour for name, b in backends.items() if b.flavour}
+
+
+FLAVOURS: dict[str, tuple[str, ...]] = _flavours()
 READY_TIMEOUT_S = 120.0
 CLIENT = Path(__file__).with_name("zygote_client.py")
 
