@@ -70,6 +70,7 @@ class PolicyBackend:
     # Policy fields this backend runs at one value only (spec rules; docs/dtensor.md).
     fixed: Mapping[str, Any] = field(default_factory=dict)
     lora: bool = False  # trains LoRA adapters (policy.lora.enabled)
+    distill: bool = False  # may be the student of grpo.trainer: distill (its loss carries the KL term)
     cp_needs_cuda: bool = False  # policy.cp > 1 needs platform.device: cuda (Transformer Engine)
     # Why it runs in fresh worker processes, never the warm pool's ("": it may run warm).
     cold: str = "module-global parallel state"
@@ -84,7 +85,7 @@ class PolicyBackend:
 
 
 POLICY_BACKENDS: dict[str, PolicyBackend] = {b.name: b for b in (
-    PolicyBackend("native", "harness.policy.native.engine:NativePolicyEngine", cold=""),
+    PolicyBackend("native", "harness.policy.native.engine:NativePolicyEngine", cold="", distill=True),
     PolicyBackend("megatron", "harness.policy.megatron.engine:MegatronPolicyEngine", cp_needs_cuda=True,
                   requires=Requirement("megatron.core", "megatron-core",
                                        "pip install 'grpo-golden-harness[megatron]' (in a checkout: pip install -e "

@@ -193,3 +193,10 @@ def test_auto_is_resolved_from_the_placement_and_unknown_transports_are_refused(
         refit_registry.resolve("nccl", True)
     with pytest.raises(ValueError, match="got 'nccl'"):
         refit_registry.refit_transport("nccl")
+
+
+def test_the_distillation_students_are_read_from_the_policy_records():
+    from harness.spec.distill import DISTILL_POLICY_BACKENDS
+
+    assert DISTILL_POLICY_BACKENDS == tuple(n for n, b in policy_registry.POLICY_BACKENDS.items() if b.distill)
+    assert DISTILL_POLICY_BACKENDS == ("native",)
