@@ -113,9 +113,9 @@ def _names_backends(value: ast.AST, names: set[str]) -> bool:
     for node in ast.walk(value):
         if isinstance(node, ast.Dict):
             found |= {k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in names}
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            if node.args[0].value in names:
-                found.add(node.args[0].value)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and node.args[0].value in names:
+            found.add(node.args[0].value)
     return len(found) >= 2
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any, Protocol, runtime_checkable
 
 from harness.registry import load_target
@@ -105,7 +105,7 @@ def refit_transport(name: str) -> RefitTransport:
     return _implementation(transport_entry(name).target)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _implementation(target: str) -> RefitTransport:
     return load_target(target)()
 

@@ -146,9 +146,10 @@ def test_worker_environments_are_read_from_the_backend_records(monkeypatch):
     from harness.registry import NATIVE_ENV, WorkerEnv
     from harness.workerenv import declare
 
-    assert declare.ENVIRONMENTS == declare._environments()
+    assert declare._environments() == declare.ENVIRONMENTS
     assert declare.ENVIRONMENTS["native"].roles == ("policy.backend=native", "rollout.backend=native")
-    assert declare.environment_of("rollout", "sglang") is None and declare.environment_of("policy", "dtensor") == "dtensor"
+    assert declare.environment_of("rollout", "sglang") is None
+    assert declare.environment_of("policy", "dtensor") == "dtensor"
     jax = policy_registry.PolicyBackend("jax", "x:Y", worker_env=WorkerEnv("jax", ("workload",), ("harness", "jax"),
                                                                            "a planted backend"))
     monkeypatch.setitem(policy_registry.POLICY_BACKENDS, "jax", jax)
@@ -165,7 +166,7 @@ def test_zygote_flavours_are_read_from_the_policy_records():
 
     from harness.runner.zygote import FLAVOURS, _flavours
 
-    assert FLAVOURS == _flavours() and set(FLAVOURS) == {"megatron", "dtensor"}
+    assert _flavours() == FLAVOURS and set(FLAVOURS) == {"megatron", "dtensor"}
     planted = dataclasses.replace(policy_registry.POLICY_BACKENDS["native"], name="jax", flavour=("jax",))
     assert _flavours({**policy_registry.POLICY_BACKENDS, "jax": planted})["jax"] == ("jax",)
     assert FLAVOURS["megatron"][-1] == "harness.policy.megatron.compat:import_megatron"
@@ -198,5 +199,5 @@ def test_auto_is_resolved_from_the_placement_and_unknown_transports_are_refused(
 def test_the_distillation_students_are_read_from_the_policy_records():
     from harness.spec.distill import DISTILL_POLICY_BACKENDS
 
-    assert DISTILL_POLICY_BACKENDS == tuple(n for n, b in policy_registry.POLICY_BACKENDS.items() if b.distill)
+    assert tuple(n for n, b in policy_registry.POLICY_BACKENDS.items() if b.distill) == DISTILL_POLICY_BACKENDS
     assert DISTILL_POLICY_BACKENDS == ("native",)
