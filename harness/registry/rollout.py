@@ -132,7 +132,8 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
                                         smoke="modules",
                                         smoke_modules=("harness.rollout.vllm.engine", "harness.rollout.vllm.extension",
                                                        "harness.rollout.vllm.profiling_worker", "vllm.platforms"))),
-    RolloutBackend("sglang", "harness.rollout.sglang.start:start_engine", preflight="harness.rollout.sglang:require_sglang",
+    RolloutBackend("sglang", "harness.rollout.sglang.start:start_engine",
+                   preflight="harness.rollout.sglang:require_sglang",
                    devices=("cuda",), actor_only=True, worker_env=None,
                    requires=Requirement("sglang", "sglang",
                                         "sglang==0.5.17 on a CUDA machine with torch 2.11 (ci/gpu/sglang_wheels.sh "
