@@ -91,11 +91,12 @@ def _inline(spec, fn, *args) -> list[dict]:
     from harness.parallel.rendezvous import RendezvousServer
     from harness.policy.distributed import init_distributed
     from harness.registry.policy import create_engine
+    from harness.spec.typed import as_workload
 
     held = RendezvousServer()
     init_distributed(0, 1, "127.0.0.1", held.port, spec["platform"]["device"])
     try:
-        return [fn(create_engine(spec, 0), *args)]
+        return [fn(create_engine(as_workload(spec), 0), *args)]
     finally:
         dist.destroy_process_group()
 

@@ -8,7 +8,15 @@
   module level (``suites/unit/test_import_graph.py`` reads the same graph);
 * function-level import statements (any module; nested functions counted once);
 * environment variable names of the project's own: distinct string literals spelled
-  ``HARNESS_*``, ``GOLDEN_*`` or ``NRL_*`` in the package.
+  ``HARNESS_*``, ``GOLDEN_*`` or ``NRL_*`` in the package;
+* backend tables outside the registry: module-level assignments outside
+  ``harness/registry/`` whose value names two or more backends (``policy.backend`` /
+  ``rollout.backend`` names of the schema file) as dict keys or as the first argument of
+  a call (``ENVIRONMENTS``, ``FLAVOURS`` before issue 42; a backend is declared once, in
+  its registry record, and those tables are read from the records);
+* transport-name string compares outside ``harness/registry/``: ``==`` / ``!=`` / ``in``
+  / ``match`` against a ``rollout.refit.transport`` name (``zmq``, ``broadcast``; the
+  reader of ``suites/unit/test_import_graph.py``).
 
 ``python benches/plan_counts.py --run`` also runs the smoke workload once (one iteration,
 CPU, in this process: ``golden run qwen3_moe_tiny_smoke grpo.iterations=1``) under ``cProfile`` and prints how often the
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import ast
 import cProfile
+import json
 import pstats
 import re
 import sys
@@ -77,6 +86,43 @@ def _imported(node: ast.AST, module: str) -> list[str]:
     return []
 
 
+def _schema_enum(*path: str) -> list[str]:
+    node = json.loads((HARNESS / "spec" / "workload.schema.json").read_text())
+    for key in path:
+        node = node["properties"][key]
+    return node["enum"]
+
+
+def _strings(node: ast.AST):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        for element in node.elts:
+            yield from _strings(element)
+
+
+def _compares(tree: ast.AST, names: set[str]) -> int:
+    """Compares or ``match`` cases against one of ``names``."""
+    n = 0
+    for node in ast.walk(tree):
+        sides = ([node.left, *node.comparators] if isinstance(node, ast.Compare)
+                 else [node.value] if isinstance(node, ast.MatchValue) else [])
+        n += any(s in names for side in sides for s in _strings(side))
+    return n
+
+
+def _names_backends(value: ast.AST, names: set[str]) -> bool:
+    """Whether a module-level value names two or more backends as dict keys or first call arguments."""
+    found: set[str] = set()
+    for node in ast.walk(value):
+        if isinstance(node, ast.Dict):
+            found |= {k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in names}
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and node.args[0].value in names:
+            found.add(node.args[0].value)
+    return len(found) >= 2
+
+
 def static_counts() -> dict[str, int]:
     """The static counts (see the module docstring)."""
     mods = _modules()
@@ -84,8 +130,15 @@ def static_counts() -> dict[str, int]:
     function_imports = 0
     env_names: set[str] = set()
     pkg_edges: set[tuple[str, str]] = set()
+    backends = set(_schema_enum("policy", "backend")) | set(_schema_enum("rollout", "backend"))
+    transports = set(_schema_enum("rollout", "refit", "transport")) - {"auto"}
+    backend_tables = transport_compares = 0
     for name, tree in mods.items():
         in_spec = name.startswith("harness.spec")
+        if not name.startswith("harness.registry"):
+            transport_compares += _compares(tree, transports)
+            backend_tables += sum(1 for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                                  and node.value is not None and _names_backends(node.value, backends))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 f = node.func
@@ -110,6 +163,8 @@ def static_counts() -> dict[str, int]:
         "two-way package pairs (module level)": len(two_way),
         "function-level imports": function_imports,
         "own environment variable names": len(env_names),
+        "backend tables outside the registry": backend_tables,
+        "transport-name compares outside the registry": transport_compares,
     }
 
 

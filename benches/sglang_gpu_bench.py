@@ -121,9 +121,10 @@ def main() -> None:
     st: dict = {}
 
     def start():
+        kwargs = {"dtype": spec["model"]["dtype"], "seed": seed, "mem_fraction_static": args.mem_fraction,
+                  **json.loads(args.engine_kwargs)}  # --engine-kwargs may override any of them (dtype too)
         st["engine"] = SGLangEngine(os.path.join(tmp, "hf"), eos_token_id=eos, max_position=cfg.max_position,
-                                    dtype=spec["model"]["dtype"], seed=seed, mem_fraction_static=args.mem_fraction,
-                                    **json.loads(args.engine_kwargs))
+                                    **kwargs)
         return {}
     if not step("engine_start", start):
         return

@@ -59,7 +59,7 @@ def _rank_main(rank: int, world: int, port: int, spec, fn, args, queue) -> None:
 
     try:
         init_distributed(rank, world, "127.0.0.1", port)
-        engine = create_engine(spec, rank)  # the backend spec.policy.backend selects
+        engine = create_engine(as_workload(spec), rank)  # the backend spec.policy.backend selects
         result = fn(engine, *args)
         from harness.parallel import settle
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import ray
 
+from harness.registry.refit import refit_transport, resolve
 from harness.spec.topology import Topology, plan
 from harness.spec.typed import RolloutSpec, as_workload
 
@@ -41,11 +42,9 @@ ENDPOINTS_FILE = "refit_endpoints.json"
 
 
 def choose_transport(rollout: RolloutSpec) -> str:
-    """``rollout.refit.transport``; ``auto``: zmq when colocated, else broadcast."""
-    transport = rollout.refit.transport
-    if transport == "auto":
-        return "zmq" if rollout.colocated else "broadcast"
-    return transport
+    """``rollout.refit.transport``; ``auto``: zmq when colocated, else broadcast
+    (``harness.registry.refit.resolve``)."""
+    return resolve(rollout.refit.transport, rollout.colocated)
 
 
 class Refitter:
@@ -60,7 +59,8 @@ class Refitter:
         self.policy = policy
         self.workers = workers
         rollout = spec.rollout
-        self.transport = choose_transport(rollout)
+        self.transport = choose_transport(rollout)  # chosen once; its name travels with every call
+        self._transport = refit_transport(self.transport)
         self.buffer_size = rollout.refit.buffer_size_bytes
         # zmq on cuda: stage in GPU memory and send CUDA IPC handles (colocated on the GPUs)
         # ($HARNESS_REFIT_STAGING=host keeps host staging there: the before/after measurement)
@@ -95,11 +95,7 @@ class Refitter:
         trips and the engines' last loads)."""
         t = time.perf_counter()
         phases: dict[str, float] = {}
-        if self.transport == "zmq":
-            versions = [self._zmq(i, w, phases) for i, w in enumerate(self.workers)]
-            self._record_endpoints()
-        else:
-            versions = self._broadcast()
+        versions = self._transport.refit(self, phases)  # harness.refit.transport
         if len(set(versions)) != 1:
             raise RuntimeError(f"refit after step {step}: engines disagree on the weight version: {versions}")
         seconds = time.perf_counter() - t
@@ -110,7 +106,8 @@ class Refitter:
         self.history.append(record)
         return record
 
-    def _zmq(self, index: int, worker, phases: dict[str, float]) -> int:
+    def zmq_refit_engine(self, index: int, worker, phases: dict[str, float]) -> int:
+        """The zmq transport's refit of engine ``index`` (``ZmqTransport.refit``): its new weight version."""
         addresses = ray.get(worker.refit_addresses.remote())
         extra = self.zmq_extra
         sender = None
@@ -153,7 +150,7 @@ class Refitter:
         results = gather([w.__ray_call__.remote(stream_to_each, list(addresses), kw) for w in ranks], "stream_weights")
         return list(results[0])
 
-    def _record_endpoints(self) -> None:
+    def record_endpoints(self) -> None:
         """After the first zmq refit: ``RUN_DIR/refit_endpoints.json`` lists each engine's
         endpoints (``ipc://`` on policy rank 0's node, ``tcp://HOST:PORT`` on another; an
         artifact, like ``placement.json``, never a surface)."""
@@ -184,7 +181,8 @@ class Refitter:
                           "prefix": f"harness-refit/{uuid.uuid4().hex}"}
         return dict(self._side)
 
-    def _broadcast(self) -> list[int]:
+    def broadcast_refit(self) -> list[int]:
+        """The broadcast transport's refit of every engine (``BroadcastTransport.refit``): their weight versions."""
         side = self.side_group()
         receiving = [
             w.receive_weights.remote("broadcast", **side, rank_offset=1 + prefix,

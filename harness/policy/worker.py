@@ -31,6 +31,7 @@ import torch  # noqa: E402 - after the import stamp
 
 from harness.policy.distributed import init_distributed  # noqa: E402 - after the import stamp
 from harness.registry.policy import create_engine  # noqa: E402 - after the import stamp
+from harness.registry.refit import refit_transport  # noqa: E402 - after the import stamp
 from harness.runner.process_state import WarmHost  # noqa: E402 - after the import stamp
 from harness.spec.typed import as_workload  # noqa: E402 - after the import stamp
 
@@ -173,41 +174,26 @@ class PolicyWorkerImpl:
         }
 
     def stream_weights(self, transport: str, **kw: Any) -> Any:
-        """Gather full weights (collective) and send them from policy rank 0
-        through `harness.refit`: transport "zmq" -> `send_weights_zmq(named,
-        address=..., buffer_size_bytes=...)`; "broadcast" ->
-        `broadcast_weights(named, group, buffer_size_bytes=...)` where `group`
-        is `kw["side_group"]` itself (a `SideGroup`) or, for a mapping of
-        `create_side_group` arguments, rank 0's session group: joined (as a
-        client of the driver's store) by the first broadcast and reused while
-        the signature is unchanged; `shutdown` closes it.
+        """Gather full weights (collective) and send them from policy rank 0 through the
+        refit transport ``transport`` (``harness.registry.refit``; its ``send`` says which
+        keywords it takes: ``harness.refit.transport``). A broadcast's ``kw["side_group"]``
+        is a ``SideGroup`` or, for a mapping of ``create_side_group`` arguments, rank 0's
+        session group: joined (as a client of the driver's store) by the first broadcast
+        and reused while the signature is unchanged; `shutdown` closes it.
 
         With CUDA IPC staging (zmq, a cuda ``staging_device``) and an engine that
         can (``DEVICE_STATE_DICT``), the weights stay on the GPU from the
         parameters into the staging buffers: no host copy, no pickled tensors
         (`PolicyEngine.hf_state_dict(on_device=True)`). The zmq result's
         ``seconds`` holds ``collect`` (the full weights on rank 0) and ``send``."""
+        sender = refit_transport(transport)  # an unknown name is refused on every rank, before the gather
         t0 = time.perf_counter()
-        on_device = (transport == "zmq" and kw.get("staging_device") not in (None, "cpu")
-                     and getattr(self.engine, "DEVICE_STATE_DICT", False))
+        on_device = sender.on_device(kw) and getattr(self.engine, "DEVICE_STATE_DICT", False)
         named = self.engine.hf_state_dict(on_device=True) if on_device else self.engine.hf_state_dict()
         if self.rank != 0:
             return None
         items = list(named.items())
-        if transport == "zmq":
-            from harness.refit.zmq_stream import send_weights_zmq
-
-            t1 = time.perf_counter()
-            stats = send_weights_zmq(items, **kw)
-            stats.seconds.update(collect=t1 - t0, send=time.perf_counter() - t1)
-            return stats
-        if transport == "broadcast":
-            from harness.refit import broadcast
-
-            side = kw.pop("side_group")
-            group = side if not isinstance(side, Mapping) else self._side_group.join(**side)
-            return broadcast.broadcast_weights(items, group, **kw)
-        raise ValueError(f"rollout.refit.transport={transport!r}: expected 'zmq' or 'broadcast'")
+        return sender.send(self, items, kw, time.perf_counter() - t0)
 
     def save_checkpoint(self, directory: str) -> None:
         self.engine.save_checkpoint(directory)

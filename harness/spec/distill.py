@@ -28,12 +28,14 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from harness.registry.policy import POLICY_BACKENDS
 from harness.spec.errors import TopologyError
 
 Spec = dict[str, Any]
 
 TEACHER_ROLE = "teacher"
-DISTILL_POLICY_BACKENDS = ("native",)  # the student backends whose loss the KL term rides
+# the student backends whose loss the KL term rides (their records' ``distill``, harness.registry.policy)
+DISTILL_POLICY_BACKENDS = tuple(n for n, b in POLICY_BACKENDS.items() if b.distill)
 # Student policy fields the teacher takes from the distill block (the rest are fixed or the student's).
 _LAYOUT_FIELDS = ("tp", "ep", "dp", "micro_batch_size")
 

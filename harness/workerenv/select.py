@@ -4,7 +4,7 @@
   as before (CI and the quickstart do not change);
 * ``auto``: each worker runs its backend's built environment in the default cache
   (``stamp.cache_dir``): policy ranks ``policy.backend``'s, rollout workers
-  ``rollout.backend``'s;
+  ``rollout.backend``'s (the ``worker_env`` of the backend's record, ``harness.registry``);
 * a directory: the same, from that cache directory.
 
 :func:`worker_pythons` resolves a spec before anything starts and refuses (a
@@ -60,11 +60,12 @@ def worker_pythons(spec: Workload, chosen: str | None = None, *, verify: bool = 
     out: dict[str, str] = {}
     states: dict[str, stamp.EnvState] = {}
     for role, backend in roles.items():
-        if backend not in declare.ENVIRONMENTS:
+        env = declare.environment_of(role, backend)  # the backend record's worker_env
+        if env is None:
             raise declare.WorkerEnvError(f"{role}.backend: {backend!r} has no worker environment "
                                          f"(known: {', '.join(declare.ENVIRONMENTS)})")
-        state = states.get(backend) or stamp.inspect(cache, backend, verify=verify)
-        states[backend] = state
+        state = states.get(env) or stamp.inspect(cache, env, verify=verify)
+        states[env] = state
         if state.status != "ok":
             raise declare.WorkerEnvError(f"{role}.backend={backend}: {state.refusal()}"
                                          + ("" if chosen == AUTO else f" --cache-dir {cache}"))

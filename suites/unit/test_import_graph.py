@@ -20,6 +20,10 @@ schema. A compare (``==``, ``!=``, ``in``, ``not in``) or ``match`` case against
 them is a backend switch, and there is none: the backend registries
 (``harness/registry/``: one per role, keyed by the backend name) hold what differs
 between backends; code reads the selected entry instead of comparing names.
+
+Refit transport names (``rollout.refit.transport``: ``zmq``, ``broadcast``) likewise: the
+transport is a registry role (``harness/registry/refit.py``), chosen once from the plan;
+outside ``harness/registry/`` no code compares a transport name.
 """
 
 from __future__ import annotations
@@ -212,6 +216,25 @@ def test_backend_names_are_compared_nowhere_new():
         f"backend-name string compares beyond the allow-list (file: lines): {extra}; "
         "select the backend through its registry instead"
     )
+
+
+def transport_names() -> set[str]:
+    schema = json.loads((HARNESS / "spec" / "workload.schema.json").read_text())
+    enum = schema["properties"]["rollout"]["properties"]["refit"]["properties"]["transport"]["enum"]
+    return set(enum) - {"auto"}  # auto: resolved by the registry, no transport of its own
+
+
+def test_transport_names_are_compared_only_in_the_registry():
+    names = transport_names()
+    assert names == {"zmq", "broadcast"}
+    found = {}
+    for path in sorted(HARNESS.rglob("*.py")):
+        rel = path.relative_to(HARNESS).as_posix()
+        lines = backend_compares(ast.parse(path.read_text(), filename=str(path)), names)
+        if lines and not rel.startswith("registry/"):
+            found[rel] = lines
+    assert not found, (f"refit transport-name string compares outside harness/registry/ (file: lines): {found}; "
+                       "select the transport through harness.registry.refit instead")
 
 
 # -- the readers themselves catch what they must (planted trees) ---------------------------------

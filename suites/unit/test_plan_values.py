@@ -27,7 +27,7 @@ AS_WORKLOAD_LEFT = {
     "harness/rollout/vllm/llm.py": "the vLLM backend (as above)",
     "harness/rollout/vllm/start.py": "the vLLM backend (as above)",
     "harness/rollout/vllm/engine.py": "the vLLM backend (as above)",
-    "harness/registry/policy.py": "create_engine: an identity on the plan's Workload (another change's file)",
+    "harness/rollout/sglang/worker.py": "the SGLang backend's engine worker (not reworked here; cuda only)",
     "harness/policy/worker.py": "PolicyWorkerImpl: an identity on the plan's Workload (another change's file)",
     "harness/grpo/refitter.py": "Refitter: an identity on the plan's Workload (another change's file)",
 }

@@ -21,7 +21,8 @@ def test_sampling_params_clip_to_max_position_and_stop_on_eos_only():
     sp = translate.sampling_params(REQ, eos_token_id=5, max_position=8)
     assert sp["max_new_tokens"] == 5  # 8 - 3 prompt tokens < 10
     assert sp["sampling_seed"] == 7 and sp["temperature"] == 0.5 and sp["top_p"] == 0.9
-    assert sp["stop_token_ids"] == [5] and sp["ignore_eos"] and sp["no_stop_trim"]
+    assert sp["stop_token_ids"] == [5] and sp["no_stop_trim"]
+    assert sp["ignore_eos"] is False  # SGLang skips every stop check, stop ids included, when it is set
     assert translate.sampling_params(REQ, eos_token_id=None, max_position=64)["stop_token_ids"] == []
     kw = translate.generate_kwargs([REQ, dict(REQ, prompt_ids=[4])], eos_token_id=5, max_position=64)
     assert kw["input_ids"] == [[1, 2, 3], [4]] and kw["return_logprob"] is True

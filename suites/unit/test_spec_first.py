@@ -13,7 +13,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -100,15 +99,13 @@ def test_golden_check_names_the_changed_seed_before_running(tmp_path: Path):
     _golden_with_its_spec(root)
     golden = [sys.executable, "-m", "harness.cli", "check", SMOKE, "--goldens-root", str(root)]
     _change_seed(root)
-    t = time.perf_counter()
     proc = subprocess.run(golden, capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    wall = time.perf_counter() - t
     assert proc.returncode == 1, proc.stdout + proc.stderr
     findings = [line for line in proc.stdout.splitlines() if line.startswith(("FAIL", "NOTE"))]
     assert findings[0] == "FAIL spec: the workload spec differs from the golden's: seed: 1234 -> 1235", proc.stdout
     assert "fail before any run" in proc.stderr and f"golden refresh {SMOKE} --platform cpu" in proc.stderr
+    # before any run, shown by what did not happen (no Ray, no run directory), not by a time bound
     assert "starting Ray" not in proc.stderr and not (tmp_path / "runs").exists()
-    assert wall < 5, wall  # (about 0.4-1.3 s; the bound leaves room for a loaded box)
     for fmt in ("json", "html"):
         out = tmp_path / f"report.{fmt}"
         proc = subprocess.run([*golden, "--output", str(out)], capture_output=True, text=True, timeout=60,
@@ -133,11 +130,8 @@ def test_the_pytest_plugin_fails_every_surface_on_the_spec_before_ray(pytester: 
     _golden_with_its_spec(root)
     _change_seed(root)
     pytester.makepyfile(test_inner=INNER_GOLDEN_TEST.format(root=str(root)))
-    t = time.perf_counter()
     result = pytester.runpytest_subprocess("-m", "golden", "-p", "no:cacheprovider", f"--goldens-root={root}")
-    wall = time.perf_counter() - t
     result.assert_outcomes(failed=7)  # one test per gated surface, numerics included
     out = result.stdout.str()
     assert out.count("seed: 1234 -> 1235") >= 6 and "fail before any run" in out
-    assert "Started a local Ray instance" not in out + result.stderr.str()
-    assert wall < 10, wall
+    assert "Started a local Ray instance" not in out + result.stderr.str()  # before Ray: no time bound needed

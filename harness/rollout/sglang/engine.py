@@ -34,9 +34,15 @@ from harness.rollout.sglang import translate
 from harness.rollout.sglang_api import DEFAULT_GROUP, Result, _version
 
 # deterministic, portable choices: the Triton attention kernels (no FA3 library is
-# carried, docs/sglang.md), torch sampling, no radix cache across generate calls
+# carried, docs/sglang.md), torch sampling, no radix cache across generate calls.
+# Deterministic inference (batch-invariant kernels) is also what makes fp32 run at all:
+# sgl_kernel's fused RMSNorm refuses float32 ("failed to dispatch data type Float", measured
+# 2026-12-07 on an H100); in that mode SGLang takes its torch RMSNorm. CUDA graphs are off:
+# their prefill capture ran the same kernel, and graphs were not measured in that mode.
 ENGINE_DEFAULTS: dict[str, Any] = {
     "skip_tokenizer_init": True,
+    "enable_deterministic_inference": True,
+    "disable_cuda_graph": True,
     "attention_backend": "triton",
     "sampling_backend": "pytorch",
     "grammar_backend": "none",

@@ -6,9 +6,13 @@ temperature, top_p}``. For SGLang:
 * ``input_ids``: the prompt ids (the engine runs with ``skip_tokenizer_init=True``);
 * ``sampling_params``: ``temperature``, ``top_p``, ``sampling_seed`` (per request),
   ``max_new_tokens = min(max_new_tokens, max_position - len(prompt_ids))`` (the native
-  engine's stopping rule), ``stop_token_ids=[eos]`` and ``ignore_eos=True`` (no
-  tokenizer guesses an EOS), ``skip_special_tokens=False``, ``no_stop_trim=True``
-  (the EOS stays the last output token, as natively);
+  engine's stopping rule), ``stop_token_ids=[eos]`` and ``ignore_eos=False``: SGLang's
+  token-based finish check returns at once when ``ignore_eos`` is set, stop ids included
+  (measured on an H100: with it set, a request of the medium model went on past its EOS
+  where the native engine stopped); with no tokenizer loaded the stop ids and the model
+  config's ``eos_token_id`` (the same id, ``hf_dir``) are all it checks.
+  ``skip_special_tokens=False``, ``no_stop_trim=True`` (the EOS stays the last output
+  token, as natively);
 * ``return_logprob=True``: only the output tokens' logprobs are read
   (``meta_info["output_token_logprobs"]``, ``(logprob, token_id, text)`` entries).
 
@@ -34,7 +38,7 @@ def sampling_params(request: Mapping[str, Any], *, eos_token_id: int | None, max
         "sampling_seed": int(request["seed"]),
         "max_new_tokens": max_new,
         "stop_token_ids": [] if eos_token_id is None else [int(eos_token_id)],
-        "ignore_eos": True,
+        "ignore_eos": False,  # True would skip the stop ids too (module docstring)
         "skip_special_tokens": False,
         "no_stop_trim": True,
     }
