@@ -9,11 +9,12 @@ in a temporary worktree of the golden's commit (its PROVENANCE), each with the s
 The first op of the run's replay whose tensor inputs are values the golden's replay computed
 and whose output it never computed is named, with its Python stack (file:line of the model
 code). A forward finding watches the module's forward; a gradient finding watches the
-backward of the modules that consumed that output (the culprit the finding names).
+backward of the modules that consumed that output (the culprit the finding names); a
+parameter as initialised watches the construction of the policy model on that rank.
 
 Refused (exit 2, saying why) before anything runs: RUN not a complete run directory, no
 numerics surface in the run or the golden, no numerics divergence, a first finding that is a
-parameter (no op of a step made it), the run made by another harness than this tree's (its
+parameter after an optimizer step (the optimizer is not watched), the run made by another harness than this tree's (its
 ``run.json`` code digest), the golden captured from a dirty tree or from a commit the
 repository (``--repo``, default: the one holding this tree) does not have. Exit 1 when an op
 is named (the run diverges, as ``golden diff`` says), 3 when the replays name none (a replay
@@ -72,7 +73,7 @@ def _first_finding(golden_doc: dict, actual_doc: dict):
 def _targets(body: dict, step: int, phase: str, mb: int, module: str, call: int) -> list[dict]:
     """The module calls to watch: the finding's own call in forward; for a gradient, the calls of
     the same step and microbatch whose forward took that module's output (its consumers)."""
-    if phase == "forward":
+    if phase in ("forward", "param"):
         return [{"module": module, "call": call}]
     prefix = f"step{step:04d}/forward/mb{mb:03d}/"
     out = []
@@ -90,6 +91,8 @@ def _check_reproduced(replay, doc: dict, section: str) -> str | None:
     if not seen:
         return f"the {replay.label} replay never reached the watched call (exit {replay.returncode})"
     for t in seen:
+        if t.get("entry") is None:   # the model's construction: no entry of its own
+            continue
         want = (entries.get(t["entry"]) or {}).get("sha256")
         if want is not None and t.get("sha256") != want:
             return (f"the {replay.label} replay did not reproduce {t['entry']} (sha256 {str(t.get('sha256'))[:12]} "
@@ -179,10 +182,10 @@ def run(args: argparse.Namespace) -> int:
         body = ((golden_doc.get("sections") or {}).get(section) or {})
         if body.get("recorded") is False or ((actual.get("sections") or {}).get(section) or {}).get("recorded") is False:
             raise Refusal(f"{section}: the numerics of this rank are not recorded on one side; nothing to replay")
-        if phase == "param":
-            when = "as initialised" if step == 0 else f"after the optimizer step of step {step}"
-            raise Refusal(f"the first finding is a parameter ({module} {when}, {section}): no op of a module call "
-                          "made it, so there is no step to replay (see docs/locator.md, limits)")
+        if phase == "param" and step > 0:
+            raise Refusal(f"the first finding is a parameter after the optimizer step of step {step} ({module}, "
+                          f"{section}) while every gradient of the step matches: the optimizer is not watched "
+                          "(docs/locator.md, limits)")
         targets = _targets(body, step, phase, mb, module, call)
         if not targets:
             raise Refusal(f"the gradient at the output of {module} ({key}, {section}) has no tapped consumer: "
@@ -192,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         commit = repo_info.get("commit") or prov.get("commit")
         if not commit:
             raise Refusal(f"GOLDEN {golden.path}: its PROVENANCE.json records no commit")
-        if repo_info.get("dirty"):
+        if repo_info.get("dirty") or repo_info.get("uncommitted"):
             raise Refusal(f"GOLDEN {golden.path}: captured from a dirty tree at {commit[:12]}: that commit does not "
                           "hold the golden's code, so it cannot be replayed")
         tree = code_identity.package_root().parent
@@ -213,7 +216,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     platform = (run_doc.get("plan_options") or {}).get("platform") or golden.platform
     coords = dict(body.get("coords") or {})
-    plan = {"step": step, "microbatch": mb, "phase": phase, "coords": coords, "targets": targets}
+    # a parameter as initialised: the model's construction on that rank is watched (phase init)
+    plan = {"step": step, "microbatch": mb, "phase": "init" if phase == "param" else phase, "coords": coords,
+            "targets": targets}
     base = rp.scratch()
 
     def say(message: str) -> None:
@@ -221,8 +226,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         say(f"{annotated.note}")
-        say(f"replaying step {step} in this tree, watching {', '.join(t['module'] + '#' + str(t['call']) for t in targets)} "
-            f"({phase}) on {section}")
+        watched = ("the policy model's construction" if phase == "param" else
+                   ", ".join(f"{t['module']}#{t['call']}" for t in targets) + f" ({phase})")
+        say(f"replaying step {step} in this tree, watching {watched} on {section}")
         cur = rp.run_replay("run", tree, spec_run, platform, plan, base, timeout=args.timeout)
         say(f"replaying step {step} at the golden's commit {commit[:12]}")
         try:

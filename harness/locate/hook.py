@@ -116,9 +116,10 @@ def _modes(rec: _Recorder):
     class Forward(TorchDispatchMode):
         """Every op inside the target call; ``outputs`` keeps (tensor, stack) for the node map."""
 
-        def __init__(self, target: str, write: bool) -> None:
+        def __init__(self, target: str, write: bool, phase: str = "forward", sink: Any = None) -> None:
             super().__init__()
             self.target, self.write, self.outputs, self.i = target, write, [], 0
+            self.phase, self.sink = phase, sink if sink is not None else rec.write
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -129,7 +130,7 @@ def _modes(rec: _Recorder):
             stack = rec.stack()
             self.outputs.extend((t, stack) for t in tout)
             if self.write:
-                rec.write({"kind": "op", "phase": "forward", "target": self.target, "i": self.i,
+                self.sink({"kind": "op", "phase": self.phase, "target": self.target, "i": self.i,
                            "op": _op_name(func), "in": ins, "args": other,
                            "out": [_digest(t) for t in tout], "stack": stack})
             self.i += 1
@@ -172,17 +173,36 @@ def _marker() -> int:
         return (torch.zeros((), requires_grad=True) * 1.0).grad_fn._sequence_nr()
 
 
+_ACTIVE: dict[str, Any] = {}
+
+
+def deactivate() -> None:
+    """Undo :func:`activate` in this process (tests): ``taps.call`` / ``taps.install`` put back, the
+    backward mode popped if it is on top of this thread's stack."""
+    from harness import taps
+
+    for name in ("call", "install"):
+        if name in _ACTIVE:
+            setattr(taps, name, _ACTIVE.pop(name))
+    mode = (_ACTIVE.pop("state", {}) or {}).get("backward")
+    if mode is not None:
+        mode.__exit__(None, None, None)
+
+
 def activate() -> None:
     """Wrap ``harness.taps.call`` as the plan in ``GOLDEN_LOCATE_PLAN`` says (module docstring)."""
     plan = json.loads(os.environ[PLAN_VAR])
     from harness import taps
 
     original = taps.call
+    _ACTIVE.setdefault("call", original)
+    _ACTIVE.setdefault("install", taps.install)
     targets = {(t["module"], int(t["call"])) for t in plan["targets"]}
     names = {m for m, _ in targets}
     step, mb, phase, coords = int(plan["step"]), int(plan["microbatch"]), plan["phase"], plan["coords"]
     rec = _Recorder(plan)
     state: dict[str, Any] = {}
+    _ACTIVE["state"] = state
 
     def call(name, fn, *args, level=taps.MODULE):
         p = taps.active()
@@ -224,3 +244,73 @@ def activate() -> None:
         return out
 
     taps.call = call
+    if phase == "init":
+        _watch_construction(plan, rec, coords)
+
+
+MODEL_MODULE = "harness.policy.native.parallel_model"
+MODEL_CLASS = "ParallelQwen3Moe"
+
+
+def _watch_construction(plan: dict, rec: _Recorder, coords: dict) -> None:
+    """Phase ``init``: every op of the native policy model's construction (``ParallelQwen3Moe``
+    from the full reference weights: slicing, copies, whatever edits them) is buffered; when
+    the numerics probe of the planned rank is installed (``taps.install``, right after the
+    engine is built) the buffer is written, in any other process it is dropped."""
+    import importlib.abc
+    import importlib.machinery
+    import sys
+
+    from harness import taps
+
+    buffer: list[dict] = []
+    target = f"{MODEL_CLASS}.__init__"
+
+    def wrap(module: Any) -> None:
+        cls = getattr(module, MODEL_CLASS, None)
+        if cls is None or getattr(cls.__init__, "_golden_locate", False):
+            return
+        init = cls.__init__
+
+        def __init__(self, *args, **kwargs):
+            Forward, _ = _modes(rec)
+            with Forward(target, write=True, phase="init", sink=buffer.append):
+                init(self, *args, **kwargs)
+
+        __init__._golden_locate = True
+        cls.__init__ = __init__
+
+    if MODEL_MODULE in sys.modules:
+        wrap(sys.modules[MODEL_MODULE])
+    else:
+        class After(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target_=None):
+                if name != MODEL_MODULE:
+                    return None
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+                if spec is None or spec.loader is None:
+                    return spec
+                loader_exec = spec.loader.exec_module
+
+                def exec_module(module):
+                    loader_exec(module)
+                    wrap(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+
+        sys.meta_path.insert(0, After())
+
+    install = taps.install
+
+    def install_probe(probe):
+        install(probe)
+        if probe is not None and buffer:
+            if dict(getattr(probe, "coords", {}) or {}) == coords:
+                for r in buffer:
+                    rec.write(r)
+                rec.write({"kind": "target", "phase": "init", "target": target, "entry": None, "sha256": None,
+                           "inputs": []})
+            buffer.clear()
+
+    taps.install = install_probe
