@@ -165,6 +165,10 @@ def main() -> int:
                         op = json.loads(loc.stdout)
                         named = (f"{op['op']['op']} ({op['op']['phase']}) at {op['op']['where']}" if op.get("op")
                                  else f"no op named: {op.get('reason')}")
+                        if op.get("counterpart"):
+                            named += (f"; non-tensor arguments {op['op']['args']}, the golden's "
+                                      f"{op['counterpart']['args']}")
+                        named += f"; then {[t['op'] for t in op.get('then') or ()]}"
                     except (ValueError, KeyError, TypeError):
                         named = f"(no report) {loc.stderr[-1500:]}"
                     print(f"  golden locate: exit {loc.returncode}: {named}", flush=True)

@@ -33,7 +33,11 @@ HELP = "name the aten op (and file:line) inside the first diverging module of a 
 
 
 class Refusal(Exception):
-    """Exit 2: unusable input, the message names it."""
+    """Exit 2: unusable input, the message names it (3: a run that did not complete, as ``golden diff``)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,7 +150,7 @@ def _prepare(args: argparse.Namespace):
     try:
         documents = load_run_surfaces(run_path)
     except RunRefused as exc:
-        raise Refusal(f"RUN {args.run_path}: {exc}") from None
+        raise Refusal(f"RUN {args.run_path}: {exc}", exc.code) from None
     run = documents.run or {}
     actual = documents.surfaces.get("numerics")
     if actual is None:
@@ -212,8 +216,8 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(spec_run, dict) or not isinstance(spec_golden, dict):
             raise Refusal("the run's run.json or the golden's PROVENANCE.json holds no spec to replay")
     except Refusal as exc:
-        print(f"golden locate: unusable input: {exc}", file=sys.stderr)
-        return 2
+        print(f"golden locate: {'no verdict' if exc.code == 3 else 'unusable input'}: {exc}", file=sys.stderr)
+        return exc.code
     platform = (run_doc.get("plan_options") or {}).get("platform") or golden.platform
     coords = dict(body.get("coords") or {})
     # a parameter as initialised: the model's construction on that rank is watched (phase init)
