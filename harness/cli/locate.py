@@ -180,11 +180,12 @@ def run(args: argparse.Namespace) -> int:
     from harness.locate import replay as rp
 
     try:
-        documents, run_doc, actual, golden, golden_doc = _prepare(args)
+        _, run_doc, actual, golden, golden_doc = _prepare(args)
         finding, annotated, key, step, phase, mb, module, call = _first_finding(golden_doc, actual)
         section = finding.section or ""
         body = ((golden_doc.get("sections") or {}).get(section) or {})
-        if body.get("recorded") is False or ((actual.get("sections") or {}).get(section) or {}).get("recorded") is False:
+        mine = (actual.get("sections") or {}).get(section) or {}
+        if body.get("recorded") is False or mine.get("recorded") is False:
             raise Refusal(f"{section}: the numerics of this rank are not recorded on one side; nothing to replay")
         if phase == "param" and step > 0:
             raise Refusal(f"the first finding is a parameter after the optimizer step of step {step} ({module}, "

@@ -8,9 +8,10 @@ tree's frames, innermost last) and, in backward, ``node`` and ``forward_stack``.
 The first diverging op is the first op of the run's stream, in its order, whose tensor inputs
 are all *known* -- each is a value the golden's stream holds, or one the run's stream made
 earlier from known values only by an op that moves, views or casts (``MOVES``), or a constant
-(an op with no tensor input) -- and one of whose outputs the golden's stream never holds. That is "the first op whose inputs match and whose output
-differs": its inputs are values the golden computed too, its result is not. An op whose input
-is already unknown is downstream of it. Where the golden's stream has an op of the same name on
+(an op with no tensor input) -- and one of whose outputs the golden's stream never holds.
+That is "the first op whose inputs match and whose output differs": its inputs are values
+the golden computed too, its result is not. An op whose input is already unknown is
+downstream of it. Where the golden's stream has an op of the same name on
 the same inputs, it is the counterpart (its non-tensor arguments are shown beside the run's).
 Pure: no torch.
 """
