@@ -257,3 +257,59 @@ def test_locate_is_listed_and_imports_no_torch_for_help():
                          cwd=Path(__file__).resolve().parents[2], env=dict(os.environ, PYTHONPATH=str(
                              Path(__file__).resolve().parents[2])))
     assert out.stdout.strip() == "[]", out.stderr
+
+
+# -- the command past its checks, with the replays stood in for --------------------------------------
+
+
+def _head() -> str:
+    import subprocess
+
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[2], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def _fake_replays(monkeypatch, run_sha: str, golden_sha: str, run_ops: list, golden_ops: list):
+    import contextlib
+
+    from harness.locate import replay
+
+    entry = "step0001/forward/mb000/model.layers.0.mlp.gate#0"
+    seen = []
+
+    def run_replay(label, tree, spec, platform, plan, base, *, timeout=900.0):
+        seen.append((label, plan))
+        sha, ops = (run_sha, run_ops) if label == "run" else (golden_sha, golden_ops)
+        head = {"kind": "target", "phase": "forward", "target": "model.layers.0.mlp.gate#0", "entry": entry,
+                "sha256": sha, "inputs": []}
+        return replay.Replay(label, Path(tree), 0, [head, *ops], "")
+
+    @contextlib.contextmanager
+    def golden_tree(repo, commit, base):
+        yield base
+
+    monkeypatch.setattr(replay, "run_replay", run_replay)
+    monkeypatch.setattr(replay, "golden_tree", golden_tree)
+    return seen
+
+
+def test_the_op_is_named_with_its_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    run, golden = _setup(tmp_path, commit=_head())
+    topk2 = _op("aten::topk", [_v("probs")], [_v("wk2"), _v("ik2", "int64")], 12, args=["2", "-1"])
+    seen = _fake_replays(monkeypatch, "a" * 64, "b" * 64, [*GOLDEN_STREAM[:2], topk2], GOLDEN_STREAM)
+    assert main(["locate", str(run), str(golden)]) == 1
+    out = capsys.readouterr().out
+    assert "first diverging op: aten::topk (forward, in m#0, op #0)" in out
+    assert "  at harness/x.py:12 in f: y" in out
+    assert [label for label, _ in seen] == ["run", "golden"]
+    plan = seen[0][1]
+    assert plan["targets"] == [{"module": "model.layers.0.mlp.gate", "call": 0}] and plan["step"] == 1
+    assert plan["coords"] == {"tp": 0, "pp": 0, "cp": 0, "ep": 0, "dp": 0}
+
+
+def test_a_replay_that_does_not_reproduce_the_run_is_no_verdict(tmp_path, monkeypatch, capsys):
+    run, golden = _setup(tmp_path, commit=_head())
+    _fake_replays(monkeypatch, "c" * 64, "b" * 64, GOLDEN_STREAM, GOLDEN_STREAM)
+    assert main(["locate", str(run), str(golden), "--format", "json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["op"] is None and "the run replay did not reproduce" in doc["reason"]
