@@ -15,6 +15,7 @@ phase and the targets ``(module, call)``:
   autograd engine carries it into backward, and writes a record for each op run while the
   current autograd node is one of those (with the forward stack of the node).
 
+Collectives (``c10d::``) are passed through undigested (their output may still be in flight).
 A digest is sha256 of the tensor's bytes in memory order (read through its data pointer, so
 no operator is dispatched), prefixed by dtype and shape. Records are JSON lines appended to
 ``plan["out"]`` and flushed one by one; the first line of each target call is a header with the
@@ -123,6 +124,8 @@ def _modes(rec: _Recorder):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if _collective(func):
+                return func(*args, **kwargs)
             tin, other = _split((args, kwargs))
             ins = [_digest(t) for t in tin]
             out = func(*args, **kwargs)
@@ -151,7 +154,7 @@ def _modes(rec: _Recorder):
             if node is not None:
                 seq = node._sequence_nr()
                 hit = next((r for r in self.ranges if r[0] < seq < r[1]), None)
-            if hit is None:
+            if hit is None or _collective(func):
                 return func(*args, **kwargs)
             tin, other = _split((args, kwargs))
             ins = [_digest(t) for t in tin]
@@ -164,6 +167,12 @@ def _modes(rec: _Recorder):
             return out
 
     return Forward, Backward
+
+
+def _collective(func: Any) -> bool:
+    """A c10d op: its output may still be in flight when it returns (it is read after the
+    wait), so it is not digested; the ops that consume the gathered values record them."""
+    return _op_name(func).startswith(("c10d::", "_c10d_functional::", "c10d_functional::"))
 
 
 def _marker() -> int:
@@ -209,8 +218,8 @@ def activate() -> None:
         if (name not in names or p is None or not getattr(p, "recording", False) or level > p.level
                 or getattr(p, "step", None) != step or dict(getattr(p, "coords", {})) != coords):
             return original(name, fn, *args, level=level)
-        n = p._calls.get(name, 0)
-        if max(p._mb, 0) != mb or (name, n) not in targets:
+        n = (getattr(p, "_calls", None) or {}).get(name, 0)
+        if max(getattr(p, "_mb", 0), 0) != mb or (name, n) not in targets:
             return original(name, fn, *args, level=level)
         return _observe(p, name, n, fn, args, level)
 
