@@ -96,6 +96,8 @@ class _Recorder:
     def stack(self) -> list[str]:
         frames = []
         for fr in traceback.extract_stack()[:-2]:
+            if fr.filename.startswith("<"):   # <frozen runpy>, <string>: no file of the tree
+                continue
             path = os.path.realpath(fr.filename)
             if not path.startswith(self.root) or path in self.skip:
                 continue

@@ -134,6 +134,7 @@ def test_the_hook_records_the_ops_of_the_target_call_only_with_this_files_lines(
     ops = [r for r in recs if r["kind"] == "op"]
     assert [r["op"] for r in ops] == ["aten::add.Tensor", "aten::exp"]
     assert all(r["stack"][-1].startswith("suites/unit/test_locate.py:") and "exp()" in r["stack"][-1] for r in ops)
+    assert not any(s.startswith("<") for r in ops for s in r["stack"]), "frozen modules are not files of the tree"
     assert [r["target"] for r in recs if r["kind"] == "target"] == ["m#1"]
     assert ops[0]["in"][0].startswith("float32[4]:") and ops[0]["args"] == ["1.0"]
 
