@@ -8,11 +8,13 @@ initial weights. For each plant and workload the script
 1. captures a baseline golden of HEAD into a temporary goldens root (once per workload),
 2. runs ``golden check`` of the scratch copy against it (``PYTHONPATH`` = the copy, so the
    driver and every Ray worker import the planted code),
-3. prints the first finding (the first diverging module) and its consequence counts.
+3. prints the first finding (the first diverging module) and its consequence counts,
+4. with ``--locate``, runs ``golden locate`` of the scratch copy on that run (``--repo`` this
+   checkout, which holds the baseline's commit) and prints the aten op it names and its file:line.
 
 Usage::
 
-    .venv/bin/python benches/locator_plants.py [--workloads qwen3_moe_tiny_smoke,...] [--plants a,b,c,d]
+    .venv/bin/python benches/locator_plants.py [--workloads qwen3_moe_tiny_smoke,...] [--plants a,b,c,d] [--locate]
 
 Needs a clean tree (the baseline is HEAD). Wall time: ~25 s per smoke run, ~60 s per flagship
 run on a quiet 2-core box.
@@ -116,6 +118,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="qwen3_moe_tiny_smoke,qwen3_moe_tiny_tp2pp2cp2ep2")
     ap.add_argument("--plants", default="a,b,c,d")
+    ap.add_argument("--locate", action="store_true", help="also run golden locate on each plant's run")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder and print its path")
     opts = ap.parse_args()
     if subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip():
@@ -155,6 +158,20 @@ def main() -> int:
                 rows.append((plant, workload, check.returncode, first, counts))
                 print(f"[{plant}] {PLANTS[plant].what}\n  {workload}: exit {check.returncode}\n  first: {first}\n"
                       f"  consequences: {counts}", flush=True)
+                if opts.locate:
+                    loc = _golden(["locate", str(run_dir), str(root / workload / "cpu"), "--repo", str(ROOT),
+                                   "--format", "json"], penv, tree)
+                    try:
+                        op = json.loads(loc.stdout)
+                        named = (f"{op['op']['op']} ({op['op']['phase']}) at {op['op']['where']}" if op.get("op")
+                                 else f"no op named: {op.get('reason')}")
+                        if op.get("counterpart"):
+                            named += (f"; non-tensor arguments {op['op']['args']}, the golden's "
+                                      f"{op['counterpart']['args']}")
+                        named += f"; then {[t['op'] for t in op.get('then') or ()]}"
+                    except (ValueError, KeyError, TypeError):
+                        named = f"(no report) {loc.stderr[-1500:]}"
+                    print(f"  golden locate: exit {loc.returncode}: {named}", flush=True)
     finally:
         if opts.keep:
             print(f"scratch kept: {base}")

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capture": ("harness.cli.capture", "run + postflight and write a golden for a platform that has none"),
     "refresh": ("harness.cli.refresh", "rewrite an existing golden (needs --reason)"),
     "diff": ("harness.cli.diff", "compare a run (or manifest) with a golden"),
+    "locate": ("harness.cli.locate", "name the aten op (and file:line) inside the first diverging module of a run"),
     "validate": ("harness.cli.validate", "validate a manifest, a run directory or a golden directory"),
     "lint": ("harness.cli.lint", "check that scheduled workloads and stored goldens match"),
     "affected": ("harness.cli.affected_cmd", "list the golden workloads a change since BASE can affect"),

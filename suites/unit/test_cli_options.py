@@ -108,7 +108,7 @@ def test_every_subcommand_spells_the_goldens_root_the_same():
         if shown:
             spelled[name] = shown
     assert set(spelled) == {"list", "plan", "run", "check", "capture", "refresh", "diff", "lint", "lock", "doctor",
-                            "affected"}
+                            "affected", "locate"}
     assert len({tuple(v) for v in spelled.values()}) == 1, spelled
     assert next(iter(spelled.values()))[0][0] == "--goldens-root"
 
