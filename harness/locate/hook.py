@@ -30,6 +30,7 @@ import ctypes
 import hashlib
 import json
 import os
+import sys
 import traceback
 from typing import Any
 
@@ -91,6 +92,9 @@ class _Recorder:
         self.root = os.path.realpath(plan["root"]) + os.sep
         self.out = plan["out"]
         self.skip = {os.path.realpath(__file__)}
+        # an interpreter or virtual environment inside the tree (ci/bootstrap.sh makes .venv there)
+        # holds installed packages (torch), not files of the tree
+        self.installed = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix)})
         self.count = 0
 
     def stack(self) -> list[str]:
@@ -99,7 +103,8 @@ class _Recorder:
             if fr.filename.startswith("<"):   # <frozen runpy>, <string>: no file of the tree
                 continue
             path = os.path.realpath(fr.filename)
-            if not path.startswith(self.root) or path in self.skip:
+            if not path.startswith(self.root) or path in self.skip or path.startswith(self.installed) \
+                    or f"{os.sep}site-packages{os.sep}" in path:
                 continue
             rel = path[len(self.root):]
             if rel in ("harness/taps.py", "harness/policy/numerics_probe.py"):
