@@ -47,11 +47,12 @@ def call(name: str, fn: Callable[..., Any], *args: Any, level: int = MODULE) -> 
 
 
 def collective(op: str, group: Any, out: Any, *, phase: str | None = None, mb: int | None = None) -> None:
-    """Record a collective's result ``out`` (after its wait) when a probe records: keyed by
+    """Record a collective's result ``out`` (after its wait) when a probe records at depth
+    ``modules`` (``blocks`` stays the cheap depth): keyed by
     ``op``, the group's kind (``group_desc``: tp, cp, ep, dp_cp, ...; ``None`` the world)
     and this step's call index of the pair in ``phase`` (None: told by the autograd engine)."""
     p = _probe
-    if p is None or not p.recording:
+    if p is None or not p.recording or p.level < MODULE:
         return
     record = getattr(p, "collective", None)   # a probe without it records modules only
     if record is not None:

@@ -167,7 +167,12 @@ def test_a_collective_is_recorded_after_its_wait_by_group_phase_and_call(model):
 
     grads = [torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.ones(4)]
     taps.collective("all_gather", group, grads[1])   # no probe: nothing, no error
-    probe = NumericsProbe("blocks", {}, "native")
+    blocks = NumericsProbe("blocks", {}, "native")
+    blocks.install()
+    blocks.begin_step()
+    taps.collective("all_gather", group, grads[1])   # depth blocks: modules only
+    assert blocks.entries == {}
+    probe = NumericsProbe("modules", {}, "native")
     probe.install()
     try:
         taps.collective("all_gather", group, grads[1])   # outside a step: not recorded
