@@ -4,8 +4,8 @@
 default, and every rollout engine) it is exactly that call and nothing else: no tensor
 is copied, no autograd node added, no operator dispatched. With a probe installed
 (``harness.policy.numerics_probe``) and ``level`` within its depth, the probe digests the
-output in forward and the gradient arriving at it in backward (a tensor hook: no extra
-operator either). ``collective(op, group, out)`` records a collective's result after its
+output in forward and the gradient arriving at it in backward (a pre-hook on the output's
+autograd node: no extra operator either). ``collective(op, group, out)`` records a collective's result after its
 wait (``harness.parallel``: the TP/CP/EP/SP gathers, reduce-scatters, all-reduces and
 all-to-alls in forward and backward, the pipeline's received activations and gradients, the
 gradient reductions); with no probe it returns at once. A leaf: imports nothing of the harness.
