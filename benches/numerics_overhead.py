@@ -14,8 +14,11 @@ by one per round, after a ``gc.collect()`` (and a barrier):
 * ``<depth>``: the same with a ``NumericsProbe`` of that depth installed, the step's
   parameter digests and the step's artifact written, exactly as ``PolicyWorker`` does.
 
-Prints per arm the median over rounds of the slowest rank's step, the ratio to ``off``
-(goal at the default depth ``modules``: <= 1.10) and the digests per step. Informational:
+Prints per arm the median over rounds of the slowest rank's step and its ratio to ``off``
+(goal at the default depth ``modules``: <= 1.10), the CPU seconds all ranks spent in it
+(``time.process_time``, threads included: steadier than wall time on a busy box), the
+ratio over the workload's whole run (``grpo.iterations`` steps, the first and the last
+digested: the default ``numerics.steps``) and the digests per step. Informational:
 no verdict; the load average before and after says how quiet the box was.
 """
 
@@ -41,7 +44,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _arm(engine, shard, depth: str, out_dir: str, rank: int) -> tuple[float, int]:
+def _arm(engine, shard, depth: str, out_dir: str, rank: int) -> tuple[float, int, float]:
     from harness.policy.numerics_probe import NumericsProbe
 
     probe = None
@@ -51,13 +54,14 @@ def _arm(engine, shard, depth: str, out_dir: str, rank: int) -> tuple[float, int
         probe.begin_step()
     try:
         _sync(engine.device)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         engine.train(shard)
         if probe is not None:
             probe.end_step(engine.named)
             probe.write(Path(out_dir) / f"rank{rank:05d}.{depth}.json")
         _sync(engine.device)
-        return time.perf_counter() - t, len(probe.entries) if probe is not None else 0
+        return (time.perf_counter() - t, len(probe.entries) if probe is not None else 0,
+                time.process_time() - cpu)
     finally:
         if probe is not None:
             probe.uninstall()
@@ -71,6 +75,7 @@ def numerics_job(engine, batch, rounds: int, arms: tuple[str, ...], out_dir: str
     shard = shard_for_dp(batch, engine.spec.policy.dp, engine.coords["dp"])
     engine.train(shard)  # warm-up
     times: dict[str, list[float]] = {a: [] for a in arms}
+    cpu: dict[str, list[float]] = {a: [] for a in arms}
     entries: dict[str, int] = {}
     for r in range(rounds):
         order = arms[r % len(arms):] + arms[: r % len(arms)]
@@ -78,10 +83,11 @@ def numerics_job(engine, batch, rounds: int, arms: tuple[str, ...], out_dir: str
             gc.collect()
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.barrier()
-            seconds, n = _arm(engine, shard, arm, out_dir, engine.rank)
+            seconds, n, used = _arm(engine, shard, arm, out_dir, engine.rank)
             times[arm].append(seconds)
+            cpu[arm].append(used)
             entries[arm] = n
-    return {"times": times, "entries": entries}
+    return {"times": times, "cpu": cpu, "entries": entries}
 
 
 def _inline(spec, fn, *args) -> list[dict]:
@@ -133,10 +139,18 @@ def main() -> int:
            for a in arms}
     print(f"{args.workload} on {w.platform.device}: {len(results)} rank(s), batch {rows} x {w.policy.seq_len}, "
           f"{args.rounds} rounds, {wall:.1f} s in all")
-    print(f"{'arm':<10}{'median s':>10}{'x off':>8}{'digests/step (max rank)':>26}")
+    cpu = {a: statistics.median(sum(res["cpu"][a][r] for res in results) for r in range(args.rounds)) for a in arms}
+    steps = max(1, w.grpo.iterations)
+    digested = min(steps, 2)   # numerics.steps absent: the first and the last step
+    print(f"{'arm':<10}{'median s':>10}{'x off':>8}{'cpu s (all ranks)':>19}{'x off':>8}"
+          f"{'x off over the run':>20}{'digests/step (max rank)':>26}")
     for a in arms:
         n = max(res["entries"].get(a, 0) for res in results)
-        print(f"{a:<10}{med[a]:>10.3f}{med[a] / med['off']:>8.3f}{n:>26}")
+        run = (digested * med[a] + (steps - digested) * med["off"]) / (steps * med["off"])
+        print(f"{a:<10}{med[a]:>10.3f}{med[a] / med['off']:>8.3f}{cpu[a]:>19.3f}{cpu[a] / cpu['off']:>8.3f}"
+              f"{run:>20.3f}{n:>26}")
+    print(f"x off over the run: the workload's {steps} steps with the first and the last digested "
+          f"(numerics.steps absent), the others at the off time")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -4,7 +4,8 @@ Each function is the identity when `group is None` (a kind whose groups all
 have one rank, see `ProcessGroups`). Gathers and scatters work on any `dim`
 by moving it to the front; sizes along that dim must be equal on all ranks
 (gloo has no uneven all_gather / reduce_scatter: callers pad, see
-`pad_to_multiple`). Backward pairs:
+`pad_to_multiple`). Each records its result after the wait for the numerics
+probe (`harness.taps.collective`; nothing without one). Backward pairs:
 
     all_gather        fwd gather      bwd reduce-scatter(sum)   (input used by every rank)
     reduce_scatter    fwd reduce-scat bwd all-gather
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from harness import taps
 
 
 # torch 2.13 renamed the tensor-form collectives; use the new names when present. Looked up at
@@ -44,6 +47,7 @@ def _gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     front = x.movedim(dim, 0).contiguous()
     out = torch.empty((n * front.shape[0],) + tuple(front.shape[1:]), dtype=x.dtype, device=x.device)
     _all_gather_tensor(out, front, group=group)
+    taps.collective("all_gather", group, out)
     return out.movedim(0, dim)
 
 
@@ -56,6 +60,7 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
         raise ValueError(f"reduce_scatter: dim {dim} size {front.shape[0]} not divisible by group size {n}")
     out = torch.empty((front.shape[0] // n,) + tuple(front.shape[1:]), dtype=x.dtype, device=x.device)
     _reduce_scatter_tensor(out, front, op=dist.ReduceOp.SUM, group=group)
+    taps.collective("reduce_scatter", group, out)
     return out.movedim(0, dim)
 
 
@@ -106,6 +111,7 @@ class _AllReduceSum(torch.autograd.Function):
             return x
         x = x.clone()
         dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+        taps.collective("all_reduce", group, x)
         return x
 
     @staticmethod
@@ -129,6 +135,7 @@ def _a2a(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) ->
         return x
     out = torch.empty((sum(out_splits),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    taps.collective("all_to_all", group, out)
     return out
 
 
@@ -161,6 +168,7 @@ def exchange_counts(counts: torch.Tensor, group) -> torch.Tensor:
         return counts
     out = torch.empty_like(counts)
     dist.all_to_all_single(out, counts.contiguous(), group=group)
+    taps.collective("exchange_counts", group, out)
     return out
 
 

@@ -8,7 +8,8 @@ Parameter classes (`ParamKind`), decided by the parallel model per parameter:
 - `expert`: local experts: summed over `edp` (ranks holding the same experts).
 Losses are normalised by global counts, so reductions are sums (no averaging).
 Reductions are coalesced into one flat buffer per (group, class), in
-parameter order, so each step issues a fixed, small set of all-reduces.
+parameter order, so each step issues a fixed, small set of all-reduces. Their results are recorded for the
+numerics probe (`harness.taps.collective`, phase backward).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Mapping
 import torch
 import torch.distributed as dist
 
+from harness import taps
 from harness.devices import collective_device
 
 TP_SHARDED, TP_REPLICATED, EXPERT = "tp_sharded", "tp_replicated", "expert"
@@ -29,6 +31,7 @@ def _all_reduce_flat(tensors: list[torch.Tensor], group) -> None:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    taps.collective("all_reduce", group, flat, phase="backward")
     offset = 0
     for t in tensors:
         n = t.numel()
@@ -70,6 +73,7 @@ def global_grad_norm(
             sq += p.grad.detach().to(torch.float64).pow(2).sum()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(sq, op=dist.ReduceOp.SUM)
+        taps.collective("all_reduce", None, sq, phase="backward")
     return math.sqrt(float(sq))
 
 
@@ -90,6 +94,7 @@ def all_reduce_counts(values: list[float], group) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     if group is not None:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        taps.collective("all_reduce", group, t)
     return t.tolist()
 
 

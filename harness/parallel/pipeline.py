@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from harness import taps
 from harness.parallel import settle
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -141,6 +142,7 @@ def run_gpipe(
         if not info.is_first:
             x = torch.empty(info.activation_shape, dtype=info.dtype, device=info.device)
             dist.recv(x, src=info.prev_rank)
+            taps.collective("recv", "pp", x, phase="forward", mb=m)
             x.requires_grad_(backward)
         y = stage_forward(m, x)
         if not info.is_last:
@@ -155,6 +157,7 @@ def run_gpipe(
             else:
                 g = torch.empty(info.activation_shape, dtype=info.dtype, device=info.device)
                 dist.recv(g, src=info.next_rank)
+                taps.collective("recv", "pp", g, phase="backward", mb=m)
                 y.backward(g)
             if not info.is_first:
                 dist.send(inputs[m].grad.contiguous(), dst=info.prev_rank)
@@ -206,6 +209,7 @@ def run_1f1b(
                 if x is None:
                     x = new_buf()
                     dist.recv(x, src=info.prev_rank)
+                taps.collective("recv", "pp", x, phase="forward", mb=m)
                 x.requires_grad_(True)
             y = stage_forward(m, x)
             inputs[m], live[m] = x, y
@@ -214,6 +218,7 @@ def run_1f1b(
                 if nxt is not None and nxt[0] == "B":
                     g = new_buf()
                     _exchange(out, info.next_rank, g, info.next_rank)
+                    taps.collective("recv", "pp", g, phase="backward", mb=nxt[1])
                     ready_g[nxt[1]] = g
                 else:
                     dist.send(out, dst=info.next_rank)
@@ -226,6 +231,7 @@ def run_1f1b(
                 if g is None:
                     g = new_buf()
                     dist.recv(g, src=info.next_rank)
+                taps.collective("recv", "pp", g, phase="backward", mb=m)
                 y.backward(g)
             outputs[m] = y.detach()
             x = inputs.pop(m)
@@ -234,6 +240,7 @@ def run_1f1b(
                 if nxt is not None and nxt[0] == "F":
                     nx = new_buf()
                     _exchange(dx, info.prev_rank, nx, info.prev_rank)
+                    taps.collective("recv", "pp", nx, phase="forward", mb=nxt[1])
                     ready_x[nxt[1]] = nx
                 else:
                     dist.send(dx, dst=info.prev_rank)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from harness import taps
 from harness.ops import one_hot
 from harness.parallel import comm
 
@@ -68,6 +69,7 @@ class _VocabParallelLogprobs(torch.autograd.Function):
         m = l32.max(dim=-1).values
         if group is not None:
             dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+            taps.collective("all_reduce_max", group, m)
         shifted = l32 - m.unsqueeze(-1)
         exp = shifted.exp()
         sumexp = exp.sum(dim=-1)
@@ -78,6 +80,7 @@ class _VocabParallelLogprobs(torch.autograd.Function):
         if group is not None:
             both = torch.stack([sumexp, tgt])
             dist.all_reduce(both, op=dist.ReduceOp.SUM, group=group)
+            taps.collective("all_reduce", group, both)
             sumexp, tgt = both[0], both[1]
         ctx.save_for_backward(exp / sumexp.unsqueeze(-1), safe_t, in_range)
         ctx.logits_dtype = logits.dtype

@@ -13,7 +13,8 @@ Execution order of an entry ``stepNNNN/<phase>/mbMMM/<module>#<call>`` on a rank
 ``(step, phase, microbatch, stage, seq, rank)`` with phase ``param`` of step 0 (the initial
 weights) first, then per step ``forward`` < ``backward`` < ``param``; stage is the rank's
 ``pp`` coordinate, ascending in forward and descending in backward (the pipeline's order);
-``seq`` the order the rank recorded it in. Pure: no torch.
+``seq`` the order the rank recorded it in. A collective's result (``collective.<op>.<group>``,
+recorded after its wait) takes its place in that order like a module's output. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -89,7 +90,12 @@ def _describe(f: Finding, key: str, golden: Mapping[str, Any] | None, actual: Ma
     coords = body.get("coords") or {}
     shard = ",".join(f"{k}={v}" for k, v in sorted(coords.items())) or "1 rank"
     where = f"{f.section} [{shard}], step {step}, microbatch {mb}, call {call}"
-    if phase == "forward":
+    if module.startswith("collective."):
+        _, op, group = module.split(".", 2)
+        what = (f"first diverging collective: {op} over {group} ({phase}, its result after the wait) on {where}; "
+                f"every entry this rank recorded before it matches, so a peer of the {group} group sent "
+                f"other bits (or untapped code between them changed its input)")
+    elif phase == "forward":
         rec = (body.get("entries") or {}).get(key) or {}
         inputs = list(rec.get("inputs") or ())
         what = (f"first diverging module: {module} (forward output) on {where}; its inputs "

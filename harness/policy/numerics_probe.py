@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -57,10 +58,28 @@ def _cpu_buffer(t: torch.Tensor) -> Any:
 def digest(t: torch.Tensor) -> str:
     """sha256 of ``t``'s bytes (memory order, its own dtype). On the CPU no operator is
     dispatched; elsewhere the tensor is copied to the host first (one copy operator)."""
-    if t.device.type != "cpu" or t.element_size() not in _UINT:
+    if not t.is_cpu or t.element_size() not in _UINT:
         with torch.no_grad():
             t = t.detach().to("cpu").contiguous()
     return hashlib.sha256(_cpu_buffer(t)).hexdigest()
+
+
+# parameters are hashed on a few threads at the step's end (hashlib lets go of the GIL for
+# buffers over 2 KiB): the same digests, in the same order, sooner
+_POOL: ThreadPoolExecutor | None = None
+_POOL_MIN_BYTES = 1 << 20
+
+
+def digest_many(ts: list[torch.Tensor]) -> list[str]:
+    """``[digest(t) for t in ts]``, on up to ``torch.get_num_threads()`` threads when there are
+    enough bytes to be worth it."""
+    global _POOL
+    workers = min(8, torch.get_num_threads())
+    if workers < 2 or sum(t.numel() * t.element_size() for t in ts) < _POOL_MIN_BYTES:
+        return [digest(t) for t in ts]
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="numerics-digest")
+    return list(_POOL.map(digest, ts))
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
@@ -71,15 +90,30 @@ def _tensors(out: Any) -> list[torch.Tensor]:
     return []
 
 
-def _digest_all(ts: list[torch.Tensor]) -> str:
-    if len(ts) == 1:
-        return digest(ts[0])
-    return hashlib.sha256("".join(digest(t) for t in ts).encode()).hexdigest()
+def _combine(hexes: list[str]) -> str:
+    """The digest of a tuple output: sha256 of its elements' digests."""
+    return hexes[0] if len(hexes) == 1 else hashlib.sha256("".join(hexes).encode()).hexdigest()
+
+
+_DTYPES: dict[torch.dtype, str] = {}
+
+
+def _dtype(t: torch.Tensor) -> str:
+    name = _DTYPES.get(t.dtype)
+    if name is None:
+        name = _DTYPES[t.dtype] = str(t.dtype).removeprefix("torch.")
+    return name
 
 
 class NumericsProbe:
     """Records one rank's digests; install with :meth:`install`, step with :meth:`begin_step`
-    / :meth:`end_step`, write with :meth:`write`."""
+    / :meth:`end_step`, write with :meth:`write`.
+
+    Cheap per call: a tensor seen again unchanged (the same object, the same version counter:
+    a block returning its last module's output) is hashed once; the gradient arriving at a
+    tapped output is read by one pre-hook on its autograd node (``Node.register_prehook``,
+    a C++ call: no operator, no extra reference to the gradient); the parameters are hashed
+    on a few threads (:func:`digest_many`)."""
 
     def __init__(self, depth: str, coords: dict[str, int], backend: str) -> None:
         if depth not in taps.DEPTHS:
@@ -93,9 +127,15 @@ class NumericsProbe:
         self.entries: dict[str, dict] = {}
         self._seq = 0
         self._mb = -1
+        self._bwd_mb = 0     # the microbatch whose backward ran last (its gradients' hooks)
         self._calls: dict[str, int] = {}
+        self._collectives: dict[tuple[str, str], int] = {}
         # id(output tensor) -> (its module name, the tensor: kept alive so the id is not reused)
         self._producers: dict[int, tuple[str, torch.Tensor]] = {}
+        # id(tensor) -> (tensor, version, digest): an unchanged tensor is hashed once
+        self._known: dict[int, tuple[torch.Tensor, int, str]] = {}
+        # id(tensor) -> (tensor, keys): one gradient hook per tapped output, however many names
+        self._hooked: dict[int, tuple[torch.Tensor, list[str]]] = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -111,17 +151,21 @@ class NumericsProbe:
         self.recording = True
         self._seq = 0
         self._mb = -1
+        self._bwd_mb = 0
+        self._collectives = {}
 
     def end_step(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Close the step: digest every parameter after the optimizer step; drop the step's
         references to module outputs."""
         self.recording = False
-        self._producers = {}
+        self._forget()
         self.record_params(named)
 
     def record_params(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        for name, p in named:
-            self._put("param", 0, f"{name}#0", p, None)
+        named = list(named)
+        hexes = digest_many([p for _, p in named])
+        for (name, p), h in zip(named, hexes):
+            self._record(f"step{self.step:04d}/param/mb000/{name}#0", [h], [p], None)
 
     def begin_microbatch(self) -> None:
         """One call of the stage model: a new microbatch (forward order)."""
@@ -129,45 +173,96 @@ class NumericsProbe:
             return
         self._mb += 1
         self._calls = {}
+        self._forget()
+
+    def _forget(self) -> None:
         self._producers = {}
+        self._known = {}
+        self._hooked = {}
 
     # -- taps -----------------------------------------------------------------------
 
-    def _put(self, phase: str, mb: int, key: str, out: Any, inputs: list[str] | None) -> None:
-        ts = _tensors(out)
-        if not ts:
-            return
-        rec: dict[str, Any] = {"seq": self._seq, "sha256": _digest_all(ts),
+    def _record(self, key: str, hexes: list[str], ts: list[torch.Tensor], inputs: list[str] | None) -> None:
+        rec: dict[str, Any] = {"seq": self._seq, "sha256": _combine(hexes),
                                "shape": [list(t.shape) for t in ts] if len(ts) > 1 else list(ts[0].shape),
-                               "dtype": str(ts[0].dtype).removeprefix("torch.")}
+                               "dtype": _dtype(ts[0])}
         if inputs is not None:
             rec["inputs"] = inputs
         self._seq += 1
-        self.entries[f"step{self.step:04d}/{phase}/mb{mb:03d}/{key}"] = rec
+        self.entries[key] = rec
+
+    def _digest_output(self, t: torch.Tensor) -> str:
+        seen = self._known.get(id(t))
+        version = t._version
+        if seen is not None and seen[0] is t and seen[1] == version:
+            return seen[2]
+        h = digest(t)
+        self._known[id(t)] = (t, version, h)
+        return h
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple) -> Any:
         if self._mb < 0:
             self._mb = 0
         mb = self._mb
-        inputs = sorted({self._producers[id(a)][0] for a in args
-                         if isinstance(a, torch.Tensor) and id(a) in self._producers})
+        producers = self._producers
+        # a live argument's id is in producers only if it is that very tensor (kept alive there)
+        inputs = sorted({producers[id(a)][0] for a in args if id(a) in producers})
         out = fn(*args)
         n = self._calls.get(name, 0)
         self._calls[name] = n + 1
         key = f"{name}#{n}"
-        self._put("forward", mb, key, out, inputs)
-        for i, t in enumerate(_tensors(out)):
-            self._producers[id(t)] = (name, t)
-            if t.requires_grad and torch.is_grad_enabled():
-                suffix = key if i == 0 else f"{key}.out{i}"
-                t.register_hook(self._grad_hook(mb, suffix, self.step))
+        ts = _tensors(out)
+        if not ts:
+            return out
+        self._record(f"step{self.step:04d}/forward/mb{mb:03d}/{key}", [self._digest_output(t) for t in ts], ts, inputs)
+        grad = torch.is_grad_enabled()
+        for i, t in enumerate(ts):
+            producers[id(t)] = (name, t)
+            if grad and t.requires_grad:
+                self._hook(t, mb, key if i == 0 else f"{key}.out{i}")
         return out
 
-    def _grad_hook(self, mb: int, key: str, step: int) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:
-            if self.step == step:
-                self._put("backward", mb, key, grad, None)
-        return hook
+    def _hook(self, t: torch.Tensor, mb: int, key: str) -> None:
+        """Digest the gradient arriving at ``t`` under ``key`` (and any later name of ``t``)."""
+        seen = self._hooked.get(id(t))
+        if seen is not None and seen[0] is t:
+            seen[1].append(key)
+            return
+        keys = [key]
+        self._hooked[id(t)] = (t, keys)
+        step, node = self.step, t.grad_fn
+        if node is None:   # a leaf that requires grad
+            t.register_hook(lambda g: self._on_grad(step, mb, keys, g))
+        else:              # the node's grad_outputs[output_nr] is the gradient arriving at t
+            nr = t.output_nr
+            node.register_prehook(lambda grads: self._on_grad(step, mb, keys, grads[nr]))
+
+    def _on_grad(self, step: int, mb: int, keys: list[str], g: torch.Tensor | None) -> None:
+        if self.step != step or g is None:
+            return
+        self._bwd_mb = mb
+        h = digest(g)
+        for key in keys:
+            self._record(f"step{step:04d}/backward/mb{mb:03d}/{key}", [h], [g], None)
+
+    def collective(self, op: str, group: str, out: Any, phase: str | None, mb: int | None) -> None:
+        """A collective's result after its wait, keyed ``collective.<op>.<group>#<call>`` (call:
+        this step's count of that op and group in that phase). ``phase`` None: backward inside
+        the autograd engine, forward outside; ``mb`` None: the microbatch running (forward) or
+        the one whose backward ran last."""
+        if not self.recording:
+            return
+        ts = _tensors(out)
+        if not ts:
+            return
+        if phase is None:
+            phase = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+        if mb is None:
+            mb = max(self._mb, 0) if phase == "forward" else self._bwd_mb
+        name = f"collective.{op}.{group}"
+        n = self._collectives.get((phase, name), 0)
+        self._collectives[(phase, name)] = n + 1
+        self._record(f"step{self.step:04d}/{phase}/mb{mb:03d}/{name}#{n}", [digest(t) for t in ts], ts, None)
 
     # -- artifact -----------------------------------------------------------------------
 
@@ -198,8 +293,11 @@ class NumericsRecorder:
 
     ``spec``'s ``numerics.depth`` (absent: ``modules``) picks the depth; an engine without
     ``NUMERICS_TAPS`` (or depth ``off``) writes one artifact saying the surface is not
-    recorded and why. Each step's file is written when the step finishes; an aborted
-    step's digests are dropped. ``enabled`` False (a distillation teacher's ranks): nothing.
+    recorded and why. ``numerics.steps`` picks the steps: ``first_last`` (absent) the run's
+    first step and its last (``grpo.iterations``) and any after it, ``all`` every step; the
+    parameters as initialised (step 0) are always recorded. Each recorded step's file is
+    written when the step finishes; an aborted step's digests are dropped. ``enabled``
+    False (a distillation teacher's ranks): nothing.
     """
 
     def __init__(self, spec: Any, engine: Any, rank: int, run_dir: str | Path, *, enabled: bool = True) -> None:
@@ -214,6 +312,9 @@ class NumericsRecorder:
         # absent: modules on the CPU; on cuda off (the host copies would add operators to a
         # golden stored without them), unless the spec asks for a depth
         depth = block.get("depth", "modules" if device == "cpu" else "off")
+        self.every_step = block.get("steps", "first_last") == "all"
+        grpo = spec.to_dict().get("grpo") or {}
+        self.last_step = int(grpo.get("iterations") or 1)
         backend = getattr(engine, "backend", "unknown")
         coords = dict(getattr(engine, "coords", {}) or {})
         self.probe: NumericsProbe | None = None
@@ -240,6 +341,11 @@ class NumericsRecorder:
         if p.step == 0:
             p.record_params(self.engine.named)   # step0000: the parameters as initialised
         p.begin_step()
+        p.recording = self.records(p.step)
+
+    def records(self, step: int) -> bool:
+        """Whether train step ``step`` (1-based, the engine's count) is digested."""
+        return self.every_step or step == 1 or step >= self.last_step
 
     def finish(self) -> None:
         p = self.probe
@@ -251,7 +357,7 @@ class NumericsRecorder:
 
     def abort(self) -> None:
         p = self.probe
-        if p is None:
+        if p is None or p.step == 0:
             return
         p.recording = False
         p.entries = {k: v for k, v in p.entries.items() if not k.startswith(f"step{p.step:04d}/")}

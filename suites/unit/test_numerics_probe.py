@@ -119,3 +119,107 @@ def test_no_probe_no_record_outside_a_step(model):
     finally:
         probe.uninstall()
     assert probe.entries == {}
+
+
+def test_a_tensor_named_twice_is_hashed_once_and_both_names_recorded(model, monkeypatch):
+    # a layer's self_attn block returns its o_proj's output: one tensor, two names, in forward
+    # and (the gradient arriving at it) in backward; hashing it twice was a third of the cost
+    from harness.policy import numerics_probe
+
+    hashed: list[torch.Tensor] = []
+    real = numerics_probe.digest
+
+    def counting(t):
+        hashed.append(t)   # kept alive: an id is never reused while the test looks
+        return real(t)
+
+    monkeypatch.setattr(numerics_probe, "digest", counting)
+    probe = NumericsProbe("modules", {}, "native")
+    probe.install()
+    try:
+        probe.begin_step()
+        _step(model)
+    finally:
+        probe.uninstall()
+    for phase in ("forward", "backward"):
+        a = probe.entries[f"step0001/{phase}/mb000/model.layers.0.self_attn#0"]
+        b = probe.entries[f"step0001/{phase}/mb000/model.layers.0.self_attn.o_proj#0"]
+        assert a["sha256"] == b["sha256"] and b["seq"] < a["seq"]
+    twice = [t for i, t in enumerate(hashed) if any(t is u for u in hashed[:i])]
+    assert not twice, f"{len(twice)} tensors hashed more than once"
+
+
+def test_a_collective_is_recorded_after_its_wait_by_group_phase_and_call(model):
+    from harness.parallel.data import _all_reduce_flat
+
+    group = dist.new_group([0], group_desc="dp_cp")
+
+    class _Gather(torch.autograd.Function):   # a collective in backward: phase from autograd
+        @staticmethod
+        def forward(ctx, x):
+            taps.collective("all_gather", group, x)
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            taps.collective("reduce_scatter", group, g)
+            return g
+
+    grads = [torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.ones(4)]
+    taps.collective("all_gather", group, grads[1])   # no probe: nothing, no error
+    blocks = NumericsProbe("blocks", {}, "native")
+    blocks.install()
+    blocks.begin_step()
+    taps.collective("all_gather", group, grads[1])   # depth blocks: modules only
+    assert blocks.entries == {}
+    probe = NumericsProbe("modules", {}, "native")
+    probe.install()
+    try:
+        taps.collective("all_gather", group, grads[1])   # outside a step: not recorded
+        probe.begin_step()
+        x = torch.randn(3, requires_grad=True)
+        _Gather.apply(x).sum().backward()
+        _all_reduce_flat(grads, group)
+        _all_reduce_flat(grads, group)
+        taps.collective("recv", "pp", grads[1], phase="forward", mb=3)
+    finally:
+        probe.uninstall()
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    e = probe.entries
+    assert sorted(e) == ["step0001/backward/mb000/collective.all_reduce.dp_cp#0",
+                         "step0001/backward/mb000/collective.all_reduce.dp_cp#1",
+                         "step0001/backward/mb000/collective.reduce_scatter.dp_cp#0",
+                         "step0001/forward/mb000/collective.all_gather.dp_cp#0",
+                         "step0001/forward/mb003/collective.recv.pp#0"]
+    assert e["step0001/backward/mb000/collective.all_reduce.dp_cp#1"]["sha256"] == digest(flat)
+    assert e["step0001/forward/mb000/collective.all_gather.dp_cp#0"]["sha256"] == digest(x)
+
+
+def test_the_recorder_digests_the_first_and_last_step_only(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from harness.policy.numerics_probe import NumericsRecorder
+
+    def run(block: dict) -> list[str]:
+        spec = SimpleNamespace(to_dict=lambda: {"numerics": block, "grpo": {"iterations": 4}},
+                               platform=SimpleNamespace(device="cpu"))
+        w = torch.ones(3)
+        engine = SimpleNamespace(backend="native", coords={"tp": 0}, NUMERICS_TAPS=True,
+                                 named=[("w", w)], steps_done=0)
+        out = tmp_path / json.dumps(block).replace('"', "").replace(" ", "")
+        rec = NumericsRecorder(spec, engine, 0, out)
+        try:
+            for _ in range(4):
+                rec.begin()
+                w.add_(1.0)
+                engine.steps_done += 1
+                rec.finish()
+        finally:
+            rec.close()
+        files = sorted(p.name for p in out.rglob("*.json"))
+        steps = sorted({k.split("/")[0] for f in out.rglob("*.json") for k in json.loads(f.read_text())["entries"]})
+        return files + steps
+
+    assert run({}) == ["rank00000.step0001.json", "rank00000.step0004.json", "step0000", "step0001", "step0004"]
+    assert run({"steps": "all"})[:4] == [f"rank00000.step000{n}.json" for n in (1, 2, 3, 4)]
