@@ -27,8 +27,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 

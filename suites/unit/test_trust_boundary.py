@@ -549,8 +549,9 @@ def test_sigterm_inside_a_string_exec_still_exits_143_under_python_m(tmp_path):
         "    return real(name, *args)\n"
         "importlib.import_module = import_module\n"
         "raise SystemExit(harness.cli.main(['diff', 'no-run', 'no-golden']))\n")
+    path = f"{tmp_path}:{Path(__file__).resolve().parents[2]}"
     proc = subprocess.run([sys.executable, "-m", "signal_in_exec"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[2]}"})
+                          timeout=60, env={**os.environ, "PYTHONPATH": path})
     assert proc.returncode == 143, (proc.returncode, proc.stderr[-500:])  # before: -2 (SIGINT)
     assert "interrupted" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -577,7 +578,8 @@ def test_sigterm_swallowed_by_a_finaliser_is_delivered_again(tmp_path):
         "    return real(name, *args)\n"
         "importlib.import_module = import_module\n"
         "raise SystemExit(harness.cli.main(['diff', 'no-run', 'no-golden']))\n")
+    path = f"{tmp_path}:{Path(__file__).resolve().parents[2]}"
     proc = subprocess.run([sys.executable, "-m", "signal_in_del"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[2]}"})
+                          timeout=60, env={**os.environ, "PYTHONPATH": path})
     assert proc.returncode == 143, (proc.returncode, proc.stderr[-500:])  # before: 2 (the diff went on)
     assert "interrupted" in proc.stderr and "Traceback" not in proc.stderr and "ignored" not in proc.stderr
