@@ -11,11 +11,7 @@
 # goldens/W/cuda in $OUT (golden_W.tar); check:W runs `golden check W --platform cuda`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-/tmp/device-out}
-mkdir -p "$out"
-start=$(date +%s)
-source ci/gpu/sglang_install.sh || exit 2
-echo "install: $(( $(date +%s) - start )) s" | tee -a "$out/phases.log"
+source ci/gpu/sglang_install.sh || exit 2   # sets $out
 for phase in "$@"; do
     s=$(date +%s)
     w=${phase#*:}

@@ -8,11 +8,7 @@
 #   EXTRA_DIR=.sgl/extra ci/gpu/sglang_run.sh qwen3_moe_tiny_smoke [qwen3_moe_medium_vllm ...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-/tmp/device-out}
-mkdir -p "$out"
-start=$(date +%s)
-source ci/gpu/sglang_install.sh || exit 2
-echo "install: $(( $(date +%s) - start )) s" | tee -a "$out/phases.log"
+source ci/gpu/sglang_install.sh || exit 2   # sets $out
 for w in "$@"; do
     s=$(date +%s)
     timeout "${BENCH_TIMEOUT:-300}" python3 benches/sglang_gpu_bench.py --workload "$w" ${BENCH_ARGS:-} \

@@ -531,27 +531,37 @@ def test_sigterm_while_diff_reads_a_large_run_exits_143(world):
     assert "interrupted" in err and "Traceback" not in err
 
 
+def _golden_diff_signalled(tmp_path: Path, trigger: str) -> "subprocess.CompletedProcess[str]":
+    """``python -m`` a module that runs ``golden diff`` in-process and, once the command's
+    SIGTERM handler is in and it imports its command module, runs ``trigger`` (Python source
+    defining ``fire()``, which makes this process get a SIGTERM)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "signalled.py").write_text(
+        "import importlib, os, signal\n"
+        "import harness.cli\n"
+        f"{trigger}\n"
+        "real = importlib.import_module\n"
+        "def import_module(name, *args):\n"
+        "    if name.startswith('harness.cli.') and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:\n"
+        "        fire()\n"
+        "    return real(name, *args)\n"
+        "importlib.import_module = import_module\n"
+        "raise SystemExit(harness.cli.main(['diff', 'no-run', 'no-golden']))\n")
+    path = f"{tmp_path}:{Path(__file__).resolve().parents[2]}"
+    return subprocess.run([sys.executable, "-m", "signalled"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": path})
+
+
 def test_sigterm_inside_a_string_exec_still_exits_143_under_python_m(tmp_path):
     """A signal that lands while a string ``exec`` runs (a dataclass being built by a lazy
     import) made CPython end ``python -m harness.cli`` with SIGINT (-2) after ``main`` had
     returned 143; CI saw it once in about six runs. Here the signal is sent from inside such
     an exec, deterministically, in front of the command's own import (once its handler is in)."""
-    import subprocess
-    import sys
-
-    (tmp_path / "signal_in_exec.py").write_text(
-        "import importlib, signal\n"
-        "import harness.cli\n"
-        "real = importlib.import_module\n"
-        "def import_module(name, *args):\n"
-        "    if name.startswith('harness.cli.') and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:\n"
-        "        exec('import os, signal\\nos.kill(os.getpid(), signal.SIGTERM)\\nfor _ in range(10**6): pass')\n"
-        "    return real(name, *args)\n"
-        "importlib.import_module = import_module\n"
-        "raise SystemExit(harness.cli.main(['diff', 'no-run', 'no-golden']))\n")
-    path = f"{tmp_path}:{Path(__file__).resolve().parents[2]}"
-    proc = subprocess.run([sys.executable, "-m", "signal_in_exec"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": path})
+    proc = _golden_diff_signalled(tmp_path, (
+        "def fire():\n"
+        "    exec('import os, signal\\nos.kill(os.getpid(), signal.SIGTERM)\\nfor _ in range(10**6): pass')"))
     assert proc.returncode == 143, (proc.returncode, proc.stderr[-500:])  # before: -2 (SIGINT)
     assert "interrupted" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -560,26 +570,12 @@ def test_sigterm_swallowed_by_a_finaliser_is_delivered_again(tmp_path):
     """A KeyboardInterrupt raised inside a ``__del__`` or a weakref callback (the import
     system's module-lock cleanup, seen here) is "ignored" by CPython: a traceback, and the
     command went on to a verdict (exit 1) after SIGTERM. Now it is delivered again."""
-    import subprocess
-    import sys
-
-    (tmp_path / "signal_in_del.py").write_text(
-        "import importlib, signal\n"
-        "import harness.cli\n"
+    proc = _golden_diff_signalled(tmp_path, (
         "class Finaliser:\n"
         "    def __del__(self):\n"
-        "        import os\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
         "        for _ in range(10**6): pass\n"
-        "real = importlib.import_module\n"
-        "def import_module(name, *args):\n"
-        "    if name.startswith('harness.cli.') and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:\n"
-        "        Finaliser()\n"
-        "    return real(name, *args)\n"
-        "importlib.import_module = import_module\n"
-        "raise SystemExit(harness.cli.main(['diff', 'no-run', 'no-golden']))\n")
-    path = f"{tmp_path}:{Path(__file__).resolve().parents[2]}"
-    proc = subprocess.run([sys.executable, "-m", "signal_in_del"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": path})
+        "def fire():\n"
+        "    Finaliser()"))
     assert proc.returncode == 143, (proc.returncode, proc.stderr[-500:])  # before: 2 (the diff went on)
     assert "interrupted" in proc.stderr and "Traceback" not in proc.stderr and "ignored" not in proc.stderr
