@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -531,11 +532,10 @@ def test_sigterm_while_diff_reads_a_large_run_exits_143(world):
     assert "interrupted" in err and "Traceback" not in err
 
 
-def _golden_diff_signalled(tmp_path: Path, trigger: str) -> "subprocess.CompletedProcess[str]":
+def _golden_diff_signalled(tmp_path: Path, trigger: str) -> subprocess.CompletedProcess[str]:
     """``python -m`` a module that runs ``golden diff`` in-process and, once the command's
     SIGTERM handler is in and it imports its command module, runs ``trigger`` (Python source
     defining ``fire()``, which makes this process get a SIGTERM)."""
-    import subprocess
     import sys
 
     (tmp_path / "signalled.py").write_text(
