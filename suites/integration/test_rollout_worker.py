@@ -20,6 +20,7 @@ from harness.refit.broadcast import SideGroupSlot, broadcast_weights  # noqa: E4
 from harness.refit.engine_offsets import derive_engine_gpu_offsets  # noqa: E402
 from harness.refit.zmq_stream import send_weights_zmq  # noqa: E402
 from harness.rollout.worker import rollout_worker_actor  # noqa: E402
+from harness.spec.typed import Workload, as_workload  # noqa: E402
 from suites.tcp_connections import established, settles_to  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -29,14 +30,15 @@ MODEL = dict(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, experts=4, to
 PROFILER = "harness.profiler.trace.TraceRolloutProfiler"
 
 
-def _spec(tp: int, is_async: bool) -> dict:
-    return {
+def _spec(tp: int, is_async: bool) -> Workload:
+    """The typed workload a worker gets from the run plan (defaults filled in)."""
+    return as_workload({
         "seed": 5,
         "model": dict(MODEL),
         "rollout": {"backend": "native", "tp": tp, "pp": 1, "ep": 1, "async": is_async, "max_batch_size": 3,
                     "worker_cls": None, "refit": {"transport": "auto", "buffer_size_bytes": 8192}},
         "platform": {"device": "cpu"},
-    }
+    })
 
 
 def _requests(n: int = 5) -> list[dict]:
