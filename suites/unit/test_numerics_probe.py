@@ -45,6 +45,18 @@ def _step(m: ParallelQwen3Moe) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return out.detach().clone(), [p.grad.clone() for _, p in m.hf_named_parameters()]
 
 
+def _probed_step(m: ParallelQwen3Moe, depth: str) -> NumericsProbe:
+    """A probe of ``depth`` installed around one train step of ``m`` (then uninstalled)."""
+    probe = NumericsProbe(depth, {}, "native")
+    probe.install()
+    try:
+        probe.begin_step()
+        _step(m)
+    finally:
+        probe.uninstall()
+    return probe
+
+
 def _op_counts(fn) -> dict[str, int]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -99,13 +111,7 @@ def test_probe_changes_no_bit_and_adds_no_operator(model):
 
 
 def test_depth_blocks_records_blocks_only(model):
-    probe = NumericsProbe("blocks", {}, "native")
-    probe.install()
-    try:
-        probe.begin_step()
-        _step(model)
-    finally:
-        probe.uninstall()
+    probe = _probed_step(model, "blocks")
     names = {k.split("/", 3)[3].split("#")[0] for k in probe.entries}
     assert "model.layers.0.mlp" in names and "model.layers.0.self_attn" in names
     assert not any(n.endswith(("q_proj", "mlp.gate", "attention")) for n in names), names
@@ -134,13 +140,7 @@ def test_a_tensor_named_twice_is_hashed_once_and_both_names_recorded(model, monk
         return real(t)
 
     monkeypatch.setattr(numerics_probe, "digest", counting)
-    probe = NumericsProbe("modules", {}, "native")
-    probe.install()
-    try:
-        probe.begin_step()
-        _step(model)
-    finally:
-        probe.uninstall()
+    probe = _probed_step(model, "modules")
     for phase in ("forward", "backward"):
         a = probe.entries[f"step0001/{phase}/mb000/model.layers.0.self_attn#0"]
         b = probe.entries[f"step0001/{phase}/mb000/model.layers.0.self_attn.o_proj#0"]

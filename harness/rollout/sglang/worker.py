@@ -54,6 +54,7 @@ class SGLangEngineWorker(RolloutLifecycleRPC):
         from harness.model.config import ModelConfig
         from harness.plugins.loader import load_rollout_profiler
         from harness.plugins.rollout_hooks import RolloutProfilerHooks
+        from harness.refit.broadcast import SideGroupSlot
         from harness.rollout.engine_worker import configure_determinism, initial_weights, resolve_eos_token_id
         from harness.rollout.sglang.engine import SGLangEngine
         from harness.rollout.vllm.hf_dir import write_hf_dir
@@ -69,6 +70,7 @@ class SGLangEngineWorker(RolloutLifecycleRPC):
         cfg = ModelConfig.from_spec(spec.model)
         self._info = state_dict_info(cfg)
         self._version = 0
+        self._side_group = SideGroupSlot()  # the session's refit side group (built by the first broadcast)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-engine")
         self.hooks = RolloutProfilerHooks(load_rollout_profiler(rank=profiler_rank))
         with self.hooks.engine_init_or_close("SGLang engine"):
@@ -128,24 +130,20 @@ class SGLangEngineWorker(RolloutLifecycleRPC):
     def receive_weights_broadcast(self, *, host: str, port: int, world_size: int, rank: int,
                                   buffer_size_bytes: int, src: int = 0, timeout_s: float = 120.0,
                                   prefix: str = "harness-refit") -> int:
-        from harness.refit.broadcast import SideGroupSlot, receive_broadcast
+        from harness.refit.broadcast import receive_broadcast
 
-        slot = getattr(self, "_side_group", None) or SideGroupSlot()
-        self._side_group = slot
-        group = slot.join(host=host, port=port, rank=rank, world_size=world_size, timeout_s=timeout_s, prefix=prefix)
+        group = self._side_group.join(host=host, port=port, rank=rank, world_size=world_size,
+                                      timeout_s=timeout_s, prefix=prefix)
         receive_broadcast(group, state_dict_info=self._info, load_fn=self._load_group,
                           buffer_size_bytes=buffer_size_bytes, src=src)
         self._version += 1
         return self._version
 
     def side_groups(self) -> list[dict]:
-        slot = getattr(self, "_side_group", None)
-        return [] if slot is None else slot.describe()
+        return self._side_group.describe()
 
     def close_side_groups(self) -> None:
-        slot = getattr(self, "_side_group", None)
-        if slot is not None:
-            slot.close()
+        self._side_group.close()
 
     def engine_pids(self) -> list[int]:
         return [os.getpid()]
